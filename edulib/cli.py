@@ -1,0 +1,94 @@
+"""The `edulib` command: `tour` checks every capability on real ranks; `run` runs one worker."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from edulib.launch import BACKENDS, DEFAULT_TIMEOUT, RankError, resolve_backend, run
+
+
+def load_function(target: str) -> Callable:
+    """Import MODULE:FUNCTION, saying clearly what is wrong if it cannot be found."""
+    module_name, _, function_name = target.partition(":")
+    if not module_name or not function_name:
+        raise SystemExit(f"edulib: expected MODULE:FUNCTION, such as edulib.examples:whoami; "
+                         f"got {target!r}")
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(function):
+        raise SystemExit(f"edulib: {module_name} has no function {function_name!r}")
+    return function
+
+
+def parse_argument(text: str) -> Any:
+    """Read a command-line argument as a Python literal (3, 0.5, [1, 2]) or else keep the string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def run_under_torchrun(fn: Callable, args: Sequence[Any], backend: str, timeout: float) -> Any:
+    """Run fn on this rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    import torch.distributed as dist
+
+    from edulib.rank import init_process_group
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    init_process_group(resolve_backend(backend, local), rank, world_size, timeout)
+    try:
+        return fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_command(options: argparse.Namespace) -> int:
+    """`edulib run`: under torchrun this process is one rank; otherwise start --world-size ranks."""
+    fn = load_function(options.target)
+    args = [parse_argument(text) for text in options.args]
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        value = run_under_torchrun(fn, args, options.backend, options.timeout)
+        print(f"[rank {os.environ['RANK']}] returned {value!r}")
+        return 0
+    values = run(fn, options.world_size, *args, backend=options.backend, timeout=options.timeout)
+    for rank, value in enumerate(values):
+        print(f"[rank {rank}] returned {value!r}")
+    return 0
+
+
+def _tour_command(options: argparse.Namespace) -> int:
+    """`edulib tour`: run every capability, check it against a reference, print the table."""
+    from edulib.tour import tour
+
+    return 0 if tour(options.world_size, options.backend) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the chosen command; return the exit status."""
+    parser = argparse.ArgumentParser(prog="edulib", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    tour = commands.add_parser("tour", help="check every capability on real ranks")
+    tour.add_argument("--world-size", type=int, default=4, help="ranks to start (default 4)")
+    tour.add_argument("--backend", choices=BACKENDS, default="auto")
+    tour.set_defaults(handler=_tour_command)
+    runner = commands.add_parser(
+        "run", help="run MODULE:FUNCTION on every rank, here or as one rank of a torchrun job")
+    runner.add_argument("target", help="the worker, as MODULE:FUNCTION")
+    runner.add_argument("args", nargs="*", help="its arguments, read as Python literals")
+    runner.add_argument("--world-size", type=int, default=2, help="ranks to start (not under torchrun)")
+    runner.add_argument("--backend", choices=BACKENDS, default="auto")
+    runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
+    runner.set_defaults(handler=_run_command)
+    options = parser.parse_args(argv)
+    sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder
+    try:
+        return options.handler(options)
+    except (ValueError, RankError) as error:
+        print(f"edulib: {error}", file=sys.stderr)
+        return 1

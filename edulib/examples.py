@@ -1,0 +1,44 @@
+"""Small worker functions that the tour, the notebooks and the tests run on every rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def whoami() -> dict:
+    """Report who this rank is: its rank, the world size, the backend, its host and process id."""
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def rank_input(length: int, seed: int = 0) -> torch.Tensor:
+    """The deterministic float32 tensor that this rank contributes: the same on every run."""
+    generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    return torch.randn(length, generator=generator)
+
+
+def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum every rank's input with torch's own all_reduce; return (input, result)."""
+    tensor = rank_input(length, seed)
+    result = tensor.clone()
+    dist.all_reduce(result)
+    return tensor, result
+
+
+def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Overwrite every rank's tensor with rank `src`'s using torch's broadcast; return (input, result)."""
+    tensor = rank_input(length, seed)
+    result = tensor.clone()
+    dist.broadcast(result, src=src)
+    return tensor, result
+
+
+def greet() -> int:
+    """Print a line from this rank (the launcher brings it to the caller) and return the rank."""
+    rank = dist.get_rank()
+    print(f"hello from rank {rank} of {dist.get_world_size()}")
+    return rank

@@ -1,0 +1,371 @@
+"""Start torch.distributed ranks from a notebook cell or a script: `run` once, or keep a `Pool`.
+
+Every rank is a fresh Python process in its own session that joins one process group through a
+store that this process hosts on 127.0.0.1 (so no port can be taken between choosing it and
+using it). A failure anywhere comes back as one `RankError` naming the rank, with that rank's
+traceback; a deadlock comes back as a `RankTimeout` naming the rank and the operation it was
+stuck in; an interrupt stops every rank. No rank outlives a call, a closed pool or this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_TIMEOUT = 60.0
+START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
+GRACE = 5.0  # past the timeout, how long to wait before stopping a rank from outside
+SETTLE = 1.0  # after a rank fails, how long to collect the others' reports before stopping them
+RAW_TAIL = 16_384  # bytes kept of what a rank wrote outside Python (C++ logs, crash reports)
+
+_SEND_SIDE = "from edulib.rank import serve; import sys; serve(sys.argv[1:])"
+
+
+class RankError(RuntimeError):
+    """A rank failed: `rank` says which, `traceback` holds that rank's own traceback."""
+
+    def __init__(self, rank: int, what: str, traceback: str = "", output: str = "") -> None:
+        self.rank, self.what, self.traceback, self.output = rank, what, traceback, output
+        text = f"rank {rank} {what}"
+        if traceback:
+            text += f"\n\n--- traceback of rank {rank} ---\n{traceback.rstrip()}"
+        if output:
+            text += f"\n\n--- what rank {rank} wrote outside Python ---\n{output.rstrip()}"
+        super().__init__(text)
+
+
+class RankTimeout(RankError, TimeoutError):
+    """A rank waited past the timeout: most often a deadlock, such as a recv with no send."""
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """Pick the backend: NCCL when every rank can have a GPU of its own, gloo otherwise."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(f"backend 'nccl' needs one GPU per rank: {world_size} ranks but {gpus} "
+                         "GPUs here; use 'gloo' or 'auto'")
+    return backend
+
+
+def check_world_size(world_size: Any) -> int:
+    """Return world_size if it is a whole number of ranks, 1 or more; otherwise say what is allowed."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}")
+    return world_size
+
+
+def call_message(fn: Callable, args: tuple) -> bytes:
+    """Pickle a call for the ranks, or explain why a rank process could not import `fn`."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function; got {type(fn).__name__}")
+    target = getattr(fn, "func", fn)  # a functools.partial runs its .func
+    name = getattr(target, "__qualname__", repr(target))
+    if getattr(target, "__module__", None) == "__main__" or "<" in name:
+        raise ValueError(
+            f"{name} cannot run in a rank: ranks are separate processes that import the function "
+            "by name, so it must not be a lambda, a nested function, or defined in a notebook "
+            "cell or a script's __main__. Put it in a module (say my_workers.py beside the "
+            "notebook) and import it from there.")
+    try:
+        return pickle.dumps(("call", fn, args))
+    except Exception as error:  # noqa: BLE001 - any pickling failure gets the same advice
+        raise ValueError(f"the arguments for {name} must be picklable to reach the ranks: "
+                         f"{error}") from error
+
+
+@dataclass
+class _Rank:
+    """The launcher's handle on one rank process and its two pipes."""
+
+    rank: int
+    process: subprocess.Popen
+    commands: Connection
+    results: Connection
+    raw: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class _Call:
+    """What the ranks have reported so far for one call (or for the start)."""
+
+    world_size: int
+    pending: set[int] = field(default_factory=set)
+    values: list[Any] = field(default_factory=list)
+    printed: list[list[tuple[str, str]]] = field(default_factory=list)
+    failures: dict[int, tuple[int, RankError]] = field(default_factory=dict)
+    stacks: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pending = set(range(self.world_size))
+        self.values = [None] * self.world_size
+        self.printed = [[] for _ in range(self.world_size)]
+
+
+# How likely a failure is to be the root cause (lower first): a rank that died or raised on its
+# own comes before one that timed out, which comes before one that only lost a peer.
+_DIED, _RAISED, _TIMED_OUT, _LOST_PEER = range(4)
+_TIMEOUT_TEXT = re.compile(r"[Tt]imed out|timeout", re.ASCII)
+_PEER_TEXT = re.compile(r"[Cc]onnection (closed|reset)|[Bb]roken pipe|peer")
+
+
+def _failure(rank: int, kind: str, message: str, traceback: str, operation: str,
+             location: str) -> tuple[int, RankError]:
+    """Turn a rank's report of an exception into a ranked error with a useful sentence."""
+    inside = f" in {operation}" if operation else ""
+    at = f" at {location}" if location else ""
+    if _TIMEOUT_TEXT.search(message) and operation:
+        return _TIMED_OUT, RankTimeout(
+            rank, f"timed out waiting{inside}{at}: a deadlock? (a {operation} that no other rank "
+            "matches, such as a recv with no send, or ranks calling collectives in different "
+            "orders)", traceback)
+    if operation and _PEER_TEXT.search(message):
+        return _LOST_PEER, RankError(rank, f"lost its connection to another rank{inside}{at} "
+                                     f"(did another rank fail first?): {message}", traceback)
+    return _RAISED, RankError(rank, f"raised {kind}: {message}{at}", traceback)
+
+
+class Pool:
+    """Ranks kept alive between calls, so that a notebook pays for starting them only once.
+
+    Use it as a context manager; `run(fn, *args)` runs `fn(*args)` on every rank and returns the
+    list of return values. After any failure the ranks are stopped, and the next call starts
+    fresh ones.
+    """
+
+    def __init__(self, world_size: int, backend: str = "auto",
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.world_size = check_world_size(world_size)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+        self.timeout = float(timeout)
+        self.backend = resolve_backend(backend, world_size)
+        self._ranks: list[_Rank] = []
+        self._store: Any = None
+        _open_pools.add(self)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the live ranks (empty before the first call and after close)."""
+        return [handle.process.pid for handle in self._ranks]
+
+    def start(self) -> None:
+        """Start the ranks (if they are not running) and wait until all joined the group."""
+        if self._ranks:
+            return
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        try:
+            self._ranks = [self._spawn(rank) for rank in range(self.world_size)]
+            self._gather("start")
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, fn: Callable, *args: Any) -> list[Any]:
+        """Run fn(*args) on every rank and return their return values in rank order."""
+        message = call_message(fn, args)
+        self.start()
+        for handle in self._ranks:
+            try:
+                handle.commands.send_bytes(message)
+            except OSError:
+                pass  # the rank has died; gathering reports how
+        return self._gather("finish")
+
+    def close(self) -> None:
+        """Stop every rank now and reap it; safe to call twice."""
+        for handle in getattr(self, "_ranks", ()):
+            for pipe in (handle.commands, handle.results, handle.process.stdout):
+                pipe.close()
+            if handle.process.returncode is None:  # not reaped yet, so its group id is still ours
+                try:
+                    os.killpg(handle.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            handle.process.wait()
+        self._ranks, self._store = [], None
+
+    def _spawn(self, rank: int) -> _Rank:
+        """Start one rank process with a command pipe in and a result pipe out."""
+        command_read, command_write = os.pipe()
+        result_read, result_write = os.pipe()
+        argv = [sys.executable, "-c", _SEND_SIDE, str(rank), str(self.world_size), self.backend,
+                str(self._store.port), str(self.timeout), str(command_read), str(result_write)]
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, env=_rank_environment(self),
+                                       pass_fds=(command_read, result_write),
+                                       start_new_session=True)
+        finally:
+            os.close(command_read)
+            os.close(result_write)
+        return _Rank(rank, process, Connection(command_write, readable=False),
+                     Connection(result_read, writable=False))
+
+    def _gather(self, purpose: str) -> list[Any]:
+        """Collect every rank's report for one call, print what the ranks printed, raise failures."""
+        call = _Call(self.world_size)
+        limit = START_TIMEOUT if purpose == "start" else self.timeout + GRACE
+        selector = selectors.DefaultSelector()
+        for handle in self._ranks:
+            selector.register(handle.results, selectors.EVENT_READ, (handle, True))
+            selector.register(handle.process.stdout, selectors.EVENT_READ, (handle, False))
+        try:
+            deadline = time.monotonic() + limit
+            while call.pending and self._pump(selector, call, deadline):
+                if call.failures:
+                    deadline = min(deadline, time.monotonic() + SETTLE)
+            if call.pending and not call.failures:
+                for rank in sorted(call.pending):
+                    self._ranks[rank].commands.send_bytes(pickle.dumps(("stack",)))
+                stack_deadline = time.monotonic() + 2.0
+                while len(call.stacks) < len(call.pending) and self._pump(selector, call,
+                                                                          stack_deadline):
+                    pass
+        except KeyboardInterrupt:
+            self.close()
+            raise
+        finally:
+            selector.close()
+            self._print(call)
+        error = self._error(call, purpose)
+        if error is not None:
+            self.close()
+            raise error
+        return call.values
+
+    def _pump(self, selector: selectors.BaseSelector, call: _Call, deadline: float) -> bool:
+        """Handle whatever the ranks sent until now; return False once the deadline has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        for key, _ in selector.select(left):
+            handle, is_results = key.data
+            if not is_results:
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    handle.raw = (handle.raw + chunk)[-RAW_TAIL:]
+                else:
+                    selector.unregister(key.fileobj)
+                continue
+            try:
+                message = pickle.loads(handle.results.recv_bytes())
+            except (EOFError, OSError):
+                selector.unregister(key.fileobj)
+                call.pending.discard(handle.rank)
+                call.failures[handle.rank] = (_DIED, self._death(handle))
+                continue
+            kind, rest = message[0], message[1:]
+            if kind == "out":
+                call.printed[handle.rank].append(rest)
+            elif kind == "stack":
+                call.stacks[handle.rank] = rest
+            elif handle.rank in call.pending:
+                call.pending.discard(handle.rank)
+                if kind == "failed":
+                    call.failures[handle.rank] = _failure(handle.rank, *rest)
+                elif kind == "done":
+                    call.values[handle.rank] = rest[0]
+        return True
+
+    def _death(self, handle: _Rank) -> RankError:
+        """Describe a rank whose process ended without reporting back."""
+        code = handle.process.wait()
+        handle.raw += handle.process.stdout.read()
+        if code < 0:
+            what = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"exited with code {code} without reporting back"
+        return RankError(handle.rank, what, output=_tail(handle.raw))
+
+    def _error(self, call: _Call, purpose: str) -> RankError | None:
+        """Choose the one error to raise for a call: the likeliest root cause, lowest rank first."""
+        if call.failures:
+            _, rank = min((kind, rank) for rank, (kind, _) in call.failures.items())
+            error = call.failures[rank][1]
+            notes = [f"{label}: {', '.join(map(str, sorted(ranks)))}" for label, ranks in (
+                ("other ranks that failed", set(call.failures) - {rank}),
+                ("ranks still running, stopped", call.pending)) if ranks]
+            if notes:
+                error.args = (f"{error.args[0]}\n\n({'; '.join(notes)})",)
+            return error
+        if not call.pending:
+            return None
+        rank = min(call.pending)
+        stack, operation, location = call.stacks.get(rank, ("", "", ""))
+        doing = " ".join(part for part in (f"in {operation}" if operation else "",
+                                           f"at {location}" if location else "") if part)
+        others = sorted(call.pending - {rank})
+        limit = START_TIMEOUT if purpose == "start" else self.timeout
+        return RankTimeout(rank, f"did not {purpose} within {limit:g} s"
+                           + (f"; it was {doing}" if doing else "")
+                           + (f" (ranks {', '.join(map(str, others))} too)" if others else ""),
+                           stack)
+
+    def _print(self, call: _Call) -> None:
+        """Print what each rank wrote, prefixed with its rank, in rank order."""
+        for rank, pieces in enumerate(call.printed):
+            for stream, text in pieces:
+                out = sys.stdout if stream == "stdout" else sys.stderr
+                for line in text.splitlines():
+                    print(f"[rank {rank}] {line}", file=out)
+        for handle in self._ranks:
+            if handle.raw and handle.process.returncode is None:
+                for line in _tail(handle.raw).splitlines():
+                    print(f"[rank {handle.rank}] {line}", file=sys.stderr)
+                handle.raw = bytearray()
+
+
+def _tail(raw: bytes, lines: int = 40) -> str:
+    """The last lines of what a process wrote, decoded for an error message."""
+    return "\n".join(raw.decode(errors="replace").splitlines()[-lines:])
+
+
+def _rank_environment(pool: Pool) -> dict[str, str]:
+    """The ranks' environment: this process's imports (so its modules resolve) and a fair share of cores."""
+    env = dict(os.environ)
+    paths = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // pool.world_size)))
+    return env
+
+
+def run(fn: Callable, world_size: int, *args: Any, backend: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+    """Run fn(*args) on `world_size` new ranks and return each rank's return value, in rank order."""
+    with Pool(world_size, backend, timeout) as pool:
+        return pool.run(fn, *args)
+
+
+_open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+atexit.register(lambda: [pool.close() for pool in list(_open_pools)])

@@ -1,0 +1,30 @@
+"""Plain-text tables: what the tour, the benchmarks and the notebooks print."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Lay rows out under their headers in aligned columns, numbers right-aligned."""
+    cells = [[str(cell) for cell in row] for row in rows]
+    numeric = [all(_is_number(row[column]) for row in cells) and bool(cells)
+               for column in range(len(headers))]
+    widths = [max(len(str(headers[column])), *(len(row[column]) for row in cells))
+              for column in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(cell.rjust(width) if right else cell.ljust(width)
+                         for cell, width, right in zip(row, widths, numeric, strict=True)).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line([str(header) for header in headers]), rule, *map(line, cells)])
+
+
+def _is_number(text: str) -> bool:
+    """Whether a cell reads as a number (so it aligns right)."""
+    try:
+        float(text.replace(",", "").rstrip("x%"))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,87 @@
+"""`edulib tour`: every capability run on real ranks and checked against a reference, in one table.
+
+Each step is data: what it shows, what it is verified against, and a check that runs on a shared
+pool of ranks and returns a short result or raises `AssertionError` saying what disagreed. Later
+capabilities add their steps to `STEPS`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from edulib import examples
+from edulib.launch import Pool, resolve_backend
+from edulib.table import format_table
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the tour: a capability, its reference, and the check that compares them."""
+
+    capability: str
+    reference: str
+    check: Callable[[Pool], str]
+
+
+def _check_ranks(pool: Pool) -> str:
+    """Every rank knows who it is, and the world agrees on its size and backend."""
+    reports = pool.run(examples.whoami)
+    expected = [(rank, pool.world_size, pool.backend) for rank in range(pool.world_size)]
+    got = [(r["rank"], r["world_size"], r["backend"]) for r in reports]
+    assert got == expected, f"ranks reported {got}, expected {expected}"
+    return f"{pool.world_size} ranks joined"
+
+
+def _check_reuse(pool: Pool) -> str:
+    """A second call is served by the same processes, without starting anything."""
+    before = list(pool.pids)
+    pids = [report["pid"] for report in pool.run(examples.whoami)]
+    assert pids == before, f"call served by processes {pids}, expected the pool's {before}"
+    return "same processes"
+
+
+def _check_all_reduce(pool: Pool) -> str:
+    """torch's all_reduce gives every rank the sum of all inputs."""
+    pairs = pool.run(examples.builtin_all_reduce, 1000)
+    expected = np.sum([tensor.numpy() for tensor, _ in pairs], axis=0)
+    error = max(float(np.abs(result.numpy() - expected).max()) for _, result in pairs)
+    assert error < 1e-4, f"largest difference from the NumPy sum is {error:.3g}"
+    return f"max |error| {error:.1e}"
+
+
+def _check_broadcast(pool: Pool) -> str:
+    """torch's broadcast gives every rank exactly rank 0's tensor."""
+    pairs = pool.run(examples.builtin_broadcast, 1000)
+    wrong = [rank for rank, (_, result) in enumerate(pairs) if not np.array_equal(
+        result.numpy(), pairs[0][0].numpy())]
+    assert not wrong, f"ranks {wrong} do not hold rank 0's tensor"
+    return "exact"
+
+
+STEPS: list[Step] = [
+    Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
+    Step("pool: a second call", "the pool's own process ids", _check_reuse),
+    Step("built-in all_reduce (sum)", "NumPy sum of every rank's input", _check_all_reduce),
+    Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
+]
+
+
+def tour(world_size: int = 4, backend: str = "auto", steps: list[Step] | None = None) -> bool:
+    """Run every step on one pool of ranks, print the table, and return whether all passed."""
+    rows, passed = [], True
+    print(f"edulib tour: {world_size} ranks, backend {resolve_backend(backend, world_size)}\n")
+    with Pool(world_size, backend) as pool:
+        for step in STEPS if steps is None else steps:
+            began = time.perf_counter()
+            try:
+                result = f"ok: {step.check(pool)}"
+            except Exception as error:  # noqa: BLE001 - a failed step is a row, not a crash
+                result, passed = f"FAILED: {error}".splitlines()[0], False
+            rows.append((step.capability, world_size, step.reference, result,
+                         f"{time.perf_counter() - began:.2f} s"))
+    print(format_table(["capability", "ranks", "verified against", "result", "time"], rows))
+    return passed

@@ -1,0 +1,59 @@
+"""Shared fixtures: one pool of ranks reused across tests, and a check that no rank is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from edulib.launch import Pool
+
+RANK_MARK = b"edulib.rank import serve"
+_shared: list[Pool] = []
+
+
+def rank_processes() -> set[int]:
+    """Process ids of every live edulib rank on this machine (zombies count as gone)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                if RANK_MARK not in file.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as file:
+                if file.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(pids: set[int], seconds: float = 5.0) -> set[int]:
+    """Wait for processes to end; return the ones still alive after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (alive := pids & rank_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+@pytest.fixture(scope="session")
+def pool4():
+    """Four gloo ranks shared by every test that only needs healthy ranks."""
+    with Pool(4, backend="gloo", timeout=20) as pool:
+        pool.start()
+        _shared.append(pool)
+        yield pool
+        _shared.clear()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_ranks():
+    """After each test, no rank may be alive except those of the shared pool."""
+    before = rank_processes()
+    yield
+    allowed = before | {pid for pool in _shared for pid in pool.pids}
+    left = wait_until_gone(rank_processes() - allowed)
+    assert not left, f"rank processes left behind: {sorted(left)}"

@@ -1,0 +1,203 @@
+"""The launcher: return values, output, failures named by rank, timeouts, signals, no leftovers."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from edulib import examples
+from edulib.launch import Pool, RankError, RankTimeout, run
+from tests import ranks
+from tests.conftest import rank_processes, wait_until_gone
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_run_returns_every_ranks_value_in_rank_order(world_size):
+    assert run(ranks.echo, world_size, "a", 7) == [(r, "a", 7) for r in range(world_size)]
+
+
+def test_back_to_back_runs_start_fresh_ranks():
+    first = [report["pid"] for report in run(examples.whoami, 2)]
+    second = [report["pid"] for report in run(examples.whoami, 2)]
+    assert len(set(first) | set(second)) == 4
+    assert not wait_until_gone(set(first + second))
+
+
+def test_pool_serves_many_calls_from_the_same_processes(pool4):
+    pids = pool4.pids
+    for call in range(30):
+        assert pool4.run(ranks.echo, call) == [(r, call) for r in range(4)]
+    assert [report["pid"] for report in pool4.run(examples.whoami)] == pids
+
+
+def test_builtin_all_reduce_on_the_pool_equals_numpy_sum(pool4):
+    pairs = pool4.run(examples.builtin_all_reduce, 33)
+    expected = np.sum([tensor.numpy() for tensor, _ in pairs], axis=0)
+    for _, result in pairs:
+        np.testing.assert_allclose(result.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_what_ranks_print_reaches_the_caller_prefixed_and_in_rank_order(pool4, capsys):
+    assert pool4.run(ranks.chatter, 2) == [2] * 4
+    out, err = capsys.readouterr()
+    expected = [f"[rank {r}] {text}" for r in range(4) for text in ("line 0", "line 1", "no newline")]
+    assert out.splitlines() == expected
+    assert err.splitlines() == [f"[rank {r}] to stderr" for r in range(4)]
+
+
+def test_partial_functions_run_with_their_bound_arguments(pool4):
+    assert pool4.run(functools.partial(ranks.echo, "bound"), 1)[3] == (3, "bound", 1)
+
+
+def test_an_exception_names_the_rank_and_carries_its_traceback():
+    with pytest.raises(RankError) as caught:
+        run(ranks.raise_on, 3, 2, timeout=10)
+    error = caught.value
+    assert error.rank == 2 and not isinstance(error, RankTimeout)
+    assert "rank 2 raised ValueError: planted failure on rank 2" in str(error)
+    assert 'ranks.py", line' in error.traceback and "in raise_on" in error.traceback
+
+
+def test_one_failing_rank_does_not_make_the_caller_wait_for_the_others():
+    began = time.monotonic()
+    with pytest.raises(RankError) as caught:
+        run(ranks.raise_then_others_wait, 2, 0, timeout=30)
+    assert caught.value.rank == 0 and "planted failure" in str(caught.value)
+    assert time.monotonic() - began < 15, "the waiting rank should be stopped, not waited for"
+
+
+def test_a_deadlock_ends_in_a_timeout_naming_the_rank_and_the_operation():
+    began = time.monotonic()
+    with pytest.raises(RankTimeout) as caught:
+        run(ranks.deadlock_recv, 2, timeout=2)
+    assert time.monotonic() - began < 2 + 10
+    assert caught.value.rank == 0
+    assert "timed out waiting in recv" in str(caught.value)
+    assert "deadlock_recv" in str(caught.value)
+
+
+def test_an_infinite_loop_ends_in_a_timeout_naming_the_function():
+    began = time.monotonic()
+    with pytest.raises(RankTimeout) as caught:
+        run(ranks.spin_forever, 2, timeout=2)
+    assert time.monotonic() - began < 2 + 10
+    assert "did not finish within 2 s" in str(caught.value)
+    assert "spin_forever" in str(caught.value)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_as_such():
+    with pytest.raises(RankError) as caught:
+        run(ranks.kill_self, 2, 1, timeout=10)
+    assert caught.value.rank == 1
+    assert "killed by signal SIGKILL" in str(caught.value)
+
+
+def test_a_rank_that_exits_without_reporting_is_named_with_its_exit_code():
+    with pytest.raises(RankError, match="rank 0 exited with code 3"):
+        run(ranks.exit_hard, 1, 3)
+
+
+def test_a_pool_rebuilds_itself_after_a_failure():
+    with Pool(2, backend="gloo", timeout=10) as pool:
+        assert pool.run(ranks.echo) == [(0,), (1,)]
+        first = set(pool.pids)
+        with pytest.raises(RankError):
+            pool.run(ranks.raise_on, 0)
+        assert pool.pids == [] and not wait_until_gone(first)
+        assert pool.run(ranks.echo, "again") == [(0, "again"), (1, "again")]
+        assert not first & set(pool.pids)
+    assert pool.pids == []
+
+
+@pytest.mark.parametrize("world_size", [0, -1, 1.5, True, "2", None])
+def test_a_bad_world_size_is_refused_with_what_is_allowed(world_size):
+    with pytest.raises(ValueError, match="world_size must be a whole number of ranks, 1 or more"):
+        run(ranks.echo, world_size)
+
+
+def test_an_unknown_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown backend 'mpi'; choose one of auto, gloo, nccl"):
+        run(ranks.echo, 2, backend="mpi")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has GPUs")
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="needs one GPU per rank"):
+        run(ranks.echo, 2, backend="nccl")
+
+
+@pytest.mark.parametrize("timeout", [0, -5, "10"])
+def test_a_bad_timeout_is_refused(timeout):
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        run(ranks.echo, 1, timeout=timeout)
+
+
+def _nested():
+    def inner():
+        return 1
+    return inner
+
+
+def _as_if_from_a_notebook_cell():
+    def cell_function():
+        return 1
+    cell_function.__module__, cell_function.__qualname__ = "__main__", "cell_function"
+    return cell_function
+
+
+@pytest.mark.parametrize("fn", [lambda: 1, _nested(), _as_if_from_a_notebook_cell()],
+                         ids=["lambda", "nested", "notebook-cell"])
+def test_functions_a_rank_cannot_import_are_refused_before_anything_starts(fn):
+    before = rank_processes()
+    with pytest.raises(ValueError, match="Put it in a module"):
+        run(fn, 2)
+    assert rank_processes() == before
+
+
+def test_unpicklable_arguments_are_refused_clearly():
+    with pytest.raises(ValueError, match="must be picklable"):
+        run(ranks.echo, 1, threading.Lock())
+
+
+def _script(body: str) -> subprocess.Popen:
+    """Start a Python process that uses the launcher and prints its ranks' pids first."""
+    code = textwrap.dedent(f"""
+        import sys
+        from edulib.launch import Pool
+        from tests import ranks
+        pool = Pool(2, backend="gloo", timeout=60)
+        pool.start()
+        print(*pool.pids, flush=True)
+        {body}
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=sys.path[0] or None)
+
+
+def test_an_interrupt_stops_every_rank_and_reaches_the_caller():
+    script = _script("pool.run(ranks.sleep_then, 60, 1)")
+    pids = {int(pid) for pid in script.stdout.readline().split()}
+    assert len(pids) == 2 and pids <= rank_processes()
+    time.sleep(0.5)
+    script.send_signal(signal.SIGINT)
+    _, err = script.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err
+    assert not wait_until_gone(pids)
+
+
+def test_ranks_end_when_their_parent_is_killed():
+    script = _script("import time; time.sleep(60)")
+    pids = {int(pid) for pid in script.stdout.readline().split()}
+    assert len(pids) == 2 and pids <= rank_processes()
+    script.kill()
+    script.wait()
+    assert not wait_until_gone(pids)
