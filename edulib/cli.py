@@ -19,7 +19,11 @@ def load_function(target: str) -> Callable:
     if not module_name or not function_name:
         raise SystemExit(f"edulib: expected MODULE:FUNCTION, such as edulib.examples:whoami; "
                          f"got {target!r}")
-    function = getattr(importlib.import_module(module_name), function_name, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SystemExit(f"edulib: cannot import {module_name!r}: {error}") from error
+    function = getattr(module, function_name, None)
     if not callable(function):
         raise SystemExit(f"edulib: {module_name} has no function {function_name!r}")
     return function

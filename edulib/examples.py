@@ -8,6 +8,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from edulib.rank import device
+
 
 def whoami() -> dict:
     """Report who this rank is: its rank, the world size, the backend, its host and process id."""
@@ -16,9 +18,9 @@ def whoami() -> dict:
 
 
 def rank_input(length: int, seed: int = 0) -> torch.Tensor:
-    """The deterministic float32 tensor that this rank contributes: the same on every run."""
+    """The deterministic float32 tensor that this rank contributes, on this rank's device."""
     generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
-    return torch.randn(length, generator=generator)
+    return torch.randn(length, generator=generator).to(device())
 
 
 def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +28,7 @@ def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.
     tensor = rank_input(length, seed)
     result = tensor.clone()
     dist.all_reduce(result)
-    return tensor, result
+    return tensor.cpu(), result.cpu()
 
 
 def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +36,7 @@ def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.T
     tensor = rank_input(length, seed)
     result = tensor.clone()
     dist.broadcast(result, src=src)
-    return tensor, result
+    return tensor.cpu(), result.cpu()
 
 
 def greet() -> int:
@@ -42,3 +44,9 @@ def greet() -> int:
     rank = dist.get_rank()
     print(f"hello from rank {rank} of {dist.get_world_size()}")
     return rank
+
+
+def unmatched_recv() -> None:
+    """Rank 0 waits for a message from rank 1, which never sends one: the classic deadlock."""
+    if dist.get_rank() == 0:
+        dist.recv(torch.zeros(1, device=device()), src=1)

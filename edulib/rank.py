@@ -37,6 +37,16 @@ def init_process_group(backend: str, rank: int, world_size: int, timeout: float,
                             timeout=datetime.timedelta(seconds=timeout))
 
 
+def device() -> Any:
+    """The device this rank computes on: its own GPU under NCCL, the CPU under gloo."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class _Forward(io.TextIOBase):
     """A text stream that sends whole lines to the parent as ("out", stream, text) messages."""
 

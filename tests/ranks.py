@@ -30,12 +30,6 @@ def raise_then_others_wait(rank: int) -> None:
     dist.all_reduce(torch.ones(1))
 
 
-def deadlock_recv() -> None:
-    """Every rank receives from its neighbour and nobody sends: a deadlock."""
-    buffer = torch.zeros(1)
-    dist.recv(buffer, src=(dist.get_rank() + 1) % dist.get_world_size())
-
-
 def spin_forever() -> None:
     """A pure-Python infinite loop that no communication timeout can catch."""
     while True:

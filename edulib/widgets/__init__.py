@@ -1,0 +1,6 @@
+"""Interactive explorers (ipywidgets) built on edulib's models, with a static figure as fallback."""
+
+from edulib.widgets.explorer import Choice, Slider, explore
+from edulib.widgets.footprint import footprint_explorer
+
+__all__ = ["Choice", "Slider", "explore", "footprint_explorer"]

@@ -1,0 +1,21 @@
+"""The memory-footprint explorer of lesson 00: model size, precision, optimizer, device memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edulib.footprint import OPTIMIZER_STATES, PRECISION_BYTES
+from edulib.viz.footprint import footprint_figure
+from edulib.widgets.explorer import Choice, Slider, explore
+
+
+def footprint_explorer(static: bool | None = None) -> Any:
+    """Explore how much memory training takes and how many devices it fills."""
+    return explore(
+        lambda billions, precision, optimizer, device_gb:
+            footprint_figure(billions * 1e9, precision, optimizer, device_gb),
+        {"billions": Slider(175, -1, 3, 0.05, log=True),
+         "precision": Choice("fp16", tuple(PRECISION_BYTES)),
+         "optimizer": Choice("adam", tuple(OPTIMIZER_STATES)),
+         "device_gb": Slider(80, 8, 192, 8)},
+        static)

@@ -1,0 +1,71 @@
+"""The `edulib` command: the tour, local runs, and the same worker as one rank of a torchrun job."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from edulib.cli import main, parse_argument
+from edulib.tour import STEPS, Step, tour
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _edulib(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, env=env)
+
+
+def test_tour_verifies_every_step_and_prints_the_table(capsys):
+    assert tour(world_size=2, backend="gloo") is True
+    out = capsys.readouterr().out
+    assert re.search(r"^capability\s+ranks\s+verified against\s+result\s+time$", out, re.M)
+    for step in STEPS:
+        assert re.search(rf"^{re.escape(step.capability)}\s+2\s+.*\s+ok: ", out, re.M), step
+
+
+def _wrong(pool) -> str:
+    raise AssertionError("rank 1 holds 14, expected 18")
+
+
+def test_a_failing_tour_step_is_a_failed_row_not_a_crash(capsys):
+    assert tour(1, "gloo", [*STEPS[:1], Step("planted", "a wrong answer", _wrong)]) is False
+    assert "FAILED: rank 1 holds 14, expected 18" in capsys.readouterr().out
+
+
+def test_run_command_starts_local_ranks(capsys):
+    assert main(["run", "tests.ranks:echo", "5", "text", "--world-size", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"[rank {r}] returned ({r}, 5, 'text')" for r in range(3)]
+
+
+def test_arguments_are_read_as_python_literals():
+    assert [parse_argument(t) for t in ["3", "0.5", "[1, 2]", "word"]] == [3, 0.5, [1, 2], "word"]
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_colon", "expected MODULE:FUNCTION"),
+    ("no_such_module:f", "cannot import 'no_such_module'"),
+    ("edulib.examples:nothing", "has no function 'nothing'"),
+])
+def test_a_bad_target_gets_a_clear_message(target, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["run", target])
+
+
+def test_a_bad_world_size_is_an_error_message_not_a_traceback(capsys):
+    assert main(["run", "tests.ranks:echo", "--world-size", "0"]) == 1
+    assert "world_size must be a whole number of ranks" in capsys.readouterr().err
+
+
+def test_the_same_worker_runs_as_ranks_of_a_torchrun_job():
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = _edulib("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   "-m", "edulib", "run", "tests.ranks:echo", "7", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("[rank"))
+    assert lines == ["[rank 0] returned (0, 7)", "[rank 1] returned (1, 7)"]
