@@ -73,6 +73,14 @@ def _tour_command(options: argparse.Namespace) -> int:
     return 0 if tour(options.world_size, options.backend) else 1
 
 
+def _bench_command(options: argparse.Namespace) -> int:
+    """`edulib bench launch`: time the launcher against torch.multiprocessing.spawn."""
+    from edulib.bench import bench_launch
+
+    print(bench_launch(options.world_size, options.repeats))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; return the exit status."""
     parser = argparse.ArgumentParser(prog="edulib", description=__doc__)
@@ -89,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--backend", choices=BACKENDS, default="auto")
     runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
+    bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
+    bench.add_argument("what", choices=["launch"])
+    bench.add_argument("--world-size", type=int, default=4)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.set_defaults(handler=_bench_command)
     options = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder
     try:

@@ -69,3 +69,11 @@ def test_the_same_worker_runs_as_ranks_of_a_torchrun_job():
     assert done.returncode == 0, done.stderr
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("[rank"))
     assert lines == ["[rank 0] returned (0, 7)", "[rank 1] returned (1, 7)"]
+
+
+def test_the_launch_benchmark_prints_its_baseline_and_ratios():
+    from edulib.bench import bench_launch
+
+    report = bench_launch(world_size=2, repeats=1, calls=2)
+    ratios = [line for line in report.splitlines() if re.search(r"\d\.\d+x$", line)]
+    assert len(ratios) == 3 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
