@@ -194,13 +194,17 @@ class Pool:
     def run(self, fn: Callable, *args: Any) -> list[Any]:
         """Run fn(*args) on every rank and return their return values in rank order."""
         message = call_message(fn, args)
-        self.start()
-        for handle in self._ranks:
-            try:
-                handle.commands.send_bytes(message)
-            except OSError:
-                pass  # the rank has died; gathering reports how
-        return self._gather("finish")
+        try:
+            self.start()
+            for handle in self._ranks:
+                try:
+                    handle.commands.send_bytes(message)
+                except OSError:
+                    pass  # the rank has died; gathering reports how
+            return self._gather("finish")
+        except BaseException:  # an interrupt included: never leave ranks running a call
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop every rank now and reap it; safe to call twice."""
@@ -247,14 +251,14 @@ class Pool:
                     deadline = min(deadline, time.monotonic() + SETTLE)
             if call.pending and not call.failures:
                 for rank in sorted(call.pending):
-                    self._ranks[rank].commands.send_bytes(pickle.dumps(("stack",)))
+                    try:
+                        self._ranks[rank].commands.send_bytes(pickle.dumps(("stack",)))
+                    except OSError:
+                        pass  # it died just now; its report is already on the way
                 stack_deadline = time.monotonic() + 2.0
                 while len(call.stacks) < len(call.pending) and self._pump(selector, call,
                                                                           stack_deadline):
                     pass
-        except KeyboardInterrupt:
-            self.close()
-            raise
         finally:
             selector.close()
             self._print(call)
@@ -301,7 +305,8 @@ class Pool:
     def _death(self, handle: _Rank) -> RankError:
         """Describe a rank whose process ended without reporting back."""
         code = handle.process.wait()
-        handle.raw += handle.process.stdout.read()
+        os.set_blocking(handle.process.stdout.fileno(), False)  # a grandchild may hold the pipe open
+        handle.raw += handle.process.stdout.read() or b""
         if code < 0:
             what = f"was killed by signal {signal.Signals(-code).name}"
         else:
