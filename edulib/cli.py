@@ -58,7 +58,9 @@ def _run_command(options: argparse.Namespace) -> int:
     args = [parse_argument(text) for text in options.args]
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         value = run_under_torchrun(fn, args, options.backend, options.timeout)
-        print(f"[rank {os.environ['RANK']}] returned {value!r}")
+        # One write per line: the ranks of a torchrun job share stdout, and must not interleave.
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), f"[rank {os.environ['RANK']}] returned {value!r}\n".encode())
         return 0
     values = run(fn, options.world_size, *args, backend=options.backend, timeout=options.timeout)
     for rank, value in enumerate(values):

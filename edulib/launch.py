@@ -27,7 +27,7 @@ from typing import Any
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT = 60.0
 START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
-GRACE = 5.0  # past the timeout, how long to wait before stopping a rank from outside
+GRACE = 2.0  # past the timeout, before stopping a rank from outside (gloo's own error comes first)
 SETTLE = 1.0  # after a rank fails, how long to collect the others' reports before stopping them
 RAW_TAIL = 16_384  # bytes kept of what a rank wrote outside Python (C++ logs, crash reports)
 

@@ -63,3 +63,9 @@ def sleep_then(seconds: float, value: object) -> object:
     """Sleep, then return a value: a slow but healthy call."""
     time.sleep(seconds)
     return value
+
+
+def mark_then_sleep(folder: str, seconds: float) -> None:
+    """Create a file named after this rank in `folder` (so a test knows the call began), then sleep."""
+    open(os.path.join(folder, f"rank{dist.get_rank()}"), "w").close()
+    time.sleep(seconds)
