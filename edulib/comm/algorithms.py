@@ -1,0 +1,159 @@
+"""Every all-reduce of the lectures, and reduce-scatter, all-gather, broadcast and reduce, as schedules.
+
+Conventions shared by all builders: rank 0 is the root of trees and the parameter server; after a
+ring reduce-scatter rank r owns chunk r, which is where a ring all-gather expects it. Recursive
+algorithms need a power of two of ranks; with any other count they fold the extra ranks in and
+out the way MPICH does: of the first 2 x rem ranks, each even one hands its data to the odd one
+after it, the p = 2^k remaining ranks run the algorithm, and the odd ones hand the result back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+from edulib.comm.schedule import Message, Schedule
+
+Rounds = list[tuple[Message, ...]]
+
+
+def _ceil_log2(n: int) -> int:
+    """Rounds of a binomial tree on n ranks."""
+    return (n - 1).bit_length()
+
+
+def naive(n: int) -> Schedule:
+    """Everyone sends its whole tensor to everyone else, in one round: N(N-1)M in total."""
+    rounds = [tuple(Message(s, d, 0, 1, "reduce") for s in range(n) for d in range(n) if s != d)]
+    return Schedule("naive", "all_reduce", n, 1, tuple(r for r in rounds if r))
+
+
+def parameter_server(n: int) -> Schedule:
+    """Every worker pushes its tensor to the server (rank 0), which sends the sum back to all."""
+    push = tuple(Message(s, 0, 0, 1, "reduce") for s in range(1, n))
+    pull = tuple(Message(0, d, 0, 1, "copy") for d in range(1, n))
+    return Schedule("parameter_server", "all_reduce", n, 1, tuple(r for r in (push, pull) if r))
+
+
+def ring_reduce_scatter_rounds(n: int) -> Rounds:
+    """N-1 rounds in which each rank passes one chunk to the next; rank r ends owning chunk r."""
+    return [tuple(Message(r, (r + 1) % n, (r - s - 1) % n, (r - s - 1) % n + 1, "reduce")
+                  for r in range(n)) for s in range(n - 1)]
+
+
+def ring_all_gather_rounds(n: int) -> Rounds:
+    """N-1 rounds passing finished chunks along the ring (rank r starts with chunk r)."""
+    return [tuple(Message(r, (r + 1) % n, (r - s) % n, (r - s) % n + 1, "copy")
+                  for r in range(n)) for s in range(n - 1)]
+
+
+def ring(n: int) -> Schedule:
+    """Reduce-scatter then all-gather around a ring: 2(N-1) rounds of M/N each."""
+    return Schedule("ring", "all_reduce", n, n,
+                    tuple(ring_reduce_scatter_rounds(n) + ring_all_gather_rounds(n)))
+
+
+def binomial_reduce_rounds(n: int) -> Rounds:
+    """Sum towards rank 0: in round k, every rank at an odd multiple of 2^k sends to rank - 2^k."""
+    return [tuple(Message(r, r - step, 0, 1, "reduce") for r in range(step, n, 2 * step))
+            for step in (1 << k for k in range(_ceil_log2(n)))]
+
+
+def binomial_broadcast_rounds(n: int) -> Rounds:
+    """Spread rank 0's tensor: the reduce's rounds run backwards, each message reversed."""
+    return [tuple(Message(m.dst, m.src, 0, 1, "copy") for m in messages)
+            for messages in reversed(binomial_reduce_rounds(n))]
+
+
+def tree(n: int) -> Schedule:
+    """A binomial-tree reduce to rank 0, then a binomial-tree broadcast: 2 log2 N rounds of M."""
+    return Schedule("tree", "all_reduce", n, 1,
+                    tuple(binomial_reduce_rounds(n) + binomial_broadcast_rounds(n)))
+
+
+def _fold(n: int) -> tuple[int, int, Callable[[int], int]]:
+    """MPICH's folding: the power of two p <= n, the rem = n - p extra ranks, virtual -> real rank."""
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    return p, rem, lambda v: 2 * v + 1 if v < rem else v + rem
+
+
+def _folded(name: str, n: int, chunks: int, inner: Callable[[int, Callable[[int], int]], Rounds]
+            ) -> Schedule:
+    """Run `inner` on a power of two of ranks, folding the extra ranks in before and out after."""
+    p, rem, real = _fold(n)
+    fold_in = [tuple(Message(2 * i, 2 * i + 1, 0, chunks, "reduce") for i in range(rem))]
+    fold_out = [tuple(Message(2 * i + 1, 2 * i, 0, chunks, "copy") for i in range(rem))]
+    rounds = fold_in + inner(p, real) + fold_out
+    return Schedule(name, "all_reduce", n, chunks, tuple(r for r in rounds if r))
+
+
+def butterfly(n: int) -> Schedule:
+    """Recursive doubling: in round k, rank v swaps its whole tensor with rank v XOR 2^k."""
+    def exchanges(p: int, real: Callable[[int], int]) -> Rounds:
+        return [tuple(Message(real(v), real(v ^ mask), 0, 1, "reduce") for v in range(p))
+                for mask in (1 << k for k in range(p.bit_length() - 1))]
+    return _folded("butterfly", n, 1, exchanges)
+
+
+def halving_doubling(n: int) -> Schedule:
+    """Recursive halving (partners at offsets 1, 2, 4...), then recursive doubling in reverse."""
+    def halve_then_double(p: int, real: Callable[[int], int]) -> Rounds:
+        held = [[(0, p)] for _ in range(p)]  # held[v][k]: chunks rank v holds after k halvings
+        scatter, gather = [], []
+        for mask in (1 << k for k in range(p.bit_length() - 1)):
+            messages = []
+            for v in range(p):
+                lo, hi = held[v][-1]
+                mid = (lo + hi) // 2
+                keep, give = ((lo, mid), (mid, hi)) if v & mask == 0 else ((mid, hi), (lo, mid))
+                messages.append(Message(real(v), real(v ^ mask), *give, "reduce"))
+                held[v].append(keep)
+            scatter.append(tuple(messages))
+        for step in reversed(range(len(scatter))):
+            mask = 1 << step
+            gather.append(tuple(Message(real(v), real(v ^ mask), *held[v][step + 1], "copy")
+                                for v in range(p)))
+        return scatter + gather
+    p = 1 << (n.bit_length() - 1)
+    return _folded("halving_doubling", n, p, halve_then_double)
+
+
+def reduce_scatter(n: int) -> Schedule:
+    """Ring reduce-scatter: rank r ends with the sum of everyone's chunk r."""
+    return Schedule("reduce_scatter", "reduce_scatter", n, n, tuple(ring_reduce_scatter_rounds(n)))
+
+
+def all_gather(n: int) -> Schedule:
+    """Ring all-gather: rank r contributes chunk r, and every rank ends with all of them."""
+    return Schedule("all_gather", "all_gather", n, n, tuple(ring_all_gather_rounds(n)))
+
+
+def broadcast(n: int) -> Schedule:
+    """Binomial-tree broadcast of rank 0's tensor."""
+    return Schedule("broadcast", "broadcast", n, 1, tuple(binomial_broadcast_rounds(n)))
+
+
+def reduce(n: int) -> Schedule:
+    """Binomial-tree reduce: rank 0 ends with the sum."""
+    return Schedule("reduce", "reduce", n, 1, tuple(binomial_reduce_rounds(n)))
+
+
+ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
+    "naive": naive, "parameter_server": parameter_server, "ring": ring, "tree": tree,
+    "butterfly": butterfly, "halving_doubling": halving_doubling,
+}
+SCHEDULES: dict[str, Callable[[int], Schedule]] = {
+    **ALGORITHMS, "reduce_scatter": reduce_scatter, "all_gather": all_gather,
+    "broadcast": broadcast, "reduce": reduce,
+}
+
+
+@lru_cache(maxsize=256)
+def build_schedule(name: str, world_size: int) -> Schedule:
+    """The schedule of a named all-reduce algorithm (or other collective) on `world_size` ranks."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}")
+    return SCHEDULES[name](world_size)

@@ -1,0 +1,101 @@
+"""Schedules, simulator and cost model: results against NumPy, counts against the lectures' formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edulib.comm import (
+    ALGORITHMS,
+    SCHEDULES,
+    build_schedule,
+    chunk_bounds,
+    cost,
+    expected,
+    formula,
+    simulate,
+)
+
+WORLD_SIZES = range(1, 17)
+M = 720720  # divisible by every world size from 1 to 16, so every chunk is the same size
+
+
+def _lengths(n: int) -> list[int]:
+    return sorted({0, 1, max(n - 1, 0), n + 1, 1001})
+
+
+def _owned_equal(schedule, results, wanted) -> list[str]:
+    """The chunks where results and wanted differ, on the chunks the collective defines."""
+    wrong = []
+    for rank, (got, want) in enumerate(zip(results, wanted, strict=True)):
+        bounds = chunk_bounds(got.size, schedule.chunks)
+        for chunk in schedule.owned(rank):
+            piece = slice(bounds[chunk], bounds[chunk + 1])
+            if not np.array_equal(got[piece], want[piece]):
+                wrong.append(f"rank {rank} chunk {chunk}: {got[piece][:4]} != {want[piece][:4]}")
+    return wrong
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_simulated_schedule_equals_numpy(name, world_size):
+    schedule = build_schedule(name, world_size)
+    for length in _lengths(world_size):
+        buffers = [np.random.default_rng(rank).integers(-1000, 1000, length)
+                   for rank in range(world_size)]
+        results = simulate(schedule, buffers)
+        assert not _owned_equal(schedule, results, expected(schedule, buffers)), (name, length)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_all_reduce_leaves_the_full_sum_on_every_rank(name):
+    buffers = [np.arange(10) * (rank + 1) for rank in range(5)]
+    for result in simulate(build_schedule(name, 5), buffers):
+        np.testing.assert_array_equal(result, np.arange(10) * 15)
+
+
+def test_simulation_leaves_the_inputs_alone():
+    buffers = [np.ones(4) for _ in range(3)]
+    simulate(build_schedule("ring", 3), buffers)
+    assert all((buffer == 1).all() for buffer in buffers)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_closed_form_equals_the_count_from_the_schedule(name, world_size):
+    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9)
+    closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9)
+    assert counted.rounds == closed.rounds
+    assert counted.max_bytes_per_rank == closed.max_bytes_per_rank
+    assert counted.total_bytes == closed.total_bytes
+    assert counted.time == pytest.approx(closed.time, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_the_lectures_traffic_formulas(n):
+    assert cost(build_schedule("naive", n), M).total_bytes == n * (n - 1) * M
+    assert cost(build_schedule("ring", n), M).total_bytes == 2 * (n - 1) * M
+    assert cost(build_schedule("ring", n), M).max_bytes_per_rank == 2 * (n - 1) * M // n
+    assert cost(build_schedule("butterfly", n), M).total_bytes == n * M * (n.bit_length() - 1)
+    assert cost(build_schedule("tree", n), M).total_bytes == 2 * (n - 1) * M
+    server = cost(build_schedule("parameter_server", n), M)
+    assert server.max_bytes_per_rank == (n - 1) * M  # the server's link, each way
+
+
+def test_uneven_chunks_still_move_every_element():
+    # 10 elements over 4 ranks: chunks of 3, 3, 2, 2; each travels N-1 hops twice.
+    assert chunk_bounds(10, 4) == [0, 3, 6, 8, 10]
+    assert cost(build_schedule("ring", 4), 10).total_bytes == 2 * 3 * 10
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: build_schedule("rng", 4), "unknown algorithm 'rng'; choose one of naive, parameter_server"),
+    (lambda: build_schedule("ring", 0), "world_size must be a whole number of ranks, 1 or more"),
+    (lambda: simulate(build_schedule("ring", 3), [np.ones(2)] * 2), "needs 3 buffers, one per rank"),
+    (lambda: simulate(build_schedule("ring", 2), [np.ones(2), np.ones(3)]), "same length"),
+    (lambda: cost(build_schedule("ring", 2), 10, itemsize=4), "whole number of 4-byte elements"),
+    (lambda: formula("rng", 4, 10), "unknown algorithm 'rng'"),
+])
+def test_bad_input_says_what_is_allowed(bad, message):
+    with pytest.raises(ValueError, match=message):
+        bad()
