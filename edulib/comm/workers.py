@@ -1,0 +1,47 @@
+"""Functions that ranks run to check and show the collectives (the tour, notebook 02, the tests)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from edulib.comm.algorithms import build_schedule
+from edulib.comm.runtime import run_schedule
+from edulib.rank import device
+
+DTYPES = {"float32": torch.float32, "int64": torch.int64}
+
+
+def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
+    """This rank's deterministic input: small integers (exact in any order) or normal floats."""
+    generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    if dtype == "int64":
+        values = torch.randint(-1000, 1000, (length,), generator=generator)
+    else:
+        values = torch.randn(length, generator=generator)
+    return values.to(DTYPES[dtype]).to(device())
+
+
+def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0) -> dict:
+    """Run a named schedule on this rank's input; for all-reduce also torch's own all_reduce.
+
+    Returns this rank's input, output, the built-in result (all-reduce only, else None) and the
+    bytes it sent, all on the CPU so the caller can compare them with NumPy.
+    """
+    schedule = build_schedule(name, dist.get_world_size())
+    tensor = rank_tensor(length, dtype, seed)
+    output = tensor.clone()
+    sent = run_schedule(schedule, output)
+    builtin = None
+    if schedule.collective == "all_reduce":
+        builtin = tensor.clone()
+        dist.all_reduce(builtin)
+        builtin = builtin.cpu()
+    return {"input": tensor.cpu(), "output": output.cpu(), "builtin": builtin, "sent": sent}
+
+
+def run_many(names: list[str], lengths: list[int], dtypes: list[str]) -> list[dict]:
+    """run_collective for every combination, in one call (one round trip to the launcher)."""
+    return [{"name": name, "length": length, "dtype": dtype,
+             **run_collective(name, length, dtype)}
+            for name in names for length in lengths for dtype in dtypes]
