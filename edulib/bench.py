@@ -62,3 +62,59 @@ def bench_launch(world_size: int = 4, repeats: int = 3, calls: int = 50) -> str:
     return (f"{world_size} gloo ranks on {platform.node()} ({platform.processor() or platform.machine()}), "
             f"medians of {repeats} starts and {repeats * calls} warm calls\n\n"
             + format_table(["what", "median time", "ratio to baseline"], rows))
+
+
+def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
+    """Least-squares latency alpha (s) and seconds per byte beta from message times by size."""
+    import numpy as np
+
+    sizes = np.array(list(times_by_size), dtype=float)
+    times = np.array(list(times_by_size.values()))
+    beta, alpha = np.polyfit(sizes, times, 1)
+    return max(float(alpha), 0.0), float(beta)
+
+
+def _size(nbytes: int) -> str:
+    """1 KiB, 4 MiB, ...: a power-of-two byte count in words."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 * 2**20,
+                    repeats: int = 12, backend: str = "gloo") -> str:
+    """Time every all-reduce against the built-in, with algbw, busbw and alpha-beta predictions."""
+    from edulib.comm import ALGORITHMS, build_schedule, cost
+    from edulib.comm.workers import ping_pong, time_allreduce
+
+    sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
+    reports = []
+    for world_size in world_sizes:
+        with Pool(world_size, backend, timeout=600) as pool:
+            alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, repeats)[0])
+            per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
+        rows = []
+        for nbytes in sizes:
+            def measured(name: str, size: int = nbytes) -> float:
+                slowest = [max(samples) for samples in zip(*(t[name, size] for t in per_rank),
+                                                          strict=True)]
+                return statistics.median(slowest)
+            builtin = measured("builtin")
+            for name in ["builtin", *ALGORITHMS]:
+                seconds = measured(name)
+                algbw = nbytes / seconds / 1e9
+                predicted = ("" if name == "builtin" else
+                             f"{cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time * 1e3:.3f}")
+                rows.append((_size(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
+                             f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
+                             f"{seconds / builtin:.2f}x", predicted))
+        reports.append(
+            f"{world_size} {backend} ranks; fit from pairs swapping messages, all at once: "
+            f"alpha = {alpha * 1e6:.1f} us, "
+            f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / 1e9:.2f} GB/s)\n\n"
+            + format_table(["size", "algorithm", "time (ms)", "algbw (GB/s)", "busbw (GB/s)",
+                            "vs built-in", "predicted (ms)"], rows))
+    header = (f"all-reduce of float32 tensors on {platform.node()} ({platform.machine()}); "
+              f"median over repeats of the slowest rank's time")
+    return "\n\n".join([header, *reports])

@@ -76,10 +76,14 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch`: time the launcher against torch.multiprocessing.spawn."""
-    from edulib.bench import bench_launch
+    """`edulib bench launch|allreduce`: speed against a baseline measured in the same run."""
+    from edulib import bench
 
-    print(bench_launch(options.world_size, options.repeats))
+    if options.what == "launch":
+        print(bench.bench_launch(options.world_size, options.repeats))
+    else:
+        print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
+                                    backend=options.backend))
     return 0
 
 
@@ -100,9 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch"])
-    bench.add_argument("--world-size", type=int, default=4)
-    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("what", choices=["launch", "allreduce"])
+    bench.add_argument("--world-size", type=int, default=4, help="launch: ranks to start")
+    bench.add_argument("--repeats", type=int, default=3, help="launch: cold starts to time")
+    bench.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],
+                       help="allreduce: rank counts to measure")
+    bench.add_argument("--max-mib", type=int, default=64, help="allreduce: largest tensor, MiB")
+    bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)
     options = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder

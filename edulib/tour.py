@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edulib import examples
+from edulib.comm import ALGORITHMS, bytes_sent, build_schedule
+from edulib.comm.verify import disagreements
+from edulib.comm.workers import run_collective
 from edulib.launch import Pool, resolve_backend
 from edulib.table import format_table
 
@@ -62,11 +65,24 @@ def _check_broadcast(pool: Pool) -> str:
     return "exact"
 
 
+def _check_algorithm(name: str) -> Callable[[Pool], str]:
+    """A check that edulib's `name` all-reduce equals torch's and sends what the model counts."""
+    def check(pool: Pool) -> str:
+        reports = pool.run(run_collective, name, 10_007)
+        problems = disagreements(name, reports)
+        assert not problems, problems[0]
+        most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
+        return f"equal; {most:,} B/rank max, as modelled"
+    return check
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
     Step("built-in all_reduce (sum)", "NumPy sum of every rank's input", _check_all_reduce),
     Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
+    *(Step(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
+      for name in ALGORITHMS),
 ]
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 import torch.distributed as dist
 
 from edulib.comm.algorithms import build_schedule
-from edulib.comm.runtime import run_schedule
+from edulib.comm.runtime import allreduce, run_schedule
 from edulib.rank import device
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
@@ -45,3 +48,51 @@ def run_many(names: list[str], lengths: list[int], dtypes: list[str]) -> list[di
     return [{"name": name, "length": length, "dtype": dtype,
              **run_collective(name, length, dtype)}
             for name in names for length in lengths for dtype in dtypes]
+
+
+def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int) -> dict:
+    """Seconds each all-reduce took on this rank, per (algorithm, bytes), "builtin" included.
+
+    Every timed call starts right after a barrier, so the slowest rank's time is the call's time.
+    """
+    times: dict = {}
+    for nbytes in sizes:
+        tensor = torch.ones(nbytes // 4, device=device())
+        for name in ["builtin", *algorithms]:
+            samples = []
+            for _ in range(repeats):
+                work = tensor.clone()
+                dist.barrier()
+                began = time.perf_counter()
+                if name == "builtin":
+                    dist.all_reduce(work)
+                else:
+                    allreduce(work, name)
+                if work.is_cuda:
+                    torch.cuda.synchronize()
+                samples.append(time.perf_counter() - began)
+            times[name, nbytes] = samples
+    return times
+
+
+def ping_pong(sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median time for ranks 2k and 2k+1 to swap a message of each size, every pair at once.
+
+    Both partners send and receive at the same moment, and all pairs do so together, because
+    that is what a round of a collective does; the alpha-beta fit then describes such rounds.
+    """
+    rank, world_size, swap = dist.get_rank(), dist.get_world_size(), {}
+    partner = rank ^ 1 if (rank ^ 1) < world_size else None
+    for nbytes in sizes:
+        outgoing = torch.zeros(nbytes // 4, device=device())
+        incoming = torch.empty_like(outgoing)
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            began = time.perf_counter()
+            if partner is not None:
+                for work in (dist.isend(outgoing, partner), dist.irecv(incoming, partner)):
+                    work.wait()
+            samples.append(time.perf_counter() - began)
+        swap[nbytes] = statistics.median(samples)
+    return swap

@@ -1,6 +1,7 @@
 """Interactive explorers (ipywidgets) built on edulib's models, with a static figure as fallback."""
 
+from edulib.widgets.comm import comm_cost_explorer
 from edulib.widgets.explorer import Choice, Slider, explore
 from edulib.widgets.footprint import footprint_explorer
 
-__all__ = ["Choice", "Slider", "explore", "footprint_explorer"]
+__all__ = ["Choice", "Slider", "comm_cost_explorer", "explore", "footprint_explorer"]

@@ -13,13 +13,14 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Slider:
-    """A numeric control; `log` spaces it by powers of ten (min and max are then exponents)."""
+    """A numeric control; `log` spaces it by powers of `base` (min and max are then exponents)."""
 
     value: float
     min: float
     max: float
     step: float = 1
     log: bool = False
+    base: float = 10
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def _widget(name: str, control: Slider | Choice) -> Any:
         return widgets.Dropdown(value=control.value, options=control.options, description=label,
                                 style=style)
     kind = widgets.FloatLogSlider if control.log else widgets.FloatSlider
-    extra = {"base": 10} if control.log else {}
+    extra = {"base": control.base} if control.log else {}
     return kind(value=control.value, min=control.min, max=control.max, step=control.step,
                 description=label, continuous_update=True, style=style, **extra)
 

@@ -1,0 +1,112 @@
+"""Figures of collectives: who sends what in each round, and what each algorithm costs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from edulib.comm.algorithms import ALGORITHMS
+from edulib.comm.cost import formula
+from edulib.comm.schedule import Schedule
+from edulib.table import format_table
+
+OP_COLOURS = {"reduce": "#dd8452", "copy": "#4c72b0"}
+ALGORITHM_COLOURS = dict(zip(ALGORITHMS, ["#c44e52", "#8172b3", "#55a868", "#937860",
+                                          "#da8bc3", "#4c72b0"], strict=True))
+
+
+def schedule_figure(schedule: Schedule, columns: int = 4) -> Figure:
+    """One panel per round: ranks on a circle, an arrow per message labelled with its chunks.
+
+    Orange arrows add into the receiver (reduce), blue ones overwrite it (copy).
+    """
+    rounds = schedule.rounds or ((),)
+    rows = math.ceil(len(rounds) / columns)
+    figure = Figure(figsize=(2.6 * min(columns, len(rounds)), 2.6 * rows))
+    angles = np.pi / 2 - 2 * np.pi * np.arange(schedule.world_size) / schedule.world_size
+    xy = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    for index, messages in enumerate(rounds):
+        axes = figure.add_subplot(rows, min(columns, len(rounds)), index + 1)
+        axes.set_aspect("equal")
+        axes.axis("off")
+        axes.set_xlim(-1.45, 1.45)
+        axes.set_ylim(-1.45, 1.45)
+        axes.set_title(f"round {index}" if schedule.rounds else "no messages", fontsize=9)
+        for rank, (x, y) in enumerate(xy):
+            axes.add_patch(_circle((x, y)))
+            axes.text(x, y, str(rank), ha="center", va="center", fontsize=9, color="white")
+        for message in messages:
+            start, end = xy[message.src], xy[message.dst]
+            # Bend each arrow a little so that a swap's two arrows do not overlap.
+            axes.annotate("", xy=end, xytext=start, arrowprops={
+                "arrowstyle": "-|>", "color": OP_COLOURS[message.op], "lw": 1.2,
+                "shrinkA": 11, "shrinkB": 11, "connectionstyle": "arc3,rad=0.15"})
+            if len(messages) <= 2 * schedule.world_size and schedule.chunks > 1:
+                middle = (start + end) / 2 + 0.12 * np.array([end[1] - start[1], start[0] - end[0]])
+                label = (str(message.lo) if message.hi == message.lo + 1
+                         else f"{message.lo}-{message.hi - 1}")
+                axes.text(*middle, label, fontsize=7, ha="center", va="center",
+                          color=OP_COLOURS[message.op])
+    figure.suptitle(f"{schedule.name} on {schedule.world_size} ranks ({schedule.chunks} chunks): "
+                    "orange adds in, blue overwrites", fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def _circle(centre: tuple[float, float]):
+    """A rank's node in the schedule figure."""
+    from matplotlib.patches import Circle
+
+    return Circle(centre, 0.2, color="#333333")
+
+
+def winner(world_size: int, nbytes: float, alpha: float, beta: float) -> str:
+    """The all-reduce algorithm with the least alpha-beta time for this case."""
+    return min(ALGORITHMS, key=lambda name: formula(name, world_size, nbytes, alpha, beta).time)
+
+
+def cost_table(world_size: int, nbytes: float, alpha: float, beta: float) -> str:
+    """Time, rounds and traffic of every all-reduce for one case, fastest marked."""
+    best = winner(world_size, nbytes, alpha, beta)
+    rows = []
+    for name in ALGORITHMS:
+        c = formula(name, world_size, nbytes, alpha, beta)
+        rows.append((name + (" (fastest)" if name == best else ""), f"{c.time * 1e3:.3f}",
+                     c.rounds, f"{c.max_bytes_per_rank / 1e6:,.3f}", f"{c.total_bytes / 1e6:,.3f}"))
+    return format_table(["algorithm", "time (ms)", "rounds", "MB sent per rank (max)",
+                         "MB sent in total"], rows)
+
+
+def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float) -> Figure:
+    """Alpha-beta time of every all-reduce against message size, with the winner at each size."""
+    sizes = np.logspace(1, 31, 61, base=2)
+    figure = Figure(figsize=(9, 3.6))
+    curves, bars = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    for name in ALGORITHMS:
+        times = [formula(name, world_size, size, alpha, beta).time for size in sizes]
+        curves.loglog(sizes, times, label=name, color=ALGORITHM_COLOURS[name])
+    bottom = curves.get_ylim()[0]
+    for size in sizes:
+        curves.plot(size, bottom * 1.15, "s", markersize=4,
+                    color=ALGORITHM_COLOURS[winner(world_size, size, alpha, beta)])
+    curves.axvline(nbytes, color="black", linestyle="--", linewidth=1)
+    curves.set_xlabel("message size M (bytes); squares: fastest at each size")
+    curves.set_ylabel("time (s)")
+    curves.legend(fontsize=7)
+    costs = {name: formula(name, world_size, nbytes, alpha, beta) for name in ALGORITHMS}
+    names = list(ALGORITHMS)
+    bars.barh(names, [costs[name].time * 1e3 for name in names],
+              color=[ALGORITHM_COLOURS[name] for name in names])
+    for row, name in enumerate(names):
+        bars.text(0, row, f" {costs[name].rounds} rounds, {costs[name].max_bytes_per_rank / 1e6:,.2f} "
+                  "MB/rank", va="center", fontsize=7)
+    bars.invert_yaxis()
+    bars.set_xlabel("time (ms)")
+    best = winner(world_size, nbytes, alpha, beta)
+    bars.set_title(f"M = {nbytes / 2**20:g} MiB: {best} wins", fontsize=9)
+    figure.suptitle(f"{world_size} ranks, alpha = {alpha * 1e6:g} us, "
+                    f"bandwidth = {1 / beta / 1e9:g} GB/s", fontsize=10)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,20 @@
+"""The communication-cost explorer of lesson 02: ranks, message size, latency and bandwidth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edulib.viz.comm import cost_figure
+from edulib.widgets.explorer import Slider, explore
+
+
+def comm_cost_explorer(static: bool | None = None) -> Any:
+    """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins."""
+    return explore(
+        lambda ranks, message_bytes, latency_us, bandwidth_gbs: cost_figure(
+            int(ranks), message_bytes, latency_us * 1e-6, 1 / (bandwidth_gbs * 1e9)),
+        {"ranks": Slider(16, 1, 10, 1, log=True, base=2),
+         "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2),
+         "latency_us": Slider(5, -1, 3, 0.1, log=True),
+         "bandwidth_gbs": Slider(10, -1, 3, 0.1, log=True)},
+        static)
