@@ -82,6 +82,12 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def _median_slowest(per_rank: list[dict], name: str, nbytes: int) -> float:
+    """The median over repeats of the slowest rank's time: how long the collective took."""
+    repeats = zip(*(times[name, nbytes] for times in per_rank), strict=True)
+    return statistics.median(max(samples) for samples in repeats)
+
+
 def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 * 2**20,
                     repeats: int = 12, backend: str = "gloo") -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and alpha-beta predictions."""
@@ -96,16 +102,12 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
         rows = []
         for nbytes in sizes:
-            def measured(name: str, size: int = nbytes) -> float:
-                slowest = [max(samples) for samples in zip(*(t[name, size] for t in per_rank),
-                                                          strict=True)]
-                return statistics.median(slowest)
-            builtin = measured("builtin")
+            builtin = _median_slowest(per_rank, "builtin", nbytes)
             for name in ["builtin", *ALGORITHMS]:
-                seconds = measured(name)
+                seconds = _median_slowest(per_rank, name, nbytes)
                 algbw = nbytes / seconds / 1e9
-                predicted = ("" if name == "builtin" else
-                             f"{cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time * 1e3:.3f}")
+                model = cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time
+                predicted = "" if name == "builtin" else f"{model * 1e3:.3f}"
                 rows.append((_size(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
                              f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
                              f"{seconds / builtin:.2f}x", predicted))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edulib import examples
-from edulib.comm import ALGORITHMS, bytes_sent, build_schedule
+from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import disagreements
 from edulib.comm.workers import run_collective
 from edulib.launch import Pool, resolve_backend
