@@ -106,8 +106,8 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             for name in ["builtin", *ALGORITHMS]:
                 seconds = _median_slowest(per_rank, name, nbytes)
                 algbw = nbytes / seconds / 1e9
-                model = cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time
-                predicted = "" if name == "builtin" else f"{model * 1e3:.3f}"
+                predicted = "" if name == "builtin" else (
+                    f"{cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time * 1e3:.3f}")
                 rows.append((_size(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
                              f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
                              f"{seconds / builtin:.2f}x", predicted))
