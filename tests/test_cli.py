@@ -77,3 +77,15 @@ def test_the_launch_benchmark_prints_its_baseline_and_ratios():
     report = bench_launch(world_size=2, repeats=1, calls=2)
     ratios = [line for line in report.splitlines() if re.search(r"\d\.\d+x$", line)]
     assert len(ratios) == 3 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
+
+
+def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
+    from edulib.bench import bench_allreduce
+    from edulib.comm import ALGORITHMS
+
+    report = bench_allreduce(world_sizes=(2,), max_bytes=4096, repeats=2)
+    rows = [line.split() for line in report.splitlines() if line.startswith(("1 KiB", "4 KiB"))]
+    assert len(rows) == 2 * (len(ALGORITHMS) + 1)
+    assert {row[2] for row in rows} == {"builtin", *ALGORITHMS}
+    for row in rows:  # busbw = algbw x 2(n-1)/n, which is 1 for two ranks
+        assert row[4] == row[5]

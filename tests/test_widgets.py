@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from edulib.widgets import Choice, Slider, explore, footprint_explorer
+from edulib.widgets import Choice, Slider, comm_cost_explorer, explore, footprint_explorer
 
 
 def test_without_a_front_end_an_explorer_draws_its_defaults():
@@ -30,3 +30,28 @@ def test_moving_a_control_redraws_with_its_value():
     slider.value = 4
     dropdown.value = "y"
     assert calls == [(2, "x"), (4, "x"), (4, "y")]
+
+
+def test_the_comm_explorer_falls_back_to_its_default_figure():
+    figure = comm_cost_explorer(static=True)
+    assert isinstance(figure, Figure)
+    assert figure.axes[0].get_title() == (
+        "16 ranks, alpha = 5 us, 10 GB/s: at the dashed line halving_doubling wins")
+
+
+def test_the_description_follows_the_controls():
+    pytest.importorskip("ipywidgets")
+    box = explore(lambda a: "drawn", {"a": Slider(2, 0, 5)}, static=False,
+                  describe=lambda a: f"a is {a} & more")
+    box.children[0].children[0].value = 3
+    assert box.children[-1].value == "<pre>a is 3.0 &amp; more</pre>"
+
+
+def test_winner_and_table_agree_with_the_closed_forms():
+    from edulib.comm import ALGORITHMS, formula
+    from edulib.viz.comm import cost_table, winner
+
+    times = {name: formula(name, 64, 2**30, 5e-6, 1e-10).time for name in ALGORITHMS}
+    best = winner(64, 2**30, 5e-6, 1e-10)
+    assert times[best] == min(times.values())
+    assert f"{best} (fastest)" in cost_table(64, 2**30, 5e-6, 1e-10)

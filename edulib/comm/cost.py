@@ -1,9 +1,10 @@
 """What a schedule costs: rounds, bytes per rank, total traffic, and alpha-beta time.
 
 `cost` counts from the schedule itself. `formula` gives the lectures' closed forms for the same
-quantities; the tests hold the two equal. In the alpha-beta model a round takes
-alpha + beta x (the most bytes any one rank sends or receives in it): every message of a round
-travels at once, each rank's link carries its own messages, and alpha is paid once per round.
+quantities; the tests hold the two equal. In the alpha-beta model every message of a round
+travels at once, and each rank handles its own messages one after another: a round takes
+alpha x (the most messages any rank sends or receives in it) + beta x (the most bytes any rank
+sends or receives in it). So a rank that talks to N-1 others pays N-1 latencies, not one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
          itemsize: int = 1) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.
 
-    alpha is the latency of a round in seconds, beta the seconds per byte (1 / bandwidth).
+    alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth).
     """
     if nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"nbytes must be a whole number of {itemsize}-byte elements, 0 or more; "
@@ -47,13 +48,18 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
     bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
     time = 0.0
     for messages in schedule.rounds:
-        sent = [0] * schedule.world_size
-        received = [0] * schedule.world_size
+        # [messages, bytes] each rank sends, and receives, in this round
+        sends = [[0, 0] for _ in range(schedule.world_size)]
+        receives = [[0, 0] for _ in range(schedule.world_size)]
         for m in messages:
             size = (bounds[m.hi] - bounds[m.lo]) * itemsize
-            sent[m.src] += size
-            received[m.dst] += size
-        time += alpha + beta * max(max(sent), max(received))
+            sends[m.src][0] += 1
+            sends[m.src][1] += size
+            receives[m.dst][0] += 1
+            receives[m.dst][1] += size
+        loads = sends + receives
+        time += (alpha * max(count for count, _ in loads)
+                 + beta * max(size for _, size in loads))
     per_rank = bytes_sent(schedule, nbytes, itemsize)
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
 
@@ -75,9 +81,9 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     fold_rounds = 2 if rem else 0
     fold_time = fold_rounds * (alpha + beta * m)
     if name == "naive":  # one round; every rank sends M to each of the N-1 others
-        return Cost(1, (n - 1) * m, n * (n - 1) * m, alpha + beta * (n - 1) * m)
-    if name == "parameter_server":  # the server's link carries (N-1)M in, then (N-1)M out
-        return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * (alpha + beta * (n - 1) * m))
+        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (alpha + beta * m))
+    if name == "parameter_server":  # the server takes N-1 messages of M in, then sends N-1 out
+        return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * (n - 1) * (alpha + beta * m))
     if name == "ring":  # 2(N-1) rounds of M/N
         return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
                     2 * (n - 1) * (alpha + beta * m / n))

@@ -58,28 +58,34 @@ def _widget(name: str, control: Slider | Choice) -> Any:
 
 
 def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
-            static: bool | None = None) -> Any:
+            static: bool | None = None, describe: Callable[..., str] | None = None) -> Any:
     """Redraw `draw(**values)` whenever a control moves; with no widget front end, draw once.
 
-    `draw` returns anything IPython can display (a figure, a string). `static=True` forces the
-    fallback, which returns `draw` at the default values.
+    `draw` returns anything IPython can display (a figure, a string); `describe`, if given,
+    returns text shown under it (a table is far quicker to update than a figure).
+    `static=True` forces the fallback, which returns `draw` at the default values.
     """
     defaults = {name: control.value for name, control in controls.items()}
     if static or (static is None and not has_widget_front_end()):
         return draw(**defaults)
+    import html
+
     import ipywidgets as widgets
     from IPython.display import display
 
     inputs = {name: _widget(name, control) for name, control in controls.items()}
-    output = widgets.Output()
+    output, text = widgets.Output(), widgets.HTML()
 
     def redraw(_: object = None) -> None:
+        values = {name: widget.value for name, widget in inputs.items()}
+        if describe is not None:
+            text.value = f"<pre>{html.escape(describe(**values))}</pre>"
         with output:
             output.clear_output(wait=True)
-            display(draw(**{name: widget.value for name, widget in inputs.items()}))
+            display(draw(**values))
 
     for widget in inputs.values():
         widget.observe(redraw, names="value")
     redraw()
     return widgets.VBox([widgets.HBox(list(inputs.values())[:2]),
-                         widgets.HBox(list(inputs.values())[2:]), output])
+                         widgets.HBox(list(inputs.values())[2:]), output, text])
