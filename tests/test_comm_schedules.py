@@ -13,7 +13,9 @@ from edulib.comm import (
     cost,
     expected,
     formula,
+    hierarchical,
     simulate,
+    two_level_link,
 )
 
 WORLD_SIZES = range(1, 17)
@@ -99,3 +101,40 @@ def test_uneven_chunks_still_move_every_element():
 def test_bad_input_says_what_is_allowed(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()
+
+
+@pytest.mark.parametrize("world_size", range(2, 17))
+def test_double_binary_tree_moves_each_half_up_and_down_its_own_tree(world_size):
+    schedule = build_schedule("double_binary_tree", world_size)
+    assert cost(schedule, M).total_bytes == 2 * (world_size - 1) * M  # two trees x 2(N-1) x M/2
+    assert len(schedule.rounds) <= 2 * world_size.bit_length()
+    leaves = [{m.src for m in schedule.rounds[0] if m.lo == tree} for tree in (0, 1)]
+    assert len(leaves[0] & leaves[1]) <= 1  # a leaf of one tree is (nearly always) inside the other
+
+
+@pytest.mark.parametrize("nodes, per_node", [(1, 4), (2, 1), (2, 3), (4, 2), (4, 8)])
+def test_hierarchical_time_equals_its_closed_form_on_a_two_level_cluster(nodes, per_node):
+    intra, inter = (2e-6, 1 / 300e9), (10e-6, 1 / 25e9)
+    link = two_level_link(per_node, intra, inter)
+    size = 2 * M  # divisible by every nodes x per_node here, so all chunks are equal
+    got = cost(hierarchical(nodes, per_node), size, link=link).time
+    want = (2 * (per_node - 1) * (intra[0] + intra[1] * size / per_node)
+            + 2 * (nodes - 1) * (inter[0] + inter[1] * size / (per_node * nodes)))
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_hierarchical_beats_a_flat_ring_when_links_between_nodes_are_slow():
+    link = two_level_link(8, (2e-6, 1 / 300e9), (10e-6, 1 / 25e9))
+    ring = cost(build_schedule("ring", 32), M, link=link).time
+    assert cost(hierarchical(4, 8), M, link=link).time < ring / 3
+
+
+def test_uniform_links_give_the_plain_alpha_beta_time():
+    schedule = build_schedule("halving_doubling", 6)
+    plain = cost(schedule, M, alpha=1e-5, beta=1e-9).time
+    assert cost(schedule, M, link=lambda src, dst: (1e-5, 1e-9)).time == pytest.approx(plain)
+
+
+def test_a_cluster_needs_ranks_on_each_node():
+    with pytest.raises(ValueError, match="per_node must be 1 or more ranks"):
+        two_level_link(0, (0, 0), (0, 0))

@@ -139,12 +139,74 @@ def reduce(n: int) -> Schedule:
     return Schedule("reduce", "reduce", n, 1, tuple(binomial_reduce_rounds(n)))
 
 
+def _binary_tree(ranks: list[int], parent: int | None, depth: int,
+                 edges: list[tuple[int, int, int]]) -> None:
+    """Collect (child, parent, depth) for a balanced binary tree whose in-order walk is `ranks`."""
+    if not ranks:
+        return
+    middle = len(ranks) // 2
+    root = ranks[middle]
+    if parent is not None:
+        edges.append((root, parent, depth))
+    _binary_tree(ranks[:middle], root, depth + 1, edges)
+    _binary_tree(ranks[middle + 1:], root, depth + 1, edges)
+
+
+def double_binary_tree(n: int) -> Schedule:
+    """NCCL's two trees: half the tensor reduces up and broadcasts down each tree, both at once.
+
+    The second tree is the first with every rank shifted by one, so most ranks that are leaves
+    in one tree are interior nodes in the other, and no rank carries both halves' heavy work.
+    """
+    trees = []
+    for shift, chunk in ((0, 0), (1, 1)):
+        edges: list[tuple[int, int, int]] = []
+        _binary_tree([(rank + shift) % n for rank in range(n)], None, 1, edges)
+        trees.append((edges, chunk))
+    depth = max((d for edges, _ in trees for *_, d in edges), default=0)
+    up = [tuple(Message(child, parent, chunk, chunk + 1, "reduce")
+                for edges, chunk in trees for child, parent, d in edges if d == level)
+          for level in range(depth, 1, -1)]  # the roots, at depth 1, send nothing
+    down = [tuple(Message(m.dst, m.src, m.lo, m.hi, "copy") for m in messages)
+            for messages in reversed(up)]
+    return Schedule("double_binary_tree", "all_reduce", n, 2, tuple(up + down))
+
+
+def hierarchical(nodes: int, per_node: int) -> Schedule:
+    """Two-level all-reduce for `nodes` x `per_node` ranks (rank = node x per_node + local).
+
+    Inside each node a ring reduce-scatter leaves local rank j with its node's sum of part j;
+    the ranks holding part j on every node all-reduce it with a ring across nodes (only 1/per_node
+    of the tensor crosses the slow links per rank); a ring all-gather inside each node finishes.
+    Chunk j x nodes + k is piece k of part j.
+    """
+    def node_ring(rounds: Rounds) -> Rounds:
+        """A ring over local ranks, run in every node at once, moving whole parts."""
+        return [tuple(Message(node * per_node + m.src, node * per_node + m.dst, m.lo * nodes,
+                              m.hi * nodes, m.op) for node in range(nodes) for m in messages)
+                for messages in rounds]
+
+    across = [tuple(Message(m.src * per_node + j, m.dst * per_node + j, j * nodes + m.lo,
+                            j * nodes + m.hi, m.op) for j in range(per_node) for m in messages)
+              for messages in ring_reduce_scatter_rounds(nodes) + ring_all_gather_rounds(nodes)]
+    rounds = (node_ring(ring_reduce_scatter_rounds(per_node)) + across
+              + node_ring(ring_all_gather_rounds(per_node)))
+    return Schedule(f"hierarchical_{nodes}x{per_node}", "all_reduce", nodes * per_node,
+                    nodes * per_node, tuple(rounds))
+
+
 ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "naive": naive, "parameter_server": parameter_server, "ring": ring, "tree": tree,
     "butterfly": butterfly, "halving_doubling": halving_doubling,
 }
+# Going further: all-reduces beyond the lectures' six (the hierarchical one is built for a
+# cluster shape with `hierarchical(nodes, per_node)`; by name it assumes 2 nodes when it can).
+FURTHER: dict[str, Callable[[int], Schedule]] = {
+    "double_binary_tree": double_binary_tree,
+    "hierarchical": lambda n: hierarchical(2, n // 2) if n % 2 == 0 else hierarchical(1, n),
+}
 SCHEDULES: dict[str, Callable[[int], Schedule]] = {
-    **ALGORITHMS, "reduce_scatter": reduce_scatter, "all_gather": all_gather,
+    **ALGORITHMS, **FURTHER, "reduce_scatter": reduce_scatter, "all_gather": all_gather,
     "broadcast": broadcast, "reduce": reduce,
 }
 

@@ -1,19 +1,23 @@
 """What a schedule costs: rounds, bytes per rank, total traffic, and alpha-beta time.
 
 `cost` counts from the schedule itself. `formula` gives the lectures' closed forms for the same
-quantities; the tests hold the two equal. In the alpha-beta model every message of a round
-travels at once, and each rank handles its own messages one after another: a round takes
-alpha x (the most messages any rank sends or receives in it) + beta x (the most bytes any rank
-sends or receives in it). So a rank that talks to N-1 others pays N-1 latencies, not one.
+quantities; the tests hold the two equal. In the alpha-beta model a message of b bytes takes
+alpha + beta x b; the messages of a round travel at once, but each rank sends its own one after
+another (and receives them one after another), so a round lasts as long as its busiest rank.
+A rank that talks to N-1 others pays N-1 latencies, not one. A cluster with fast links inside
+a node and slow ones between nodes gives each message its own (alpha, beta) through `link`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edulib.comm.algorithms import ALGORITHMS
 from edulib.comm.schedule import Schedule, chunk_bounds
+
+Link = Callable[[int, int], tuple[float, float]]  # (src, dst) -> (alpha, beta) of that link
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,11 @@ def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
 
 
 def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
-         itemsize: int = 1) -> Cost:
+         itemsize: int = 1, link: Link | None = None) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.
 
-    alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth).
+    alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth);
+    `link(src, dst)`, if given, returns the (alpha, beta) of each message's link instead.
     """
     if nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"nbytes must be a whole number of {itemsize}-byte elements, 0 or more; "
@@ -48,20 +53,22 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
     bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
     time = 0.0
     for messages in schedule.rounds:
-        # [messages, bytes] each rank sends, and receives, in this round
-        sends = [[0, 0] for _ in range(schedule.world_size)]
-        receives = [[0, 0] for _ in range(schedule.world_size)]
+        busy = [[0.0, 0.0] for _ in range(schedule.world_size)]  # sending, receiving
         for m in messages:
-            size = (bounds[m.hi] - bounds[m.lo]) * itemsize
-            sends[m.src][0] += 1
-            sends[m.src][1] += size
-            receives[m.dst][0] += 1
-            receives[m.dst][1] += size
-        loads = sends + receives
-        time += (alpha * max(count for count, _ in loads)
-                 + beta * max(size for _, size in loads))
+            latency, per_byte = link(m.src, m.dst) if link else (alpha, beta)
+            seconds = latency + per_byte * (bounds[m.hi] - bounds[m.lo]) * itemsize
+            busy[m.src][0] += seconds
+            busy[m.dst][1] += seconds
+        time += max(max(pair) for pair in busy)
     per_rank = bytes_sent(schedule, nbytes, itemsize)
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
+
+
+def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float, float]) -> Link:
+    """Links of a cluster: (alpha, beta) `intra` between ranks of one node, `inter` across nodes."""
+    if per_node < 1:
+        raise ValueError(f"per_node must be 1 or more ranks; got {per_node!r}")
+    return lambda src, dst: intra if src // per_node == dst // per_node else inter
 
 
 def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
