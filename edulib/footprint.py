@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from edulib.checks import check_choice
+
 GB = 1e9  # the lectures count memory in decimal gigabytes
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -41,18 +43,11 @@ class Footprint:
         return math.ceil(self.total / device_memory)
 
 
-def _choice(value: str, allowed: dict, what: str) -> int:
-    """Look a name up in a table of choices, or say which names exist."""
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
-    return allowed[value]
-
-
 def weights_bytes(parameters: float, precision: str = "fp16") -> float:
     """Bytes to hold the weights alone (the lecture's '175B parameters at 16 bits is 350 GB')."""
     if parameters <= 0:
         raise ValueError(f"parameters must be positive; got {parameters!r}")
-    return parameters * _choice(precision, PRECISION_BYTES, "precision")
+    return parameters * PRECISION_BYTES[check_choice(precision, PRECISION_BYTES, "precision")]
 
 
 def training_footprint(parameters: float, precision: str = "fp16",
@@ -63,7 +58,7 @@ def training_footprint(parameters: float, precision: str = "fp16",
     updates vanish when added to low-precision weights.
     """
     weights = weights_bytes(parameters, precision)
-    states = _choice(optimizer, OPTIMIZER_STATES, "optimizer")
+    states = OPTIMIZER_STATES[check_choice(optimizer, OPTIMIZER_STATES, "optimizer")]
     master = 4 if PRECISION_BYTES[precision] < 4 else 0
     return Footprint(parameters, weights, weights, parameters * (master + 4 * states))
 

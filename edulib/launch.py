@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from edulib.checks import check_choice, check_world_size
+
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT = 60.0
 START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
@@ -53,8 +55,7 @@ class RankTimeout(RankError, TimeoutError):
 
 def resolve_backend(backend: str, world_size: int) -> str:
     """Pick the backend: NCCL when every rank can have a GPU of its own, gloo otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check_choice(backend, BACKENDS, "backend")
     import torch
     import torch.distributed as dist
 
@@ -65,13 +66,6 @@ def resolve_backend(backend: str, world_size: int) -> str:
         raise ValueError(f"backend 'nccl' needs one GPU per rank: {world_size} ranks but {gpus} "
                          "GPUs here; use 'gloo' or 'auto'")
     return backend
-
-
-def check_world_size(world_size: Any) -> int:
-    """Return world_size if it is a whole number of ranks, 1 or more; otherwise say what is allowed."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}")
-    return world_size
 
 
 def call_message(fn: Callable, args: tuple) -> bytes:

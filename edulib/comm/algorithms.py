@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
+from edulib.checks import check_choice, check_world_size
 from edulib.comm.schedule import Message, Schedule
 
 Rounds = list[tuple[Message, ...]]
@@ -214,8 +215,4 @@ SCHEDULES: dict[str, Callable[[int], Schedule]] = {
 @lru_cache(maxsize=256)
 def build_schedule(name: str, world_size: int) -> Schedule:
     """The schedule of a named all-reduce algorithm (or other collective) on `world_size` ranks."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(SCHEDULES)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}")
-    return SCHEDULES[name](world_size)
+    return SCHEDULES[check_choice(name, SCHEDULES, "algorithm")](check_world_size(world_size))

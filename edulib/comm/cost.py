@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edulib.checks import check_choice
 from edulib.comm.algorithms import ALGORITHMS
 from edulib.comm.schedule import Schedule, chunk_bounds
 
@@ -78,8 +79,7 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     N ranks, M bytes; p is the largest power of two <= N and rem = N - p, the ranks that the
     recursive algorithms fold in with one extra round before and one after.
     """
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    check_choice(name, ALGORITHMS, "algorithm")
     n, m = world_size, nbytes
     if n == 1:
         return Cost(0, 0, 0, 0.0)

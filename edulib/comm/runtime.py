@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from edulib.checks import check_choice
 from edulib.comm.algorithms import ALGORITHMS, build_schedule
 from edulib.comm.schedule import Schedule, chunk_bounds
 
@@ -72,6 +73,5 @@ def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGr
 def allreduce(tensor: torch.Tensor, algorithm: str = "ring",
               group: dist.ProcessGroup | None = None) -> int:
     """Sum `tensor` across the group in place with a named algorithm; return the bytes this rank sent."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    check_choice(algorithm, ALGORITHMS, "algorithm")
     return run_schedule(build_schedule(algorithm, dist.get_world_size(group)), tensor, group)
