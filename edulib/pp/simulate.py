@@ -1,0 +1,173 @@
+"""Walk a pipeline schedule through its dependencies: check it, and time it.
+
+One engine serves both. `validate` runs it with unit times and reports the first thing wrong:
+a missing, repeated or misplaced action, or a deadlock with the action each device is stuck at.
+`simulate` runs it with the given costs and returns every action's start and end, the makespan,
+both of the lecture's bubble fractions and the peak in-flight micro-batches per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edulib.pp.schedule import Action, Schedule, action_of, key_of, needs
+
+
+@dataclass(frozen=True)
+class Event:
+    """When one action ran on one device."""
+
+    device: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A timed run of a schedule (simulated or measured) and what the lecture measures of it."""
+
+    schedule: Schedule
+    events: tuple[Event, ...]
+    makespan: float
+    busy: tuple[float, ...]  # compute time per device
+    peak_inflight: tuple[int, ...]
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Bubble time over ideal time: (makespan - busiest device's work) / that work."""
+        ideal = max(self.busy)
+        return (self.makespan - ideal) / ideal if ideal else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """Idle device-time over all device-time."""
+        total = self.makespan * len(self.busy)
+        return (total - sum(self.busy)) / total if total else 0.0
+
+
+def _keys(schedule: Schedule) -> list[list[int]]:
+    """Number every action (kind, stage, micro-batch) -> key, checking that each appears exactly
+    once, on the device that holds its stage. Keys are F, then B, then W, stage-major."""
+    p, stages, m = schedule.devices, schedule.stages, schedule.microbatches
+    if p < 1 or m < 1 or schedule.chunks < 1:
+        raise ValueError("a schedule needs at least 1 device, 1 micro-batch and 1 stage per device; "
+                         f"got {p}, {m}, {schedule.chunks}")
+    if len(schedule.actions) != p:
+        raise ValueError(f"expected one action list per device ({p}); got {len(schedule.actions)}")
+    kinds = "FBW" if schedule.split_backward else "FB"
+    count = bytearray(3 * stages * m)
+    rows = []
+    for device, row in enumerate(schedule.actions):
+        keys = []
+        for action in row:
+            if action.kind not in kinds or not (0 <= action.stage < stages
+                                                and 0 <= action.microbatch < m):
+                raise ValueError(f"device {device}: {action} is not part of this pipeline "
+                                 f"({stages} stages, micro-batches 0-{m - 1})")
+            if action.stage % p != device:
+                raise ValueError(f"device {device}: {action} belongs on device {action.stage % p}, "
+                                 f"which holds stage {action.stage}")
+            key = key_of(action, stages, m)
+            if count[key]:
+                raise ValueError(f"device {device}: {action} appears twice; every action runs "
+                                 "exactly once")
+            count[key] = 1
+            keys.append(key)
+        rows.append(keys)
+    missing = next((key for key in range(len(kinds) * stages * m) if not count[key]), None)
+    if missing is not None:
+        action = action_of(missing, stages, m)
+        raise ValueError(f"{len(kinds) * stages * m - sum(count)} actions are missing, first "
+                         f"{action} on device {action.stage % p}")
+    return rows
+
+
+def _per_stage(value: float | Sequence[float], devices: int, what: str) -> list[float]:
+    """A cost given as one number or one number per device."""
+    values = [float(value)] * devices if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(values) != devices or any(v < 0 for v in values):
+        raise ValueError(f"{what} must be a non-negative number or one per device ({devices}); "
+                         f"got {value!r}")
+    return values
+
+
+def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
+             t_b: float | Sequence[float] = 2.0, t_w: float | Sequence[float] = 0.0,
+             t_comm: float = 0.0) -> Timeline:
+    """Time a schedule: each device runs its actions in order, each as soon as its inputs exist.
+
+    Costs are per device for a whole device's share of the model; a device holding v stages
+    spends t/v on each. A schedule without W actions does the weight gradient inside B, which
+    then takes t_b + t_w. A dependency on another device arrives t_comm later.
+    """
+    rows = _keys(schedule)
+    p, v = schedule.devices, schedule.chunks
+    f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
+    if not schedule.split_backward:
+        b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
+    duration = [f, b, w]
+    stages, m = schedule.stages, schedule.microbatches
+    finished: list[float | None] = [None] * (3 * stages * m)
+    waiting: dict[int, list[int]] = {}
+    position, clock = [0] * p, [0.0] * p
+    timed: list[tuple[int, int, float, float]] = []
+    ready = list(range(p))
+    while ready:
+        device = ready.pop()
+        row = rows[device]
+        while position[device] < len(row):
+            key = row[position[device]]
+            start, blocked = clock[device], None
+            for needed in needs(key, stages, m):
+                done = finished[needed]
+                if done is None:
+                    blocked = needed
+                    break
+                if ((needed // m) % stages) % p != device:
+                    done += t_comm
+                start = max(start, done)
+            if blocked is not None:
+                waiting.setdefault(blocked, []).append(device)
+                break
+            end = start + duration[key // (stages * m)][device] / v
+            finished[key] = clock[device] = end
+            timed.append((device, key, start, end))
+            position[device] += 1
+            ready.extend(waiting.pop(key, []))
+    stuck = [(device, action_of(rows[device][position[device]], stages, m))
+             for device in range(p) if position[device] < len(rows[device])]
+    if stuck:
+        details = "; ".join(
+            f"device {device} waits at {action} for " + ", ".join(
+                str(action_of(k, stages, m)) for k in needs(rows[device][position[device]], stages, m)
+                if finished[k] is None)
+            for device, action in stuck)
+        raise ValueError(f"{schedule.name} deadlocks: {details}")
+    events = [Event(device, action_of(key, stages, m), start, end)
+              for device, key, start, end in timed]
+    busy = tuple(sum(duration[key // (stages * m)][d] / v for key in rows[d]) for d in range(p))
+    return Timeline(schedule, tuple(events), max(clock), busy, _peak_inflight(schedule))
+
+
+def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
+    """Per device, the most micro-batches in flight at once: forward done, backward not yet.
+
+    That is the activation memory a stage holds. (A split backward's W keeps only the layers'
+    inputs until it runs, a small part, as the zero-bubble paper counts it.)
+    """
+    peaks = []
+    for row in schedule.actions:
+        held = peak = 0
+        for action in row:
+            held += (action.kind == "F") - (action.kind == "B")
+            peak = max(peak, held)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def validate(schedule: Schedule) -> Schedule:
+    """Check any schedule, a student's included; return it, or raise saying which action is wrong."""
+    simulate(schedule, 1.0, 1.0, 1.0 if schedule.split_backward else 0.0)
+    return schedule

@@ -1,0 +1,108 @@
+"""Pipeline schedules: the lecture's closed forms, memory in flight, and checks of any schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16])
+def test_gpipe_and_1f1b_bubble_is_exactly_p_minus_1_over_m(name, p, m):
+    timeline = simulate(build_schedule(name, p, m), t_f=1.0, t_b=2.0)
+    assert timeline.bubble_fraction == pytest.approx((p - 1) / m, abs=1e-12)
+    assert timeline.idle_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+
+
+@pytest.mark.parametrize("p", range(1, 7))
+@pytest.mark.parametrize("v", [2, 3, 4])
+@pytest.mark.parametrize("groups", [1, 2, 5])
+def test_interleaved_bubble_is_exactly_one_over_v_of_that(p, v, groups):
+    m = p * groups
+    timeline = simulate(build_schedule("interleaved_1f1b", p, m, v), t_f=1.0, t_b=2.0)
+    assert timeline.bubble_fraction == pytest.approx((p - 1) / (v * m), abs=1e-9)
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_zero_bubble_has_a_smaller_bubble_than_1f1b_for_the_same_work(p, groups):
+    m = p * groups
+    zero = simulate(build_schedule("zero_bubble", p, m), t_f=1.0, t_b=1.0, t_w=1.0)
+    one = simulate(build_schedule("1f1b", p, m), t_f=1.0, t_b=1.0, t_w=1.0)  # W inside B
+    assert zero.bubble_fraction < one.bubble_fraction
+    # ZB-H1's bubble per device, (p-1)(t_f + t_b - t_w), with unit costs: p - 1
+    assert zero.makespan == pytest.approx(3 * m + (p - 1))
+    assert zero.peak_inflight == one.peak_inflight
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (8, 32), (3, 2)])
+def test_1f1b_holds_at_most_p_micro_batches_and_gpipe_holds_m(p, m):
+    assert simulate(build_schedule("1f1b", p, m)).peak_inflight == tuple(
+        min(p - device, m) for device in range(p))
+    assert simulate(build_schedule("gpipe", p, m)).peak_inflight == (m,) * p
+
+
+def test_the_naive_pipeline_never_runs_two_devices_at_once():
+    events = sorted(simulate(build_schedule("naive", 4, 3)).events, key=lambda e: e.start)
+    assert all(a.end <= b.start for a, b in zip(events, events[1:], strict=False))
+    assert simulate(build_schedule("naive", 4, 3)).bubble_fraction == pytest.approx(3.0)
+
+
+def test_communication_delays_each_hop():
+    plain = simulate(build_schedule("gpipe", 4, 8), 1, 2).makespan
+    assert simulate(build_schedule("gpipe", 4, 8), 1, 2, t_comm=0.5).makespan == plain + 2 * 3 * 0.5
+
+
+def test_costs_may_differ_per_device():
+    uniform = simulate(build_schedule("1f1b", 3, 6), 1, 2)
+    listed = simulate(build_schedule("1f1b", 3, 6), [1, 1, 1], [2, 2, 2])
+    assert listed.makespan == uniform.makespan
+    slow_last = simulate(build_schedule("gpipe", 3, 6), [1, 1, 2], [2, 2, 4])
+    assert slow_last.busy == (18, 18, 36) and slow_last.makespan > uniform.makespan
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("p, m", [(1, 1), (2, 2), (3, 6), (4, 8)])
+def test_every_built_schedule_is_valid_and_prints_and_parses_back(name, p, m):
+    chunks = 2 if name == "interleaved_1f1b" else 1
+    schedule = validate(build_schedule(name, p, m, chunks))
+    rows = [" ".join(action.short(chunks) for action in row) for row in schedule.actions]
+    assert parse_actions(rows, m, chunks, name).actions == schedule.actions
+    assert f"device {p - 1}: " in str(schedule)
+
+
+def test_a_students_valid_schedule_passes():
+    schedule = validate(parse_actions(["F0 F1 B0 B1", "F0 B0 F1 B1"], 2))
+    assert simulate(schedule, 1, 2).bubble_fraction == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["F0 B0 F1 B1", "B0 F0 F1 B1"], "deadlocks: device 0 waits at B0@0 for B0@1; device 1 waits at B0@1 for F0@1"),
+    (["F0 F1 B0 B1", "F0 B0 F1"], "1 actions are missing, first B1@1 on device 1"),
+    (["F0 F1 B0 B1 B1", "F0 B0 F1 B1"], "B1@0 appears twice"),
+    (["F0 F1 B0 B1 F0@1", "F0 B0 F1 B1"], "F0@1 belongs on device 1"),
+    (["F0 F1 B0 B7", "F0 B0 F1 B1"], "B7@0 is not part of this pipeline"),
+    (["F0 F1 B0 X1", "F0 B0 F1 B1"], "cannot read action 'X1'"),
+])
+def test_a_wrong_schedule_is_named_precisely(rows, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        validate(parse_actions(rows, 2))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("1f1b", 0, 4), "stages must be a whole number, 1 or more"),
+    (("1f1b", 2, 0), "microbatches must be a whole number, 1 or more"),
+    (("gpipe", 2, 4, 2), "chunks > 1 needs interleaved_1f1b"),
+    (("interleaved_1f1b", 4, 6, 2), "must be a multiple of stages \\(4\\); got 6"),
+    (("pipedream", 2, 2), "unknown schedule 'pipedream'; choose one of naive, gpipe"),
+])
+def test_bad_arguments_are_refused_clearly(args, message):
+    with pytest.raises(ValueError, match=message):
+        build_schedule(*args)
+
+
+def test_bad_costs_are_refused_clearly():
+    with pytest.raises(ValueError, match="t_f must be a non-negative number or one per device"):
+        simulate(build_schedule("1f1b", 2, 2), t_f=[1, 2, 3])
