@@ -79,7 +79,8 @@ def test_a_students_valid_schedule_passes():
 
 
 @pytest.mark.parametrize("rows, message", [
-    (["F0 B0 F1 B1", "B0 F0 F1 B1"], "deadlocks: device 0 waits at B0@0 for B0@1; device 1 waits at B0@1 for F0@1"),
+    (["F0 B0 F1 B1", "B0 F0 F1 B1"],
+     "deadlocks: device 0 waits at B0@0 for B0@1; device 1 waits at B0@1 for F0@1"),
     (["F0 F1 B0 B1", "F0 B0 F1"], "1 actions are missing, first B1@1 on device 1"),
     (["F0 F1 B0 B1 B1", "F0 B0 F1 B1"], "B1@0 appears twice"),
     (["F0 F1 B0 B1 F0@1", "F0 B0 F1 B1"], "F0@1 belongs on device 1"),
