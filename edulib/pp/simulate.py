@@ -148,10 +148,10 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     events = [Event(device, action_of(key, stages, m), start, end)
               for device, key, start, end in timed]
     busy = tuple(sum(duration[key // (stages * m)][d] / v for key in rows[d]) for d in range(p))
-    return Timeline(schedule, tuple(events), max(clock), busy, _peak_inflight(schedule))
+    return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
 
 
-def _peak_inflight(schedule: Schedule) -> tuple[int, ...]:
+def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     """Per device, the most micro-batches in flight at once: forward done, backward not yet.
 
     That is the activation memory a stage holds. (A split backward's W keeps only the layers'

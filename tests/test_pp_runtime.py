@@ -1,0 +1,69 @@
+"""Pipeline runtime on real gloo ranks: every schedule's gradients equal unsplit training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edulib.launch import Pool, RankError
+from edulib.models import reference_gradients, split
+from edulib.pp import SCHEDULES, build_schedule, parse_actions
+from edulib.pp.runtime import measured_timeline, train_step
+
+WIDTH, DEPTH, BATCH, MICROBATCHES = 16, 8, 8, 4
+
+
+def _schedules(p: int) -> list:
+    built = [build_schedule(name, p, MICROBATCHES, 2 if name == "interleaved_1f1b" else 1)
+             for name in SCHEDULES]
+    if p == 2:  # a student's own valid schedule runs too
+        built.append(parse_actions(["F0 F1 F2 B0 F3 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+                                   MICROBATCHES, name="student"))
+    return built
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
+    reference = reference_gradients(WIDTH, DEPTH, BATCH)
+    problems = []
+    with Pool(p, backend="gloo", timeout=30) as pool:
+        for schedule in _schedules(p):
+            reports = pool.run(train_step, schedule, WIDTH, DEPTH, BATCH)
+            got = {name: grad for report in reports for name, grad in report["gradients"].items()}
+            if set(got) != set(reference):
+                problems.append(f"{schedule.name}: gradients for {sorted(got)}")
+                continue
+            worst = max((got[name] - reference[name]).abs().max().item() for name in reference)
+            if worst > 1e-6:
+                problems.append(f"{schedule.name}: largest gradient difference {worst:.2e}")
+            timeline = measured_timeline(schedule, reports)
+            for device, row in enumerate(schedule.actions):
+                ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
+                if [e.action for e in ran] != list(row):
+                    problems.append(f"{schedule.name}: device {device} ran out of order")
+                if any(a.end > b.start + 1e-9 for a, b in zip(ran, ran[1:], strict=False)):
+                    problems.append(f"{schedule.name}: device {device} overlapped two actions")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_schedule_for_another_world_size_is_refused():
+    with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="for 4 devices"):
+        pool.run(train_step, build_schedule("1f1b", 4, 4), WIDTH, DEPTH, BATCH)
+
+
+def test_an_invalid_schedule_is_refused_before_any_message_is_sent():
+    deadlock = parse_actions(["F0 B0 F1 B1", "B0 F0 F1 B1"], 2)
+    with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="deadlocks"):
+        pool.run(train_step, deadlock, WIDTH, DEPTH, BATCH)
+
+
+def test_split_cuts_into_nearly_equal_consecutive_pieces():
+    from edulib.models import mlp
+
+    pieces = split(mlp(4, 7), 3)
+    assert [len(piece) for piece in pieces] == [3, 2, 2]
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(
+        [block[0] for piece in pieces for block in piece], [block[0] for block in mlp(4, 7)],
+        strict=True))
+    with pytest.raises(ValueError, match="cannot cut 7 blocks into 8 stages"):
+        split(mlp(4, 7), 8)
