@@ -120,3 +120,36 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
     header = (f"all-reduce of float32 tensors on {platform.node()} ({platform.machine()}); "
               f"median over repeats of the slowest rank's time")
     return "\n\n".join([header, *reports])
+
+
+def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, batch: int = 512,
+                     steps: int = 3):
+    """Real training steps of `schedule` on the pool after one warm-up step, keeping the fastest
+    (the least disturbed by the rest of the machine), and the simulated run with the per-device
+    costs measured in it: (measured Timeline, simulated Timeline)."""
+    from edulib.pp import measured_costs, simulate
+    from edulib.pp.runtime import measured_timeline, train_step
+
+    pool.run(train_step, schedule, width, depth, batch)
+    measured = min((measured_timeline(schedule, pool.run(train_step, schedule, width, depth, batch))
+                    for _ in range(steps)), key=lambda timeline: timeline.makespan)
+    return measured, simulate(schedule, **measured_costs(measured))
+
+
+def bench_pipeline(stages: int = 4, microbatches: int = 8, backend: str = "gloo") -> str:
+    """Each schedule's measured bubble on real ranks beside the simulator's, from measured costs."""
+    from edulib.pp import SCHEDULES, build_schedule
+
+    rows = []
+    with Pool(stages, backend, timeout=300) as pool:
+        for name in SCHEDULES:
+            schedule = build_schedule(name, stages, microbatches,
+                                      2 if name == "interleaved_1f1b" else 1)
+            measured, simulated = measure_pipeline(pool, schedule, depth=4 * stages)
+            rows.append((name, f"{measured.makespan * 1e3:.1f}", f"{simulated.makespan * 1e3:.1f}",
+                         f"{measured.bubble_fraction:.3f}", f"{simulated.bubble_fraction:.3f}"))
+    return (f"fastest of 3 training steps, {stages} {backend} stages on {platform.node()}, "
+            f"{microbatches} micro-batches, MLP of width 512; simulated with the costs measured "
+            "in that step\n\n"
+            + format_table(["schedule", "measured (ms)", "simulated (ms)", "measured bubble",
+                            "simulated bubble"], rows))

@@ -18,6 +18,11 @@ from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import disagreements
 from edulib.comm.workers import run_collective
 from edulib.launch import Pool, resolve_backend
+from edulib.models import reference_gradients
+from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
+from edulib.pp import build_schedule as build_pipeline
+from edulib.pp import simulate_ratio
+from edulib.pp.runtime import train_step
 from edulib.table import format_table
 
 
@@ -76,6 +81,23 @@ def _check_algorithm(name: str) -> Callable[[Pool], str]:
     return check
 
 
+def _check_pipeline(name: str) -> Callable[[Pool], str]:
+    """A check that a pipeline schedule trains like the unsplit model, with the lecture's bubble."""
+    def check(pool: Pool) -> str:
+        p = pool.world_size
+        m, chunks = 2 * p, 2 if name == "interleaved_1f1b" else 1
+        width, depth, batch = 16, 2 * p, 4 * m
+        schedule = build_pipeline(name, p, m, chunks)
+        reports = pool.run(train_step, schedule, width, depth, batch)
+        got = {key: grad for report in reports for key, grad in report["gradients"].items()}
+        reference = reference_gradients(width, depth, batch)
+        worst = max(float((got[key] - reference[key]).abs().max()) for key in reference)
+        assert worst < 1e-5, f"largest gradient difference {worst:.2e}"
+        bubble = simulate_ratio(schedule).bubble_fraction
+        return f"equal; simulated bubble {bubble:.3f} at m={m}"
+    return check
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -83,6 +105,8 @@ STEPS: list[Step] = [
     Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
     *(Step(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
       for name in ALGORITHMS),
+    *(Step(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
+      for name in PIPELINE_SCHEDULES),
 ]
 
 

@@ -2,7 +2,14 @@
 
 from edulib.pp.schedule import KINDS, Action, Schedule, parse_actions
 from edulib.pp.schedules import SCHEDULES, build_schedule
-from edulib.pp.simulate import Event, Timeline, simulate, validate
+from edulib.pp.simulate import (
+    Event,
+    Timeline,
+    measured_costs,
+    simulate,
+    simulate_ratio,
+    validate,
+)
 
 __all__ = ["KINDS", "SCHEDULES", "Action", "Event", "Schedule", "Timeline", "build_schedule",
-           "parse_actions", "simulate", "validate"]
+           "measured_costs", "parse_actions", "simulate", "simulate_ratio", "validate"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edulib.pp.schedule import Action, Schedule, action_of, key_of, needs
+from edulib.pp.schedule import Action, Schedule, action_of, dependencies, key_of, needs
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,45 @@ def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     return tuple(peaks)
 
 
+def simulate_ratio(schedule: Schedule, backward: float = 2.0) -> Timeline:
+    """Simulate with t_f = 1 and a backward pass `backward` times as long, split evenly into B
+    and W where the schedule has W: the same work for every schedule, so bubbles compare."""
+    if schedule.split_backward:
+        return simulate(schedule, 1.0, backward / 2, backward / 2)
+    return simulate(schedule, 1.0, backward)
+
+
 def validate(schedule: Schedule) -> Schedule:
     """Check any schedule, a student's included; return it, or raise saying which action is wrong."""
     simulate(schedule, 1.0, 1.0, 1.0 if schedule.split_backward else 0.0)
     return schedule
+
+
+def measured_costs(timeline: Timeline) -> dict[str, float | list[float]]:
+    """The costs of a measured run, as `simulate` takes them.
+
+    t_f, t_b, t_w: per device, the median duration of each kind of action times the stages the
+    device holds. t_comm: the median delay between an input being produced on another device
+    and its use, counted where the receiving device was waiting for it (idle, not busy).
+    """
+    schedule = timeline.schedule
+    costs: dict[str, float | list[float]] = {}
+    for kind in ("F", "B", "W"):
+        per_device = []
+        for device in range(schedule.devices):
+            durations = sorted(e.end - e.start for e in timeline.events
+                               if e.device == device and e.action.kind == kind)
+            per_device.append(durations[len(durations) // 2] * schedule.chunks if durations else 0.0)
+        costs["t_" + kind.lower()] = per_device
+    ended = {event.action: event.end for event in timeline.events}
+    previous_end: dict[Action, float] = {}
+    for device in range(schedule.devices):
+        ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
+        for before, after in zip(ran, ran[1:], strict=False):
+            previous_end[after.action] = before.end
+    lags = sorted(event.start - ended[needed] for event in timeline.events
+                  for needed in dependencies(event.action, schedule.stages, schedule.microbatches)
+                  if schedule.device_of(needed.stage) != event.device
+                  and ended[needed] >= previous_end.get(event.action, 0.0))
+    costs["t_comm"] = max(lags[len(lags) // 2], 0.0) if lags else 0.0
+    return costs

@@ -21,6 +21,7 @@ class Slider:
     step: float = 1
     log: bool = False
     base: float = 10
+    integer: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ def _widget(name: str, control: Slider | Choice) -> Any:
     if isinstance(control, Choice):
         return widgets.Dropdown(value=control.value, options=control.options, description=label,
                                 style=style)
+    if control.integer:
+        return widgets.IntSlider(value=control.value, min=control.min, max=control.max,
+                                 step=control.step, description=label, style=style)
     kind = widgets.FloatLogSlider if control.log else widgets.FloatSlider
     extra = {"base": control.base} if control.log else {}
     return kind(value=control.value, min=control.min, max=control.max, step=control.step,

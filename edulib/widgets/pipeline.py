@@ -1,0 +1,52 @@
+"""The bubble explorer of lesson 04: schedule, stages, micro-batches, chunks, backward cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edulib.pp import SCHEDULES, Timeline, build_schedule, simulate_ratio
+from edulib.viz.pipeline import timeline_figure
+from edulib.widgets.explorer import Choice, Slider, explore
+
+
+def pipeline_case(schedule: str, stages: int, microbatches: int, chunks: int,
+                  backward_ratio: float) -> Timeline:
+    """Simulate a named schedule (only interleaved_1f1b uses `chunks`) with `simulate_ratio`."""
+    return simulate_ratio(build_schedule(schedule, int(stages), int(microbatches),
+                                         int(chunks) if schedule == "interleaved_1f1b" else 1),
+                          backward_ratio)
+
+
+def describe_case(**case: Any) -> str:
+    """The numbers behind a timeline: both bubble fractions, the closed form, memory in flight."""
+    try:
+        timeline = pipeline_case(**case)
+    except ValueError as error:
+        return str(error)
+    p, m, v = timeline.schedule.devices, timeline.schedule.microbatches, timeline.schedule.chunks
+    closed = {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved_1f1b": (p - 1) / (v * m)}
+    lines = [f"bubble fraction (bubble / ideal time): {timeline.bubble_fraction:.4f}"
+             + (f"   closed form: {closed[case['schedule']]:.4f}" if case["schedule"] in closed else ""),
+             f"idle fraction (idle / all device time): {timeline.idle_fraction:.4f}",
+             f"makespan: {timeline.makespan:g} (one forward of one stage = 1)",
+             "micro-batches in flight at most, per device: "
+             + " ".join(map(str, timeline.peak_inflight))]
+    return "\n".join(lines)
+
+
+def _draw(**case: Any) -> Any:
+    """The timeline of a case, or the reason it cannot be built."""
+    try:
+        return timeline_figure(pipeline_case(**case))
+    except ValueError as error:
+        return str(error)
+
+
+def bubble_explorer(static: bool | None = None) -> Any:
+    """Explore pipeline schedules: the timeline, its bubble and its memory, live."""
+    return explore(_draw, {
+        "schedule": Choice("1f1b", SCHEDULES),
+        "stages": Slider(4, 1, 16, 1, integer=True),
+        "microbatches": Slider(8, 1, 64, 1, integer=True),
+        "chunks": Slider(2, 1, 4, 1, integer=True),
+        "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=describe_case)
