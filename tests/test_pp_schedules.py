@@ -107,3 +107,19 @@ def test_bad_arguments_are_refused_clearly(args, message):
 def test_bad_costs_are_refused_clearly():
     with pytest.raises(ValueError, match="t_f must be a non-negative number or one per device"):
         simulate(build_schedule("1f1b", 2, 2), t_f=[1, 2, 3])
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
+    from edulib.pp import measured_costs
+
+    chunks = 2 if name == "interleaved_1f1b" else 1
+    schedule = build_schedule(name, 4, 8, chunks)
+    timeline = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5 if schedule.split_backward else 0.0,
+                        t_comm=0.25)
+    costs = measured_costs(timeline)
+    assert costs["t_f"] == pytest.approx([1.0] * 4)
+    assert costs["t_b"] == pytest.approx([2.0] * 4)
+    assert costs["t_w"] == pytest.approx([0.5 if schedule.split_backward else 0.0] * 4)
+    assert costs["t_comm"] == pytest.approx(0.25)
+    assert simulate(schedule, **costs).makespan == pytest.approx(timeline.makespan)

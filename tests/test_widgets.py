@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from edulib.widgets import Choice, Slider, comm_cost_explorer, explore, footprint_explorer
+from edulib.widgets import (
+    Choice,
+    Slider,
+    bubble_explorer,
+    comm_cost_explorer,
+    explore,
+    footprint_explorer,
+)
 
 
 def test_without_a_front_end_an_explorer_draws_its_defaults():
@@ -55,3 +62,19 @@ def test_winner_and_table_agree_with_the_closed_forms():
     best = winner(64, 2**30, 5e-6, 1e-10)
     assert times[best] == min(times.values())
     assert f"{best} (fastest)" in cost_table(64, 2**30, 5e-6, 1e-10)
+
+
+def test_the_bubble_explorer_falls_back_to_a_1f1b_timeline():
+    figure = bubble_explorer(static=True)
+    assert isinstance(figure, Figure)
+    assert figure.axes[0].get_title().startswith("1f1b (p=4, m=8): bubble 37.5% of the ideal time")
+
+
+def test_the_bubble_description_gives_the_closed_form_and_memory():
+    from edulib.widgets.pipeline import describe_case
+
+    text = describe_case(schedule="interleaved_1f1b", stages=4, microbatches=8, chunks=2,
+                         backward_ratio=2)
+    assert "0.1875   closed form: 0.1875" in text
+    assert describe_case(schedule="interleaved_1f1b", stages=4, microbatches=6, chunks=2,
+                         backward_ratio=2).endswith("must be a multiple of stages (4); got 6")
