@@ -45,3 +45,51 @@ def reference_gradients(width: int, depth: int, batch: int, seed: int = 0) -> di
     inputs, targets = regression_batch(batch, width, seed)
     nn.functional.mse_loss(model(inputs), targets).backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Scaled dot-product attention over `heads` heads of (batch, tokens, heads x head_dim) inputs."""
+    batch, tokens, width = q.shape
+    q, k, v = (t.reshape(batch, tokens, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+    weights = torch.softmax(q @ k.transpose(-1, -2) / (width // heads) ** 0.5, dim=-1)
+    return (weights @ v).transpose(1, 2).reshape(batch, tokens, width)
+
+
+class SelfAttention(nn.Module):
+    """GPT-style multi-head self-attention: one fused QKV projection, attention, an output projection."""
+
+    def __init__(self, hidden: int, heads: int, seed: int = 0) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} must be a multiple of the head count {heads}")
+        torch.manual_seed(seed)
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.out(attend(q, k, v, self.heads))
+
+
+def transformer_mlp(hidden: int, seed: int = 0) -> nn.Sequential:
+    """The transformer's MLP block: hidden -> 4 hidden, GELU, back to hidden."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+
+def small_cnn(classes: int = 10, seed: int = 0) -> nn.Sequential:
+    """Convolutions (most of the compute, few parameters) then a classifier (the reverse)."""
+    torch.manual_seed(seed)
+    features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                             nn.Flatten())
+    classifier = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, classes))
+    return nn.Sequential(features, classifier)
+
+
+def image_batch(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Small random 3 x 16 x 16 images and labels, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed + 3)
+    return (torch.randn(size, 3, 16, 16, generator=generator),
+            torch.randint(0, classes, (size,), generator=generator))

@@ -1,0 +1,126 @@
+"""Megatron-style tensor-parallel layers, each cut from a full module's weights.
+
+Column parallel splits a Linear's output features (the lecture's "partition output"); row
+parallel splits its input features and sums the partial outputs ("reduce output"). The MLP puts
+a column layer before a row layer so that only one all-reduce is needed each way; attention
+splits the heads. Every shard parameter remembers which slice of the full module it came from
+(`sources`), so equivalence with the full module is one comparison per parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from edulib.models import SelfAttention, attend
+from edulib.tp.ops import f, g, gather, split
+
+Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices
+
+
+def _share(size: int, group, what: str) -> range:
+    """This rank's equal, contiguous part of `size`, or an error if it does not divide."""
+    parts, rank = dist.get_world_size(group), dist.get_rank(group)
+    if size % parts:
+        raise ValueError(f"{what} ({size}) must divide evenly among {parts} ranks; "
+                         f"use a multiple of {parts}")
+    step = size // parts
+    return range(rank * step, (rank + 1) * step)
+
+
+class ParallelModule(nn.Module):
+    """A module made of slices of a full one; `sources()` says which slice each parameter is."""
+
+    def _take(self, name: str, full: torch.Tensor | None, full_name: str, index: Index) -> None:
+        """Register `full[index]` as this module's parameter `name`, remembering where it came from."""
+        if not hasattr(self, "_sources"):
+            self._sources: dict[str, tuple[str, Index]] = {}
+        if full is None:
+            self.register_parameter(name, None)
+            return
+        self.register_parameter(name, nn.Parameter(full.detach()[index].clone()))
+        self._sources[name] = (full_name, index)
+
+    def sources(self) -> dict[str, tuple[str, Index]]:
+        """For every parameter (by name): the full module's parameter name and the index taken."""
+        found = dict(getattr(self, "_sources", {}))
+        for child_name, child in self.named_children():
+            if isinstance(child, ParallelModule):
+                found.update({f"{child_name}.{name}": source
+                              for name, source in child.sources().items()})
+        return found
+
+
+class ColumnParallelLinear(ParallelModule):
+    """Output features split across ranks: y_i = x W_i^T, optionally all-gathered into y."""
+
+    def __init__(self, full: nn.Linear, gather_output: bool = True, group=None,
+                 rows: list[int] | None = None, name: str = "") -> None:
+        super().__init__()
+        rows = list(_share(full.out_features, group, "the output features")) if rows is None else rows
+        self.group, self.gather_output = group, gather_output
+        self._take("weight", full.weight, name + "weight", (rows,))
+        self._take("bias", full.bias, name + "bias", (rows,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(f(x, self.group), self.weight, self.bias)
+        return gather(y, -1, self.group) if self.gather_output else y
+
+
+class RowParallelLinear(ParallelModule):
+    """Input features split across ranks: y = sum_i x_i W_i^T, then the bias once."""
+
+    def __init__(self, full: nn.Linear, input_is_split: bool = False, group=None,
+                 name: str = "") -> None:
+        super().__init__()
+        columns = _share(full.in_features, group, "the input features")
+        self.group, self.input_is_split = group, input_is_split
+        self._take("weight", full.weight, name + "weight",
+                   (slice(None), slice(columns.start, columns.stop)))
+        self._take("bias", full.bias, name + "bias", (slice(None),))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_split:
+            x = split(x, -1, self.group)
+        y = g(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class ParallelMLP(ParallelModule):
+    """Megatron's MLP: column-parallel up-projection, local activation, row-parallel down-projection.
+
+    One all-reduce forward (g, after the second layer) and one backward (f, before the first).
+    """
+
+    def __init__(self, full: nn.Sequential, group=None) -> None:
+        super().__init__()
+        up, activation, down = full
+        self.up = ColumnParallelLinear(up, gather_output=False, group=group, name="0.")
+        self.activation = activation
+        self.down = RowParallelLinear(down, input_is_split=True, group=group, name="2.")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.activation(self.up(x)))
+
+
+class ParallelSelfAttention(ParallelModule):
+    """Heads split across ranks: the fused QKV projection column-parallel (each rank's heads'
+    rows of Q, K and V), attention local to each rank, the output projection row-parallel."""
+
+    def __init__(self, full: SelfAttention, group=None) -> None:
+        super().__init__()
+        hidden = full.out.in_features
+        heads = _share(full.heads, group, "the attention heads")
+        width = hidden // full.heads
+        columns = range(heads.start * width, heads.stop * width)
+        rows = [part * hidden + column for part in range(3) for column in columns]
+        self.heads = len(heads)
+        self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
+                                        name="qkv.")
+        self.out = RowParallelLinear(full.out, input_is_split=True, group=group, name="out.")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.out(attend(q, k, v, self.heads))
