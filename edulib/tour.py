@@ -24,6 +24,9 @@ from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
 from edulib.pp.runtime import train_step
 from edulib.table import format_table
+from edulib.tp.workers import LAYERS as TENSOR_LAYERS
+from edulib.tp.workers import cnn_disagreements, cnn_step, run_layer
+from edulib.tp.workers import disagreements as tensor_disagreements
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,26 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
     return check
 
 
+def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
+    """A check that a tensor-parallel layer equals its full module, output and every gradient."""
+    def check(pool: Pool) -> str:
+        width, heads = 8 * pool.world_size, pool.world_size  # divisible among any rank count
+        reports = pool.run(run_layer, kind, 4, width, heads)
+        problems = tensor_disagreements(kind, 4, width, reports, heads)
+        assert not problems, problems[0]
+        sent = sum(transfer.nbytes for transfer in reports[0]["transfers"])
+        return f"equal; {sent:,} B/rank in collectives"
+    return check
+
+
+def _check_cnn(pool: Pool) -> str:
+    """The CNN recipe (data-parallel convolutions, tensor-parallel classifier) trains like one process."""
+    batch = 2 * pool.world_size
+    problems = cnn_disagreements(batch, pool.run(cnn_step, batch))
+    assert not problems, problems[0]
+    return f"equal on a batch of {batch}"
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -107,6 +130,9 @@ STEPS: list[Step] = [
       for name in ALGORITHMS),
     *(Step(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
       for name in PIPELINE_SCHEDULES),
+    *(Step(f"tensor parallel: {kind}", "full module's output and gradients",
+           _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
+    Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
 ]
 
 

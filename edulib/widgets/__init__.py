@@ -4,6 +4,7 @@ from edulib.widgets.comm import comm_cost_explorer
 from edulib.widgets.explorer import Choice, Slider, explore
 from edulib.widgets.footprint import footprint_explorer
 from edulib.widgets.pipeline import bubble_explorer
+from edulib.widgets.tp import traffic_explorer
 
 __all__ = ["Choice", "Slider", "bubble_explorer", "comm_cost_explorer", "explore",
-           "footprint_explorer"]
+           "footprint_explorer", "traffic_explorer"]

@@ -1,0 +1,22 @@
+"""The traffic explorer of lesson 03: data against tensor parallelism, by batch, width and ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edulib.viz.tp import traffic_figure, traffic_table
+from edulib.widgets.explorer import Slider, explore
+
+
+def _case(batch: float, hidden: float, ranks: float) -> tuple[int, int, int]:
+    """Slider values as whole numbers."""
+    return int(batch), int(hidden), int(ranks)
+
+
+def traffic_explorer(static: bool | None = None) -> Any:
+    """Explore what data and tensor parallelism send per step as batch, width and ranks change."""
+    return explore(lambda **values: traffic_figure(*_case(**values)),
+                   {"batch": Slider(2**10, 0, 16, 1, log=True, base=2),
+                    "hidden": Slider(2**12, 6, 14, 1, log=True, base=2),
+                    "ranks": Slider(8, 0, 6, 1, log=True, base=2)},
+                   static, describe=lambda **values: traffic_table(*_case(**values)))
