@@ -78,13 +78,13 @@ def transformer_mlp(hidden: int, seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
 
-def small_cnn(classes: int = 10, seed: int = 0) -> nn.Sequential:
+def small_cnn(classes: int = 10, seed: int = 0, hidden: int = 128) -> nn.Sequential:
     """Convolutions (most of the compute, few parameters) then a classifier (the reverse)."""
     torch.manual_seed(seed)
     features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
                              nn.Flatten())
-    classifier = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, classes))
+    classifier = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, classes))
     return nn.Sequential(features, classifier)
 
 

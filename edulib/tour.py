@@ -115,8 +115,8 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
 
 def _check_cnn(pool: Pool) -> str:
     """The CNN recipe (data-parallel convolutions, tensor-parallel classifier) trains like one process."""
-    batch = 2 * pool.world_size
-    problems = cnn_disagreements(batch, pool.run(cnn_step, batch))
+    batch, hidden = 2 * pool.world_size, 32 * pool.world_size
+    problems = cnn_disagreements(batch, pool.run(cnn_step, batch, 0, hidden), 0, hidden)
     assert not problems, problems[0]
     return f"equal on a batch of {batch}"
 

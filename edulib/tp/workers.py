@@ -97,10 +97,10 @@ def disagreements(kind: str, batch: int, width: int, reports: list[dict], heads:
     return problems
 
 
-def cnn_step(batch: int, seed: int = 0) -> dict:
+def cnn_step(batch: int, seed: int = 0, hidden: int = 128) -> dict:
     """The CNN recipe: data-parallel convolutions on this rank's images, their features gathered
     from every rank, a tensor-parallel classifier on the whole batch, conv gradients summed."""
-    features, classifier = small_cnn(seed=seed)
+    features, classifier = small_cnn(seed=seed, hidden=hidden)
     images, labels = image_batch(batch, seed=seed)
     parts, rank = dist.get_world_size(), dist.get_rank()
     head = ParallelMLP(classifier)
@@ -114,9 +114,10 @@ def cnn_step(batch: int, seed: int = 0) -> dict:
             "classifier": {name: p.grad for name, p in head.named_parameters()}}
 
 
-def cnn_disagreements(batch: int, reports: list[dict], seed: int = 0) -> list[str]:
+def cnn_disagreements(batch: int, reports: list[dict], seed: int = 0, hidden: int = 128
+                      ) -> list[str]:
     """How the CNN recipe's gradients and loss differ from one process training on the whole batch."""
-    model = small_cnn(seed=seed)
+    model = small_cnn(seed=seed, hidden=hidden)
     images, labels = image_batch(batch, seed=seed)
     loss = nn.functional.cross_entropy(model(images), labels)
     loss.backward()
