@@ -78,3 +78,33 @@ def test_the_bubble_description_gives_the_closed_form_and_memory():
     assert "0.1875   closed form: 0.1875" in text
     assert describe_case(schedule="interleaved_1f1b", stages=4, microbatches=6, chunks=2,
                          backward_ratio=2).endswith("must be a multiple of stages (4); got 6")
+
+
+def test_the_traffic_explorer_falls_back_to_its_default_figure():
+    from edulib.widgets import traffic_explorer
+
+    figure = traffic_explorer(static=True)
+    assert figure.axes[0].get_title() == "batch 1024, hidden 4096, 8 ranks"
+
+
+def test_the_traffic_table_marks_the_cheaper_layouts():
+    from edulib.tp.cost import linear_traffic
+    from edulib.viz.tp import traffic_table
+
+    table = traffic_table(1024, 4096, 8)
+    partition = linear_traffic("partition_output", 1024, 4096, 4096, 8).total / 1e6
+    assert f"{partition:.3f}  cheapest" in table
+    assert "MLP: Megatron tensor parallel" in table.splitlines()[-1]
+
+
+def test_owner_map_colours_every_element_by_the_rank_that_holds_it():
+    import numpy as np
+
+    from edulib.viz.tp import owner_map
+
+    rows = owner_map((4, 2), [([0, 1],), ([2, 3],)])
+    assert rows.tolist() == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    columns = owner_map((2, 4), [(slice(None), slice(0, 2)), (slice(None), slice(2, 4))])
+    assert columns.tolist() == [[0, 0, 1, 1], [0, 0, 1, 1]]
+    assert (owner_map((3,), [(slice(None),), (slice(None),)]) == -1).all()  # a replicated bias
+    assert np.unique(owner_map((4, 2), [([0, 2],), ([1, 3],)])).tolist() == [0, 1]
