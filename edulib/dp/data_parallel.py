@@ -1,0 +1,151 @@
+"""Data parallelism from scratch: every rank trains a full replica on its share of the batch,
+and gradients are averaged in buckets that are all-reduced while the backward pass continues.
+
+A hook on each parameter fires when its gradient is ready (last layers first). When every
+gradient of a bucket is ready, the bucket is flattened and its all-reduce launched without
+waiting, so communication overlaps the rest of the backward pass; `overlap=False` launches them
+all after the backward pass instead, for comparison. Times are recorded for the timeline.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from edulib.dp.server import worker_batch
+from edulib.models import mlp
+
+
+def check_replicas(model: nn.Module, group=None) -> None:
+    """Refuse to start if the ranks' parameters differ (each must start from the same model)."""
+    flat = parameters_to_vector(model.parameters()).detach()
+    high, low = flat.clone(), flat.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    if not torch.equal(high, low):
+        raise ValueError("the model's parameters differ across ranks; build it from the same seed "
+                         "on every rank, or broadcast rank 0's parameters before training")
+
+
+class GradientBuckets:
+    """Average a model's gradients across ranks in buckets launched from backward hooks."""
+
+    def __init__(self, model: nn.Module, bucket_bytes: int = 1 << 20, overlap: bool = True,
+                 group=None) -> None:
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be a positive whole number of bytes; got {bucket_bytes!r}")
+        check_replicas(model, group)
+        self.overlap, self.group = overlap, group
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for parameter in reversed([p for p in model.parameters() if p.requires_grad]):
+            nbytes = parameter.numel() * parameter.element_size()
+            if self.buckets[-1] and size + nbytes > bucket_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(parameter)
+            size += nbytes
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        for bucket in self.buckets:
+            for parameter in bucket:
+                parameter.register_post_accumulate_grad_hook(self._ready)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._waiting = [len(bucket) for bucket in self.buckets]
+        self._launched: list[tuple[int, torch.Tensor, object]] = []
+        self.ready_times: list[float] = []  # when each gradient became ready, this step
+        self.reduce_times: dict[int, list[float]] = {}  # bucket -> [launched, finished]
+
+    def _ready(self, parameter: nn.Parameter) -> None:
+        """A gradient is ready: count it, and launch its bucket once the bucket is full."""
+        self.ready_times.append(time.perf_counter())
+        index = self._bucket_of[id(parameter)]
+        self._waiting[index] -= 1
+        if self._waiting[index] == 0 and self.overlap:
+            self._launch(index)
+
+    def _launch(self, index: int) -> None:
+        """Start the all-reduce of one bucket without waiting for it."""
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
+        times = self.reduce_times[index] = [time.perf_counter()]
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        work.get_future().then(lambda _: times.append(time.perf_counter()))
+        self._launched.append((index, flat, work))
+
+    def finish(self) -> None:
+        """After backward: launch what is left, wait for everything, install the averages."""
+        if not self.overlap:
+            for index in range(len(self.buckets)):
+                self._launch(index)
+        ranks = dist.get_world_size(self.group)
+        for index, flat, work in self._launched:
+            work.wait()
+            offset = 0
+            for parameter in self.buckets[index]:
+                count = parameter.numel()
+                parameter.grad.copy_(flat[offset:offset + count].view_as(parameter) / ranks)
+                offset += count
+        self.step_times = (self.ready_times, self.reduce_times)
+        self._reset()
+
+
+def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
+                  width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
+    """Train `mlp(width, depth, seed)` data-parallel on this rank's share of each mini-batch."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = mlp(width, depth, seed)
+    buckets = GradientBuckets(model, bucket_bytes, overlap)
+    losses, durations = [], []
+    for step in range(steps):
+        began = time.perf_counter()
+        inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        backward_began = time.perf_counter()
+        loss.backward()
+        buckets.finish()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= lr * parameter.grad
+        durations.append(time.perf_counter() - began)
+        losses.append(loss.item())
+    ready, reduces = buckets.step_times
+    return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
+            "durations": durations, "buckets": len(buckets.buckets),
+            "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
+
+
+def torch_ddp(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
+              seed: int = 0) -> torch.Tensor:
+    """The same training with torch's DistributedDataParallel; returns the final parameters."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = nn.parallel.DistributedDataParallel(mlp(width, depth, seed))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return parameters_to_vector(model.parameters()).detach()
+
+
+def single_process(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
+                   seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+    """The reference: one process, the whole mini-batch each step; final parameters and losses."""
+    model = mlp(width, depth, seed)
+    losses = []
+    for step in range(steps):
+        inputs, targets = worker_batch(step, 0, 1, batch, width, seed)
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        losses.append(loss.item())
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= lr * parameter.grad
+    return parameters_to_vector(model.parameters()).detach(), losses

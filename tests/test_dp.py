@@ -1,0 +1,88 @@
+"""Parameter server and data parallelism on 2 and 4 gloo ranks: the same weights as one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
+from edulib.dp.bandwidth import (
+    allreduce_bandwidth,
+    parameter_server_bandwidth,
+    workers_until_server_saturates,
+)
+from edulib.launch import Pool, RankError
+
+STEPS, BATCH = 5, 24  # 24 splits evenly among 1, 2, 3 or 4 workers
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_method_holds_the_weights_of_single_process_training(ranks):
+    reference, _ = single_process(STEPS, batch=BATCH)
+    problems = []
+    with Pool(ranks, backend="gloo", timeout=30) as pool:
+        for shards in (1, 2) if ranks == 4 else (1,):
+            for report in pool.run(parameter_server, STEPS, 0.1, shards, 0, 16, 2, BATCH):
+                if report["role"] == "worker" and not _close(report["parameters"], reference):
+                    problems.append(f"synchronous parameter server, {shards} shards")
+        for overlap, bucket in ((True, 1 << 20), (True, 256), (False, 256)):
+            for report in pool.run(data_parallel, STEPS, 0.1, bucket, overlap, 16, 2, BATCH):
+                if not _close(report["parameters"], reference):
+                    problems.append(f"data parallel, overlap {overlap}, buckets of {bucket} B")
+        for parameters in pool.run(torch_ddp, STEPS, 0.1, 16, 2, BATCH):
+            if not _close(parameters, reference):
+                problems.append("DistributedDataParallel")
+    assert not problems, problems
+
+
+def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
+    steps = 30
+    reference, _ = single_process(steps, batch=BATCH)
+    with Pool(4, backend="gloo", timeout=30) as pool:
+        workers = [r for r in pool.run(parameter_server, steps, 0.1, 1, 2, 16, 2, BATCH)
+                   if r["role"] == "worker"]
+    assert [w["ages"][:4] for w in workers] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2]]
+    assert not _close(workers[0]["parameters"], reference)
+    for worker in workers:
+        first, last = sum(worker["losses"][:5]) / 5, sum(worker["losses"][-5:]) / 5
+        assert last < first
+
+
+def test_small_buckets_make_more_buckets():
+    with Pool(2, backend="gloo", timeout=30) as pool:
+        assert pool.run(data_parallel, 1, 0.1, 1 << 20)[0]["buckets"] == 1
+        assert pool.run(data_parallel, 1, 0.1, 256)[0]["buckets"] == 4  # one per parameter here
+
+
+def _differing_replicas() -> None:
+    import torch.distributed as dist
+
+    from edulib.dp import GradientBuckets
+    from edulib.models import mlp
+
+    GradientBuckets(mlp(4, 1, seed=dist.get_rank()))
+
+
+@pytest.mark.parametrize("fn, args, message", [
+    (parameter_server, (1, 0.1, 5000), "shards must be between 1 and the number of parameters"),
+    (parameter_server, (1, 0.1, 1, -1), "staleness must be 0 \\(synchronous\\) or more"),
+    (data_parallel, (1, 0.1, 0), "bucket_bytes must be a positive whole number of bytes"),
+    (_differing_replicas, (), "parameters differ across ranks"),
+])
+def test_bad_setups_are_refused_clearly(fn, args, message):
+    with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match=message):
+        pool.run(fn, *args)
+
+
+def test_the_lectures_resnet50_example_needs_73_gb_per_second_at_the_server():
+    need = parameter_server_bandwidth(256, 97.5e6, 1 / 3)
+    assert need.server / 1e6 / 1024 == pytest.approx(73.125)  # the lecture's GB: 1024 MB
+    assert need.worker == pytest.approx(97.5e6 * 3)
+    assert parameter_server_bandwidth(256, 97.5e6, 1 / 3, shards=8).server == need.server / 8
+    ring = allreduce_bandwidth(256, 97.5e6, 1 / 3)
+    assert ring.worker == pytest.approx(2 * 255 / 256 * 97.5e6 * 3) and ring.server == 0
+    assert workers_until_server_saturates(97.5e6, 1 / 3, 12.5e9) == 42  # a 100 Gb/s link
