@@ -17,6 +17,7 @@ from edulib import examples
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import disagreements
 from edulib.comm.workers import run_collective
+from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
 from edulib.launch import Pool, resolve_backend
 from edulib.models import reference_gradients
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
@@ -121,11 +122,36 @@ def _check_cnn(pool: Pool) -> str:
     return f"equal on a batch of {batch}"
 
 
+def _check_data_parallel(method: str) -> Callable[[Pool], str]:
+    """A check that a data-parallel method ends 5 SGD steps with single-process weights."""
+    def check(pool: Pool) -> str:
+        ranks, steps = pool.world_size, 5
+        batch = 12 * ranks  # splits among the workers of every method
+        reference, _ = single_process(steps, batch=batch)
+        if method == "parameter server":
+            if ranks < 2:
+                return "skipped: needs a server and a worker"
+            reports = [r["parameters"] for r in pool.run(parameter_server, steps, 0.1, 1, 0, 16, 2,
+                                                          batch) if r["role"] == "worker"]
+        elif method == "DistributedDataParallel":
+            reports = pool.run(torch_ddp, steps, 0.1, 16, 2, batch)
+        else:
+            reports = [r["parameters"] for r in pool.run(data_parallel, steps, 0.1, 256, True, 16,
+                                                          2, batch)]
+        worst = max(float((p - reference).abs().max()) for p in reports)
+        assert worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}"
+        return f"equal after {steps} SGD steps"
+    return check
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
     Step("built-in all_reduce (sum)", "NumPy sum of every rank's input", _check_all_reduce),
     Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
+    *(Step(f"data parallel: {method}", "single-process training, whole batch",
+           _check_data_parallel(method))
+      for method in ("parameter server", "buckets and overlap", "DistributedDataParallel")),
     *(Step(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
       for name in ALGORITHMS),
     *(Step(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
