@@ -108,3 +108,23 @@ def test_owner_map_colours_every_element_by_the_rank_that_holds_it():
     assert columns.tolist() == [[0, 0, 1, 1], [0, 0, 1, 1]]
     assert (owner_map((3,), [(slice(None),), (slice(None),)]) == -1).all()  # a replicated bias
     assert np.unique(owner_map((4, 2), [([0, 2],), ([1, 3],)])).tolist() == [0, 1]
+
+
+def test_the_bandwidth_explorer_falls_back_to_the_lectures_resnet50_case():
+    from edulib.viz.dp import bandwidth_table
+    from edulib.widgets import bandwidth_explorer
+
+    figure = bandwidth_explorer(static=True)
+    assert figure.axes[0].get_title() == "97.5 MB model, a gradient every 0.333333 s"
+    table = bandwidth_table(256, 97.5, 1 / 3, 12.5)
+    assert "parameter server, 1 shard         74.88" in table
+    assert table.endswith("one server saturates its link beyond 42 workers")
+
+
+def test_the_overlap_figure_draws_every_bucket_from_timestamps():
+    from edulib.viz.dp import overlap_figure
+
+    timeline = {"backward_began": 10.0, "ready": [10.1, 10.2, 10.3],
+                "reduces": {0: [10.15, 10.25], 1: [10.3, 10.4]}}
+    axes = overlap_figure(timeline, "t").axes[0]
+    assert len(axes.collections) == 1 + 1 + 2  # backward span, ready ticks, two buckets

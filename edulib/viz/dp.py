@@ -13,15 +13,64 @@ def overlap_figure(timeline: dict, title: str = "") -> Figure:
     ready = [t - origin for t in timeline["ready"]]
     axes.broken_barh([(0, max(ready, default=0))], (0.6, 0.8), facecolors="#55a868", alpha=0.35)
     axes.vlines(ready, 0.6, 1.4, color="#55a868", linewidth=1)
+    lanes = max(len(timeline["reduces"]), 1)  # one thin lane per bucket: several are in flight
     for bucket, times in sorted(timeline["reduces"].items()):
         if len(times) == 2:
-            axes.broken_barh([(times[0] - origin, times[1] - times[0])], (1.6, 0.8),
-                             facecolors="#dd8452", edgecolors="white")
-            axes.text((times[0] + times[1]) / 2 - origin, 2.0, str(bucket), ha="center",
-                      va="center", fontsize=7, color="white")
-    axes.set_yticks([1, 2], ["backward:\ngradients ready", "bucket\nall-reduce"])
+            axes.broken_barh([(times[0] - origin, times[1] - times[0])],
+                             (1.6 + 0.8 * bucket / lanes, 0.8 / lanes), facecolors="#dd8452")
+    axes.set_yticks([1, 2], ["backward:\ngradients ready", "bucket all-reduces\n(first at the bottom)"])
     axes.set_ylim(0.4, 2.6)
     axes.set_xlabel("seconds since the backward pass began")
     axes.set_title(title, fontsize=10)
-    figure.subplots_adjust(left=0.16, right=0.98, bottom=0.22, top=0.85)
+    figure.subplots_adjust(left=0.21, right=0.98, bottom=0.22, top=0.85)
+    return figure
+
+
+def bandwidth_table(workers: int, model_mb: float, step_seconds: float, link_gbs: float,
+                    shards: int = 8) -> str:
+    """GB/s needed each way at the busiest link, for one server, sharded servers and all-reduce."""
+    from edulib.dp.bandwidth import (
+        allreduce_bandwidth,
+        parameter_server_bandwidth,
+        workers_until_server_saturates,
+    )
+    from edulib.table import format_table
+
+    model = model_mb * 1e6
+    rows = [("parameter server, 1 shard", parameter_server_bandwidth(workers, model, step_seconds)),
+            (f"parameter server, {shards} shards",
+             parameter_server_bandwidth(workers, model, step_seconds, shards)),
+            ("ring all-reduce", allreduce_bandwidth(workers, model, step_seconds))]
+    table = format_table(
+        ["design", "server GB/s", "worker GB/s", f"fits a {link_gbs:g} GB/s link"],
+        [(name, f"{b.server / 1e9:.2f}", f"{b.worker / 1e9:.2f}",
+          "yes" if max(b.server, b.worker) <= link_gbs * 1e9 else "no") for name, b in rows])
+    most = workers_until_server_saturates(model, step_seconds, link_gbs * 1e9)
+    return table + f"\none server saturates its link beyond {most} workers"
+
+
+def bandwidth_figure(workers: int, model_mb: float, step_seconds: float, link_gbs: float,
+                     shards: int = 8) -> Figure:
+    """Bandwidth needed at the busiest link against the number of workers, with the link's capacity."""
+    from edulib.dp.bandwidth import allreduce_bandwidth, parameter_server_bandwidth
+
+    counts = [2**k for k in range(11)]
+    model = model_mb * 1e6
+    figure = Figure(figsize=(7, 3.2))
+    axes = figure.subplots()
+    axes.loglog(counts, [parameter_server_bandwidth(k, model, step_seconds).server / 1e9
+                         for k in counts], label="parameter server (its link)", color="#c44e52")
+    axes.loglog(counts, [parameter_server_bandwidth(k, model, step_seconds, shards).server / 1e9
+                         for k in counts], label=f"{shards} server shards", color="#8172b3")
+    axes.loglog(counts, [allreduce_bandwidth(k, model, step_seconds).worker / 1e9 for k in counts],
+                label="ring all-reduce (each worker)", color="#55a868")
+    axes.axhline(link_gbs, color="black", linestyle="--", linewidth=1, label=f"link: {link_gbs:g} GB/s")
+    axes.axvline(workers, color="grey", linestyle=":", linewidth=1)
+    axes.set_xticks(counts[::2], [str(k) for k in counts[::2]])
+    axes.minorticks_off()
+    axes.set_xlabel("workers")
+    axes.set_ylabel("GB/s each way")
+    axes.legend(fontsize=7, loc="upper left")
+    axes.set_title(f"{model_mb:g} MB model, a gradient every {step_seconds:g} s", fontsize=10)
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.9)
     return figure
