@@ -91,6 +91,18 @@ def _bench_command(options: argparse.Namespace) -> int:
     return 0
 
 
+def _grade_command(options: argparse.Namespace) -> int:
+    """`edulib grade PATH`: grade a file or a folder of submissions; table and JSON report."""
+    from pathlib import Path
+
+    from edulib.grading import grade, report
+
+    results = grade(Path(options.path), options.time_limit)
+    print(report(results, Path(options.report)))
+    print(f"\nJSON report: {options.report}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; return the exit status."""
     parser = argparse.ArgumentParser(prog="edulib", description=__doc__)
@@ -116,6 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--max-mib", type=int, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)
+    grader = commands.add_parser("grade", help="grade exercise files (one file or a folder)")
+    grader.add_argument("path", help="a submission such as lesson02_allreduce.py, or a folder")
+    grader.add_argument("--report", default="grade-report.json", help="where to write the JSON")
+    grader.add_argument("--time-limit", type=float, default=None,
+                        help="seconds per check (default: each check's own)")
+    grader.set_defaults(handler=_grade_command)
     options = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder
     try:

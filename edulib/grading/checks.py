@@ -1,0 +1,143 @@
+"""The checks of every exercise: points, a time limit, and a comparison with a reference.
+
+A check receives the student's imported module and returns feedback; it raises `Wrong` with a
+sentence saying what was expected against what came out. Checks that need ranks start them with
+edulib's launcher and call the student's functions through `edulib.grading.workers`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+
+class Wrong(Exception):
+    """A check's answer differs from the reference; the message says how."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One graded check of an exercise."""
+
+    name: str
+    points: int
+    run: Callable[[ModuleType], str]
+    time_limit: float = 30.0
+
+
+def _server_step(student: ModuleType) -> str:
+    generator = torch.Generator().manual_seed(1)
+    parameters = torch.randn(5, generator=generator)
+    gradients = [torch.randn(5, generator=generator) for _ in range(3)]
+    got = student.server_step(parameters, gradients, 0.5)
+    want = parameters - 0.5 * (gradients[0] + gradients[1] + gradients[2]) / 3
+    if not torch.allclose(got, want, atol=1e-6):
+        raise Wrong(f"server_step returned {got[:3].tolist()}..., expected {want[:3].tolist()}...")
+    return "the average of the workers' gradients, one SGD step"
+
+
+def _ring(ranks: int) -> Callable[[ModuleType], str]:
+    def check(student: ModuleType) -> str:
+        from edulib.grading.workers import ring
+        from edulib.launch import run
+
+        length = 3 * ranks
+        pairs = run(ring, ranks, student.__name__, length, timeout=10)
+        total = sum(tensor for tensor, _ in pairs)
+        for rank, (_, result) in enumerate(pairs):
+            wrong = (result != total).nonzero()
+            if len(wrong):
+                i = int(wrong[0])
+                raise Wrong(f"rank {rank} holds {result[i]:g} at index {i}, expected {total[i]:g}")
+        return f"{ranks} ranks hold the sum"
+    return check
+
+
+def _halving_doubling(student: ModuleType) -> str:
+    import numpy as np
+
+    from edulib.comm import cost, expected, simulate
+    for n in (2, 4, 8):
+        schedule = student.halving_doubling_schedule(n)
+        buffers = [np.arange(n * 3) * (rank + 1) for rank in range(n)]
+        for rank, (got, want) in enumerate(zip(simulate(schedule, buffers),
+                                               expected(schedule, buffers), strict=True)):
+            if not np.array_equal(got, want):
+                raise Wrong(f"with {n} ranks, rank {rank} ends with {got[:4]}..., expected {want[:4]}...")
+        counted = cost(schedule, 8 * n)
+        if counted.rounds != 2 * (n.bit_length() - 1) or counted.max_bytes_per_rank != 2 * (n - 1) * 8:
+            raise Wrong(f"with {n} ranks: {counted.rounds} rounds and {counted.max_bytes_per_rank} bytes "
+                        f"per rank; halving-doubling takes {2 * (n.bit_length() - 1)} and {2 * (n - 1) * 8}")
+    return "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank"
+
+
+def _tensor_parallel(part: str) -> Callable[[ModuleType], str]:
+    def check(student: ModuleType) -> str:
+        from edulib.grading.workers import tensor_parallel
+        from edulib.launch import run
+
+        for rank, report in enumerate(run(tensor_parallel, 2, student.__name__, timeout=10)):
+            x, weight, grad_y = report["x"], report["weight"], report["grad_y"]
+            if part == "forward":
+                for name in ("column", "row"):
+                    if not torch.allclose(report[name], x @ weight.t(), atol=1e-5):
+                        raise Wrong(f"rank {rank}: {name}_parallel_forward differs from x W^T")
+            else:
+                grad_x, grad_w = report["backward"]
+                if not torch.allclose(grad_x, grad_y @ weight, atol=1e-5):
+                    raise Wrong(f"rank {rank}: grad_x differs from grad_y W")
+                if not torch.allclose(grad_w, (grad_y.t() @ x).chunk(2, dim=0)[rank], atol=1e-5):
+                    raise Wrong(f"rank {rank}: the weight gradient is not this rank's rows of grad_y^T x")
+        return f"equal to the full layer's {part} pass on 2 ranks"
+    return check
+
+
+def _one_f_one_b(student: ModuleType) -> str:
+    from edulib.pp import parse_actions, simulate, validate
+
+    for p, m in ((2, 4), (4, 8), (4, 2)):
+        schedule = validate(parse_actions(student.one_f_one_b(p, m), m, name="your 1f1b"))
+        timeline = simulate(schedule, 1, 2)
+        if max(timeline.peak_inflight) > p or abs(timeline.bubble_fraction - (p - 1) / m) > 1e-9:
+            raise Wrong(f"p={p}, m={m}: bubble {timeline.bubble_fraction:.3f} (expected "
+                        f"{(p - 1) / m:.3f}), in flight {timeline.peak_inflight} (at most {p})")
+    return "valid, GPipe's bubble, at most p micro-batches in flight"
+
+
+def _bubble_fraction(student: ModuleType) -> str:
+    from edulib.pp import build_schedule, simulate
+
+    for p, m, v in ((4, 8, 1), (8, 16, 1), (4, 8, 2)):
+        name = "interleaved_1f1b" if v > 1 else "1f1b"
+        want = simulate(build_schedule(name, p, m, v), 1, 2).bubble_fraction
+        got = student.bubble_fraction(p, m, v)
+        if abs(got - want) > 1e-9:
+            raise Wrong(f"bubble_fraction({p}, {m}, {v}) = {got}, the simulator measures {want}")
+    return "matches the simulator"
+
+
+def _best_slicing(student: ModuleType) -> str:
+    for costs, stages, batches in (([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)):
+        best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
+                                                    zip((0, *cuts), (*cuts, len(costs)), strict=True))
+                   for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
+        got = student.best_slicing(costs, stages, batches)
+        if abs(got - best) > 1e-9:
+            raise Wrong(f"best_slicing({costs}, {stages}, {batches}) = {got}, exhaustive search finds {best}")
+    return "equal to exhaustive search"
+
+
+CHECKS: dict[str, list[Check]] = {
+    "lesson01_data_parallelism": [Check("server step", 2, _server_step)],
+    "lesson02_allreduce": [Check("ring on 3 ranks", 3, _ring(3)), Check("ring on 4 ranks", 3, _ring(4)),
+                           Check("halving-doubling schedule", 3, _halving_doubling)],
+    "lesson03_tensor_parallelism": [Check("forward", 3, _tensor_parallel("forward")),
+                                    Check("backward", 3, _tensor_parallel("backward"))],
+    "lesson04_pipeline": [Check("1F1B schedule", 3, _one_f_one_b),
+                          Check("bubble fraction", 2, _bubble_fraction)],
+    "lesson05_alpa": [Check("stage slicing", 3, _best_slicing)],
+}

@@ -1,0 +1,35 @@
+"""What ranks run when a check calls a student's function inside a rank (it is imported by name)."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.distributed as dist
+
+
+def _student(module: str, name: str):
+    """The student's function, imported in this rank."""
+    return getattr(importlib.import_module(module), name)
+
+
+def ring(module: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the student's ring_allreduce on this rank's input; return (input, result)."""
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    tensor = torch.randint(-9, 10, (length,), generator=generator).float()
+    result = tensor.clone()
+    _student(module, "ring_allreduce")(result)
+    return tensor, result
+
+
+def tensor_parallel(module: str) -> dict:
+    """Run the student's column- and row-parallel functions against full-matrix references."""
+    generator = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(4, 6, generator=generator), torch.randn(8, 6, generator=generator)
+    grad_y = torch.randn(4, 8, generator=generator)
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    rows, columns = weight.chunk(parts, dim=0)[rank], weight.chunk(parts, dim=1)[rank]
+    return {"column": _student(module, "column_parallel_forward")(x, rows),
+            "row": _student(module, "row_parallel_forward")(x.chunk(parts, dim=1)[rank], columns),
+            "backward": _student(module, "column_parallel_backward")(grad_y, x, rows),
+            "x": x, "weight": weight, "grad_y": grad_y, "rows": (rank, parts)}

@@ -1,0 +1,57 @@
+"""Lesson 02 exercises: a chunked ring all-reduce on real ranks, and halving-doubling as data."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from edulib.comm import Message, Schedule
+
+
+def ring_allreduce(tensor: torch.Tensor) -> None:
+    """Sum a 1-D tensor over all ranks in place with a ring: reduce-scatter, then all-gather.
+
+    Cut the tensor into world_size chunks; in each of N-1 rounds send one chunk to the next rank
+    with isend and receive one from the previous rank with irecv.
+    """
+    # BEGIN SOLUTION
+    # HINT: chunks = list(tensor.chunk(n)); reduce-scatter round s sends chunk (rank - s) % n
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.chunk(n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for step in range(2 * (n - 1)):
+        reducing = step < n - 1
+        s = step if reducing else step - (n - 1)  # the round within its phase
+        send = (rank - s) % n if reducing else (rank - s + 1) % n
+        receive = (send - 1) % n
+        buffer = torch.empty_like(chunks[receive])
+        outgoing = dist.isend(chunks[send].contiguous(), right)
+        dist.irecv(buffer, left).wait()
+        outgoing.wait()
+        if reducing:
+            chunks[receive] += buffer
+        else:
+            chunks[receive].copy_(buffer)
+    # END SOLUTION
+
+
+def halving_doubling_schedule(n: int) -> Schedule:
+    """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
+    # BEGIN SOLUTION
+    # HINT: round k pairs v with v ^ (1 << k); keep half of your chunks, send the other half
+    held = [[(0, n)] for _ in range(n)]
+    rounds = []
+    for step in range(n.bit_length() - 1):
+        mask, messages = 1 << step, []
+        for v in range(n):
+            lo, hi = held[v][-1]
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if v & mask == 0 else ((mid, hi), (lo, mid))
+            messages.append(Message(v, v ^ mask, *give, "reduce"))
+            held[v].append(keep)
+        rounds.append(tuple(messages))
+    for step in reversed(range(n.bit_length() - 1)):
+        rounds.append(tuple(Message(v, v ^ (1 << step), *held[v][step + 1], "copy")
+                            for v in range(n)))
+    return Schedule("halving_doubling", "all_reduce", n, n, tuple(rounds))
+    # END SOLUTION

@@ -1,0 +1,40 @@
+"""Lesson 03 exercises: column- and row-parallel linear layers, forward and backward, by hand."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
+    """y_i = x W_i^T for this rank's rows of W, then all-gathered along the last dimension."""
+    # BEGIN SOLUTION
+    # HINT: the local slice, then dist.all_gather into a list and torch.cat(dim=-1)
+    local = x @ weight_shard.t()
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, local.contiguous())
+    return torch.cat(pieces, dim=-1)
+    # END SOLUTION
+
+
+def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
+    """y = sum over ranks of x_i W_i^T: each rank holds its columns of W and of x."""
+    # BEGIN SOLUTION
+    # HINT: a partial product per rank, then dist.all_reduce
+    partial = x_shard @ weight_shard.t()
+    dist.all_reduce(partial)
+    return partial
+    # END SOLUTION
+
+
+def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given the full grad_y of column_parallel_forward, return (grad_x, grad of weight_shard)."""
+    # BEGIN SOLUTION
+    # HINT: take this rank's columns of grad_y; grad_x needs an all-reduce (Megatron's f)
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    mine = grad_y.chunk(parts, dim=-1)[rank]
+    grad_x = mine @ weight_shard
+    dist.all_reduce(grad_x)
+    return grad_x, mine.t() @ x
+    # END SOLUTION
