@@ -93,3 +93,21 @@ def image_batch(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tens
     generator = torch.Generator().manual_seed(seed + 3)
     return (torch.randn(size, 3, 16, 16, generator=generator),
             torch.randint(0, classes, (size,), generator=generator))
+
+
+class Block(nn.Module):
+    """A tiny GPT-like block: x + attention(x), then + MLP(that) (no normalisation, for clarity)."""
+
+    def __init__(self, hidden: int, heads: int, seed: int = 0) -> None:
+        super().__init__()
+        self.attention = SelfAttention(hidden, heads, seed)
+        self.mlp = transformer_mlp(hidden, seed + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(x)
+        return x + self.mlp(x)
+
+
+def tiny_gpt(hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0) -> nn.Sequential:
+    """`layers` Blocks, each seeded differently, the same for the same seed."""
+    return nn.Sequential(*[Block(hidden, heads, seed + 10 * layer) for layer in range(layers)])

@@ -18,6 +18,8 @@ from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import disagreements
 from edulib.comm.workers import run_collective
 from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
+from edulib.hybrid import disagreements as hybrid_disagreements
+from edulib.hybrid import hybrid_step
 from edulib.launch import Pool, resolve_backend
 from edulib.models import reference_gradients
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
@@ -126,11 +128,11 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
     """A check that a data-parallel method ends 5 SGD steps with single-process weights."""
     def check(pool: Pool) -> str:
         ranks, steps = pool.world_size, 5
-        batch = 12 * ranks  # splits among the workers of every method
+        if method == "parameter server" and ranks < 2:
+            return "skipped: needs a server and a worker"
+        batch = 4 * (ranks - 1 if method == "parameter server" else ranks)  # 4 per worker
         reference, _ = single_process(steps, batch=batch)
         if method == "parameter server":
-            if ranks < 2:
-                return "skipped: needs a server and a worker"
             reports = [r["parameters"] for r in pool.run(parameter_server, steps, 0.1, 1, 0, 16, 2,
                                                           batch) if r["role"] == "worker"]
         elif method == "DistributedDataParallel":
@@ -142,6 +144,19 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
         assert worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}"
         return f"equal after {steps} SGD steps"
     return check
+
+
+def _check_hybrid(pool: Pool) -> str:
+    """Data x pipeline x tensor parallelism on one grid of all the ranks trains like one process."""
+    ranks = pool.world_size
+    tp = 2 if ranks % 2 == 0 else 1
+    pp = 2 if (ranks // tp) % 2 == 0 else 1
+    dp = ranks // (tp * pp)
+    model = {"batch": 4 * dp, "hidden": 16, "heads": 4, "layers": 2 * pp, "seed": 0}
+    reports = pool.run(hybrid_step, dp, pp, tp, model["batch"], 2, 16, 4, model["layers"])
+    problems = hybrid_disagreements(reports, **model)
+    assert not problems, problems[0]
+    return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
 STEPS: list[Step] = [
@@ -159,6 +174,7 @@ STEPS: list[Step] = [
     *(Step(f"tensor parallel: {kind}", "full module's output and gradients",
            _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
     Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
+    Step("hybrid: data x pipeline x tensor", "unsplit model's gradients", _check_hybrid),
 ]
 
 
