@@ -20,3 +20,9 @@ def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given the full grad_y of column_parallel_forward, return (grad_x, grad of weight_shard)."""
     raise NotImplementedError("take this rank's columns of grad_y; grad_x needs an all-reduce (Megatron's f)")
+
+
+def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_shard: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
+    raise NotImplementedError('grad_y is the same on every rank (after the all-reduce): no communication is needed')

@@ -38,3 +38,12 @@ def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard
     dist.all_reduce(grad_x)
     return grad_x, mine.t() @ x
     # END SOLUTION
+
+
+def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_shard: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
+    # BEGIN SOLUTION
+    # HINT: grad_y is the same on every rank (after the all-reduce): no communication is needed
+    return grad_y @ weight_shard, grad_y.t() @ x_shard
+    # END SOLUTION

@@ -92,6 +92,13 @@ def _tensor_parallel(part: str) -> Callable[[ModuleType], str]:
                     raise Wrong(f"rank {rank}: grad_x differs from grad_y W")
                 if not torch.allclose(grad_w, (grad_y.t() @ x).chunk(2, dim=0)[rank], atol=1e-5):
                     raise Wrong(f"rank {rank}: the weight gradient is not this rank's rows of grad_y^T x")
+                grad_x_shard, grad_w = report["row_backward"]
+                if not torch.allclose(grad_x_shard, (grad_y @ weight).chunk(2, dim=1)[rank], atol=1e-5):
+                    raise Wrong(f"rank {rank}: row_parallel_backward's grad_x is not this rank's "
+                                "columns of grad_y W")
+                if not torch.allclose(grad_w, (grad_y.t() @ x).chunk(2, dim=1)[rank], atol=1e-5):
+                    raise Wrong(f"rank {rank}: row_parallel_backward's weight gradient is not this "
+                                "rank's columns of grad_y^T x")
         return f"equal to the full layer's {part} pass on 2 ranks"
     return check
 

@@ -32,4 +32,6 @@ def tensor_parallel(module: str) -> dict:
     return {"column": _student(module, "column_parallel_forward")(x, rows),
             "row": _student(module, "row_parallel_forward")(x.chunk(parts, dim=1)[rank], columns),
             "backward": _student(module, "column_parallel_backward")(grad_y, x, rows),
+            "row_backward": _student(module, "row_parallel_backward")(
+                grad_y, x.chunk(parts, dim=1)[rank], columns),
             "x": x, "weight": weight, "grad_y": grad_y, "rows": (rank, parts)}
