@@ -8,6 +8,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from edulib.comm.workers import rank_tensor
 from edulib.rank import device
 
 
@@ -17,15 +18,9 @@ def whoami() -> dict:
             "backend": dist.get_backend(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def rank_input(length: int, seed: int = 0) -> torch.Tensor:
-    """The deterministic float32 tensor that this rank contributes, on this rank's device."""
-    generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
-    return torch.randn(length, generator=generator).to(device())
-
-
 def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum every rank's input with torch's own all_reduce; return (input, result)."""
-    tensor = rank_input(length, seed)
+    tensor = rank_tensor(length, "float32", seed)
     result = tensor.clone()
     dist.all_reduce(result)
     return tensor.cpu(), result.cpu()
@@ -33,7 +28,7 @@ def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.
 
 def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Overwrite every rank's tensor with rank `src`'s using torch's broadcast; return (input, result)."""
-    tensor = rank_input(length, seed)
+    tensor = rank_tensor(length, "float32", seed)
     result = tensor.clone()
     dist.broadcast(result, src=src)
     return tensor.cpu(), result.cpu()

@@ -77,8 +77,12 @@ class GradientBuckets:
         work.get_future().then(lambda _: times.append(time.perf_counter()))
         self._launched.append((index, flat, work))
 
-    def finish(self) -> None:
-        """After backward: launch what is left, wait for everything, install the averages."""
+    def finish(self) -> tuple[list[float], dict[int, list[float]]]:
+        """After backward: launch what is left, wait for everything, install the averages.
+
+        Returns this step's timestamps: when each gradient became ready, and each bucket's
+        all-reduce [launched, finished].
+        """
         if not self.overlap:
             for index in range(len(self.buckets)):
                 self._launch(index)
@@ -90,8 +94,9 @@ class GradientBuckets:
                 count = parameter.numel()
                 parameter.grad.copy_(flat[offset:offset + count].view_as(parameter) / ranks)
                 offset += count
-        self.step_times = (self.ready_times, self.reduce_times)
+        timestamps = (self.ready_times, self.reduce_times)
         self._reset()
+        return timestamps
 
 
 def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
@@ -108,13 +113,12 @@ def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, over
         loss = nn.functional.mse_loss(model(inputs), targets)
         backward_began = time.perf_counter()
         loss.backward()
-        buckets.finish()
+        ready, reduces = buckets.finish()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter -= lr * parameter.grad
         durations.append(time.perf_counter() - began)
         losses.append(loss.item())
-    ready, reduces = buckets.step_times
     return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
             "durations": durations, "buckets": len(buckets.buckets),
             "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
