@@ -1,0 +1,68 @@
+"""What the planner is measured against, in its own cost model: intra-op only, inter-op only,
+and the best hand-made (data, pipeline, tensor) grid with layers split evenly (Megatron style)."""
+
+from __future__ import annotations
+
+from edulib.models import split
+from edulib.planner.cluster import Cluster
+from edulib.planner.graph import Graph
+from edulib.planner.inter import Plan, Stage, latency, plan
+from edulib.planner.intra import costs, evaluate
+
+
+def intra_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
+    """One stage on the whole cluster: every operator sharded, no pipeline (Alpa's "intra-op only")."""
+    return plan(graph, cluster, microbatches, submeshes=[(cluster.nodes, cluster.devices)], stages=1)
+
+
+def inter_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
+    """A pipeline with one device per stage: no operator is split (Alpa's "inter-op only")."""
+    return plan(graph, cluster, microbatches, submeshes=[(1, 1)])
+
+
+def grids(cluster: Cluster) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) that tiles the cluster with tensor parallelism inside one node."""
+    sizes = {n * m for n, m in cluster.submeshes()}
+    return [(group // tp, cluster.size // group, tp)
+            for group in sorted(sizes) if cluster.size % group == 0
+            for tp in range(1, min(group, cluster.devices) + 1)
+            if group % tp == 0 and cluster.devices % tp == 0]
+
+
+def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
+                microbatches: int = 16) -> Plan | None:
+    """A hand-made grid: pp stages of evenly many layers, each on a (dp, tp) mesh, every operator
+    split the Megatron way (the batch over dp, its tensor-parallel loop over tp); None if it
+    does not fit in memory or has more stages than layers."""
+    layers = sorted({op.layer for op in graph.operators})
+    if dp * pp * tp != cluster.size or pp > len(layers):
+        return None
+    group = dp * tp
+    submesh = (1, group) if group < cluster.devices else (group // cluster.devices, cluster.devices)
+    mesh = next(m for m in cluster.logical_meshes(submesh) if m.shape == (dp, tp))
+    table = costs(graph, mesh, microbatches)
+    stages = []
+    for p, piece in enumerate(split(layers, pp)):
+        members = [v for v, op in enumerate(graph.operators) if op.layer in piece]
+        first, last = members[0], members[-1]
+        loops = [("b" if dp > 1 else "-", op.manual if tp > 1 else "-")
+                 for op in graph.operators[first:last + 1]]
+        choice = tuple([s.loops for s in table.options[v]].index(want)
+                       for v, want in enumerate(loops, start=first))
+        sharding = evaluate(table.part(first, last), choice)
+        memory = sharding.memory(min(pp - p, microbatches))
+        if memory > cluster.memory:
+            return None
+        names = tuple(",".join(want) for want in loops)
+        stages.append(Stage(first, last, submesh, mesh, names, sharding.time, memory))
+    return Plan(graph, cluster, microbatches, tuple(stages), latency([s.time for s in stages], microbatches),
+                0.0, {"grid (dp, pp, tp)": (dp, pp, tp)})
+
+
+def best_manual(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
+    """The fastest hand-made grid that fits."""
+    found = [p for grid in grids(cluster) if (p := manual_plan(graph, cluster, *grid, microbatches))]
+    if not found:
+        raise ValueError(f"no (data, pipeline, tensor) grid fits {graph.name} on {cluster.nodes} x "
+                         f"{cluster.devices} devices of {cluster.memory / 2**30:.1f} GiB")
+    return min(found, key=lambda p: p.latency)

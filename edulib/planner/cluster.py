@@ -1,0 +1,95 @@
+"""A device cluster (nodes x devices, fast links inside a node, slow ones between) and its meshes.
+
+Alpa slices the cluster into submeshes of shape (1, 2^i) (part of one node) or (n, devices per
+node) (whole nodes); those shapes always tile the cluster. Each submesh is then viewed as a 2-D
+*logical* mesh (a, b): a strategy shards a loop of an operator along axis 0, axis 1, both or
+neither, and a collective along an axis pays that axis's link. Collectives are costed as in
+Alpa's intra-op pass: one latency alpha plus the bytes a ring moves times beta.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edulib.comm.cost import two_level_link
+
+Link = tuple[float, float]  # (alpha seconds, beta seconds per byte)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` x `devices` devices of `flops` FLOP/s and `memory` bytes each, with two link kinds."""
+
+    nodes: int
+    devices: int
+    flops: float = 100e12
+    memory: float = 16 * 2**30
+    intra: Link = (5e-6, 1 / 100e9)
+    inter: Link = (20e-6, 1 / 12.5e9)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "devices"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"a cluster needs a whole number of {name}, 1 or more; got {value!r}")
+        if self.flops <= 0 or self.memory <= 0:
+            raise ValueError(f"flops and memory must be positive; got {self.flops!r} and {self.memory!r}")
+        for name in ("intra", "inter"):
+            alpha, beta = getattr(self, name)
+            if alpha < 0 or beta < 0:
+                raise ValueError(f"{name} link (alpha, beta) must not be negative; got {(alpha, beta)}")
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return self.nodes * self.devices
+
+    def submeshes(self) -> list[tuple[int, int]]:
+        """Alpa's submesh shapes: (1, 1), (1, 2), (1, 4), ... inside a node, then (n, devices)."""
+        shapes = [(1, 2**i) for i in range(int(math.log2(self.devices)) + 1) if 2**i < self.devices]
+        return shapes + [(n, self.devices) for n in range(1, self.nodes + 1)]
+
+    def logical_meshes(self, submesh: tuple[int, int]) -> list[Mesh]:
+        """Every 2-D view (a, b) of a submesh whose axis 1 stays inside a node; links per axis."""
+        nodes, per_node = submesh
+        link = two_level_link(self.devices, self.intra, self.inter)
+        meshes = []
+        for b in range(1, per_node + 1):
+            if per_node % b == 0:
+                a = nodes * per_node // b
+                axis0 = link(0, (a - 1) * b) if a > 1 else self.intra  # its farthest pair
+                meshes.append(Mesh((a, b), (axis0, link(0, b - 1)), self.flops))
+        return meshes
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A logical mesh: `shape` (a, b) devices, `links` (alpha, beta) along each axis."""
+
+    shape: tuple[int, int]
+    links: tuple[Link, Link]
+    flops: float
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return self.shape[0] * self.shape[1]
+
+    def all_reduce(self, axis: int, nbytes: float) -> float:
+        """alpha + 2 beta (n - 1)/n bytes: a ring's reduce-scatter then all-gather, one latency."""
+        n = self.shape[axis]
+        alpha, beta = self.links[axis]
+        return 0.0 if n == 1 else alpha + 2 * beta * (n - 1) / n * nbytes
+
+    def all_gather(self, axis: int, nbytes: float) -> float:
+        """alpha + beta (n - 1)/n bytes, for `nbytes` gathered on every device (reduce-scatter too)."""
+        n = self.shape[axis]
+        alpha, beta = self.links[axis]
+        return 0.0 if n == 1 else alpha + beta * (n - 1) / n * nbytes
+
+    def all_to_all(self, axis: int, nbytes: float) -> float:
+        """alpha + beta (n - 1)/n^2 bytes: each device keeps 1/n of its `nbytes` / n shard."""
+        n = self.shape[axis]
+        alpha, beta = self.links[axis]
+        return 0.0 if n == 1 else alpha + beta * (n - 1) / n**2 * nbytes

@@ -1,0 +1,278 @@
+"""The inter-op pass: slice the operators into pipeline stages and give each stage a submesh.
+
+Alpa's dynamic program: F(s, k, d; t_max) is the least total latency of running clusters k..K-1
+as s stages on d devices, every stage at most t_max:
+
+    F(s, k, d; t_max) = min over i >= k and submeshes (n, m) with n m <= d, t <= t_max, of
+                        t_intra(clusters k..i, Mesh(n, m), s) + F(s - 1, i + 1, d - n m; t_max)
+
+where t_intra is the intra-op pass's time for that stage; it depends on s because the stage
+s-th from the end keeps s micro-batches' activations (1F1B), which its memory must hold. The
+pipeline's latency is sum(t_i) + (B - 1) max(t_j); t_max runs over every candidate stage time
+from small to large and stops once B t_max exceeds the best latency found, since every later
+plan has a stage slower than t_max and so a latency above B t_max. Operators are first merged
+into clusters of whole layers with similar FLOPs, so the table has a few dozen rows, not
+thousands. Each (s, submesh) step of the program is one NumPy expression over (k, i, d).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edulib.planner.cluster import Cluster, Mesh
+from edulib.planner.graph import Graph
+from edulib.planner.intra import STATE, Costs, Sharding, costs, priced_optimum, solve, viterbi
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+def cluster_operators(graph: Graph, count: int) -> list[tuple[int, int]]:
+    """Merge operators into at most `count` runs of whole layers with about equal FLOPs.
+
+    Light operators (ReLU, normalisation) stay with the heavy one of their layer: cutting a
+    pipeline between them gains nothing. Returns (first, last) operator indices per cluster.
+    """
+    if count < 1:
+        raise ValueError(f"need at least one operator cluster; got {count!r}")
+    starts = [v for v in range(1, len(graph)) if graph.operators[v].layer != graph.operators[v - 1].layer]
+    prefix = np.cumsum([op.flops for op in graph.operators])
+    if len(starts) >= count:
+        chosen, total = [], prefix[-1]
+        for j in range(1, count):
+            allowed = [v for v in starts if (not chosen or v > chosen[-1])]
+            allowed = allowed[:len(allowed) - (count - 1 - j)]  # leave room for the cuts to come
+            chosen.append(min(allowed, key=lambda v: abs(prefix[v - 1] - j * total / count)))
+        starts = chosen
+    bounds = [0, *starts, len(graph)]
+    return [(bounds[j], bounds[j + 1] - 1) for j in range(len(bounds) - 1)]
+
+
+@dataclass
+class StageTable:
+    """t_intra and the fewest bytes per device for every (s, k, i, submesh): inf where none fits."""
+
+    ranges: list[tuple[int, int]]  # operator range of each cluster
+    submeshes: list[tuple[int, int]]
+    meshes: list[list[Mesh]]  # logical meshes tried per submesh
+    time: np.ndarray  # [s - 1, k, i, submesh]
+    mesh: np.ndarray  # index of the best logical mesh, same shape
+    least: np.ndarray  # fewest bytes per device any strategy choice needs, same shape
+    tables: dict[tuple[int, int], Costs] = field(repr=False)  # (submesh, logical mesh) -> costs
+
+    def sharding(self, s: int, k: int, i: int, m: int, memory: float) -> tuple[Mesh, Sharding]:
+        """Re-solve one stage: its logical mesh and strategies."""
+        j = int(self.mesh[s - 1, k, i, m])
+        table = self.tables[(m, j)].part(self.ranges[k][0], self.ranges[i][1])
+        return self.meshes[m][j], solve(table, memory, s)
+
+
+def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
+                submeshes: Sequence[tuple[int, int]], stages: int,
+                meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None) -> StageTable:
+    """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s).
+
+    One Viterbi sweep per logical mesh and first cluster k gives the least time of every range
+    k..i at once; where that choice overflows memory (1F1B keeps s micro-batches), a price on
+    bytes finds one that fits. Each stage of the final plan is then re-solved by the ILP.
+    """
+    meshes = meshes or cluster.logical_meshes
+    count, ends = len(ranges), {last: i for i, (_, last) in enumerate(ranges)}
+    in_flight = np.minimum(np.arange(1, stages + 1), microbatches)
+    shape = (stages, count, count, len(submeshes))
+    best, which, least = np.full(shape, np.inf), np.zeros(shape, dtype=int), np.full(shape, np.inf)
+    tables, tried = {}, []
+    for m, submesh in enumerate(submeshes):
+        tried.append(meshes(submesh))
+        for j, mesh in enumerate(tried[-1]):
+            full = tables[(m, j)] = costs(graph, mesh, microbatches)
+            # fewest bytes of each operator, per number of micro-batches in flight, summed up
+            fewest = np.array([[full.memory(v, f).min() for v in range(len(graph))] for f in in_flight])
+            prefix = np.concatenate([np.zeros((stages, 1)), np.cumsum(fewest, axis=1)], axis=1)
+            for k, (first, _) in enumerate(ranges):
+                for v, cost, weight, activation, _ in viterbi(full, first):
+                    if v not in ends:
+                        continue
+                    i, c = ends[v], int(np.argmin(cost))
+                    need = prefix[:, v + 1] - prefix[:, first]
+                    memory = STATE * weight[c] + in_flight * activation[c]
+                    for s in range(stages):
+                        least[s, k, i, m] = min(least[s, k, i, m], need[s])
+                        if memory[s] <= cluster.memory:
+                            time = cost[c]
+                        elif need[s] <= cluster.memory:
+                            part = full.part(first, v)
+                            time = priced_optimum(part, cluster.memory, int(in_flight[s])).time
+                        else:
+                            continue
+                        if time < best[s, k, i, m]:
+                            best[s, k, i, m], which[s, k, i, m] = time, j
+    return StageTable(ranges, list(submeshes), tried, best, which, least, tables)
+
+
+def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
+             trace: bool = False) -> tuple[np.ndarray, list]:
+    """F[s, k, d] over a [s - 1, k, i, submesh] table: `combine` is + (latency) or max (memory)."""
+    stages, count = values.shape[0], values.shape[1]
+    table = np.full((stages + 1, count + 1, devices + 1), np.inf)
+    table[0, count, 0] = 0.0
+    choices = []
+    for s in range(1, stages + 1):
+        step = np.full((count + 1, devices + 1), np.inf)
+        pick = np.zeros((count + 1, devices + 1, 2), dtype=int)
+        for m, size in enumerate(sizes):
+            if size > devices:
+                continue
+            rest = np.full((count + 1, devices + 1), np.inf)  # rest[j, d] = F(s-1, j, d - size)
+            rest[:, size:] = table[s - 1, :, :devices + 1 - size]
+            stage = np.triu(values[s - 1, :, :, m]) + np.tril(np.full((count, count), np.inf), -1)
+            total = combine(stage[:, :, None], rest[None, 1:, :])  # [k, i, d]
+            best = total.min(axis=1)
+            better = best < step[:count]
+            step[:count][better] = best[better]
+            if trace:
+                pick[:count][better] = np.stack([total.argmin(axis=1), np.full_like(best, m, int)],
+                                                axis=-1)[better]
+        table[s] = step
+        choices.append(pick)
+    return table, choices
+
+
+def _stages(table: np.ndarray, choices: list, sizes: list[int], devices: int) -> list[tuple]:
+    """Walk the program's choices back into (s, k, i, submesh) per stage, first stage first."""
+    s = int(np.argmin(table[1:, 0, devices])) + 1
+    k, d, found = 0, devices, []
+    while s:
+        i, m = choices[s - 1][k, d]
+        found.append((s, k, int(i), int(m)))
+        k, d, s = int(i) + 1, d - sizes[m], s - 1
+    return found
+
+
+def latency(times: Sequence[float], microbatches: int) -> float:
+    """A pipeline's iteration time: sum of stage times + (B - 1) x the slowest stage."""
+    return float(sum(times) + (microbatches - 1) * max(times))
+
+
+def inter_op(table: StageTable, devices: int, microbatches: int,
+             progress: Progress | None = None) -> tuple[float, list[tuple], dict]:
+    """Alpa's program with t_max enumeration and early stopping: (latency, stages, statistics)."""
+    sizes = [n * m for n, m in table.submeshes]
+    candidates = np.unique(table.time[np.isfinite(table.time)])
+    best, best_tmax, tried = np.inf, None, 0
+    for number, t_max in enumerate(candidates):
+        if microbatches * t_max >= best:
+            break  # every plan left has a stage slower than t_max
+        tried += 1
+        if progress:
+            progress(number + 1, len(candidates))
+        masked = np.where(table.time <= t_max, table.time, np.inf)
+        total = _program(masked, sizes, devices)[0][1:, 0, devices].min()
+        if total + (microbatches - 1) * t_max < best:
+            best, best_tmax = total + (microbatches - 1) * t_max, t_max
+    if best_tmax is None:
+        return np.inf, [], {"t_max tried": tried, "t_max candidates": len(candidates)}
+    masked = np.where(table.time <= best_tmax, table.time, np.inf)
+    program, choices = _program(masked, sizes, devices, trace=True)
+    stages = _stages(program, choices, sizes, devices)
+    times = [table.time[s - 1, k, i, m] for s, k, i, m in stages]
+    return latency(times, microbatches), stages, {"t_max tried": tried, "t_max candidates": len(candidates)}
+
+
+def smallest_memory(table: StageTable, devices: int) -> float:
+    """The least bytes per device with which some slicing of the model fits the cluster."""
+    sizes = [n * m for n, m in table.submeshes]
+    program = _program(table.least, sizes, devices, combine=np.maximum)[0]
+    return float(program[1:, 0, devices].min())
+
+
+def exhaustive_inter_op(table: StageTable, devices: int, microbatches: int) -> float:
+    """Every slicing into contiguous stages and every submesh per stage: the program's reference."""
+    count, best = len(table.ranges), np.inf
+    sizes = [n * m for n, m in table.submeshes]
+    for stages in range(1, min(count, devices) + 1):
+        for cuts in itertools.combinations(range(1, count), stages - 1):
+            bounds = [0, *cuts, count]
+            for mesh in itertools.product(range(len(sizes)), repeat=stages):
+                if sum(sizes[m] for m in mesh) != devices:
+                    continue
+                times = [table.time[stages - j - 1, bounds[j], bounds[j + 1] - 1, mesh[j]]
+                         for j in range(stages)]
+                best = min(best, latency(times, microbatches))
+    return best
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of a plan: its operators, submesh, logical mesh, strategies and cost."""
+
+    first: int
+    last: int
+    submesh: tuple[int, int]
+    mesh: Mesh
+    strategies: tuple[str, ...]
+    time: float
+    memory: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole parallel plan and what it is predicted to cost."""
+
+    graph: Graph
+    cluster: Cluster
+    microbatches: int
+    stages: tuple[Stage, ...]
+    latency: float
+    search_seconds: float
+    statistics: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def throughput(self) -> float:
+        """Training FLOP/s of the whole cluster: forward + backward FLOPs per iteration / latency."""
+        return 3 * self.graph.flops * self.microbatches / self.latency
+
+
+def build_plan(graph: Graph, cluster: Cluster, microbatches: int, table: StageTable,
+               stages: list[tuple], started: float, statistics: dict) -> Plan:
+    """Turn the program's stage choices into a Plan, re-solving each stage for its strategies."""
+    found = []
+    for s, k, i, m in stages:
+        mesh, sharding = table.sharding(s, k, i, m, cluster.memory)
+        first, last = table.ranges[k][0], table.ranges[i][1]
+        j = table.meshes[m].index(mesh)
+        options = table.tables[(m, j)].options
+        names = tuple(options[first + v][c].name for v, c in enumerate(sharding.choice))
+        found.append(Stage(first, last, table.submeshes[m], mesh, names, sharding.time,
+                           sharding.memory(min(s, microbatches))))
+    return Plan(graph, cluster, microbatches, tuple(found),
+                latency([stage.time for stage in found], microbatches),
+                time.perf_counter() - started, statistics)
+
+
+def plan(graph: Graph, cluster: Cluster, microbatches: int = 16, clusters: int | None = None,
+         submeshes: Sequence[tuple[int, int]] | None = None, stages: int | None = None,
+         progress: Progress | None = None) -> Plan:
+    """Alpa's hierarchical search: the inter-op program over stage costs from the intra-op pass."""
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a whole number, 1 or more; got {microbatches!r}")
+    started = time.perf_counter()
+    ranges = cluster_operators(graph, clusters or len({op.layer for op in graph.operators}))
+    submeshes = list(submeshes or cluster.submeshes())
+    stages = min(stages or len(ranges), len(ranges), cluster.size)
+    table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages)
+    best, chosen, statistics = inter_op(table, cluster.size, microbatches, progress)
+    if not chosen:
+        need = smallest_memory(table, cluster.size)
+        if np.isfinite(need):
+            raise ValueError(f"{graph.name} fits in no plan on {cluster.nodes} x {cluster.devices} "
+                             f"devices of {cluster.memory / 2**30:.1f} GiB; the best plan needs "
+                             f"{need / 2**30:.2f} GiB per device")
+        raise ValueError(f"{graph.name} has no plan on {cluster.nodes} x {cluster.devices} devices "
+                         f"with these submeshes {submeshes} and at most {stages} stages")
+    return build_plan(graph, cluster, microbatches, table, chosen, started, statistics)
+

@@ -1,0 +1,318 @@
+"""The intra-op pass: one sharding strategy per operator, chosen by an integer linear program.
+
+A strategy assigns each axis of a logical mesh to one of the operator's loops (or to none: "-",
+replicate). It fixes the operator's compute share, its communication, and the layout of its input
+and output: per axis "b" (batch split), "f" (feature split) or "-" (replicated). An edge whose
+producer's output layout differs from its consumer's input layout pays a resharding. As in the
+paper, the ILP minimises node costs (compute + communication) plus edge costs (resharding) with
+one-hot strategy variables, linearised pair variables on edges, and a per-device memory bound.
+
+Costs are seconds for one micro-batch's forward and backward pass. Gradients are synchronised
+once per iteration, so their all-reduce is shared out over the iteration's micro-batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from edulib.planner.cluster import Mesh
+from edulib.planner.graph import LOOPS, Graph, Operator
+
+STATE = 8  # bytes of training state per byte of fp16 parameters: weights, gradients, fp32 Adam
+INPUT = {"b": "b", "o": "-", "i": "f", "f": "f", "e": "b", "-": "-"}  # layout each loop reads
+OUTPUT = {"b": "b", "o": "f", "i": "-", "f": "f", "e": "b", "-": "-"}  # and writes
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Loops on mesh axes 0 and 1, with the seconds, bytes and layouts that choice implies."""
+
+    loops: tuple[str, str]
+    compute: float
+    communication: float
+    weight_bytes: float  # per device
+    activation_bytes: float  # per device, saved for backward, one micro-batch
+    input_layout: tuple[str, str]
+    output_layout: tuple[str, str]
+
+    @property
+    def name(self) -> str:
+        """E.g. "b,o": the batch on axis 0, output features on axis 1 (data x tensor parallel)."""
+        return ",".join(self.loops)
+
+    def memory(self, in_flight: int) -> float:
+        """Bytes per device with `in_flight` micro-batches' activations kept for backward."""
+        return STATE * self.weight_bytes + in_flight * self.activation_bytes
+
+
+def _shard(layout: tuple[str, ...], mesh: Mesh) -> int:
+    return int(np.prod([n for n, dim in zip(mesh.shape, layout, strict=True) if dim != "-"]))
+
+
+def strategies(op: Operator, mesh: Mesh, microbatches: int = 1) -> list[Strategy]:
+    """Every distinct strategy of `op` on `mesh` (an axis of size 1 only replicates)."""
+    choices = [(*LOOPS[op.kind], "-") if n > 1 else ("-",) for n in mesh.shape]
+    found = []
+    for loops in itertools.product(*choices):
+        inp = tuple(INPUT[loop] for loop in loops)
+        out = tuple(OUTPUT[loop] for loop in loops)
+        split = [n for n, loop in zip(mesh.shape, loops, strict=True) if loop != "-"]
+        weight = op.param_bytes / np.prod([n for n, loop in zip(mesh.shape, loops, strict=True)
+                                           if loop in "oie"])
+        in_bytes, out_bytes = op.input_bytes / _shard(inp, mesh), op.output_bytes / _shard(out, mesh)
+        seconds = 0.0
+        for axis, loop in enumerate(loops):
+            if loop == "b" and weight:
+                seconds += mesh.all_reduce(axis, weight) / microbatches  # gradient sync
+            elif loop == "i":
+                seconds += mesh.all_reduce(axis, out_bytes)  # partial sums, forward
+            elif loop == "o" and op.input_bytes:
+                seconds += mesh.all_reduce(axis, in_bytes)  # input gradient, backward
+            elif loop == "e":
+                seconds += 4 * mesh.all_to_all(axis, out_bytes * mesh.shape[axis])  # dispatch, combine
+        compute = 3 * op.flops / np.prod(split) / mesh.flops  # forward + backward (twice forward)
+        found.append(Strategy(loops, compute, seconds, weight, out_bytes, inp, out))
+    return found
+
+
+def reshard(produced: tuple[str, str], needed: tuple[str, str], nbytes: float, mesh: Mesh) -> float:
+    """Seconds to turn a tensor of `nbytes` from one layout into another, forward and backward.
+
+    Per axis: the same layout is free; sharded <-> replicated is one all-gather (forward when
+    gathering, backward when slicing, whose gradient must be gathered); batch <-> feature split
+    is an all-to-all each way.
+    """
+    seconds = 0.0
+    for axis, (have, want) in enumerate(zip(produced, needed, strict=True)):
+        if have == want:
+            continue
+        other = [n for i, (n, dim) in enumerate(zip(mesh.shape, produced, strict=True))
+                 if i != axis and dim != "-"]
+        size = nbytes / np.prod(other)  # what this axis's group holds
+        if "-" in (have, want):
+            seconds += mesh.all_gather(axis, size)
+        else:
+            seconds += 2 * mesh.all_to_all(axis, size)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-operator strategy tables and per-edge resharding matrices of a graph on a mesh."""
+
+    graph: Graph
+    mesh: Mesh
+    options: tuple[tuple[Strategy, ...], ...]
+    node: tuple[np.ndarray, ...]  # seconds per strategy
+    weight: tuple[np.ndarray, ...]  # weight bytes per strategy
+    activation: tuple[np.ndarray, ...]
+    edge: dict[tuple[int, int], np.ndarray]  # seconds, producer strategy x consumer strategy
+
+    def memory(self, v: int, in_flight: int) -> np.ndarray:
+        """Bytes per device of operator v under each strategy."""
+        return STATE * self.weight[v] + in_flight * self.activation[v]
+
+    def part(self, first: int, last: int) -> Costs:
+        """The tables of operators first..last (inclusive), as if they were a graph of their own."""
+        graph = self.graph.part(first, last)
+        pick = slice(first, last + 1)
+        edge = {(u - first, v - first): m for (u, v), m in self.edge.items() if first <= u and v <= last}
+        return Costs(graph, self.mesh, self.options[pick], self.node[pick], self.weight[pick],
+                     self.activation[pick], edge)
+
+
+def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
+    """Everything the solvers need to choose strategies for `graph` on `mesh`.
+
+    Layers repeat, so operators of the same shape share one table (and edges one matrix).
+    """
+    shapes: dict[tuple, tuple[Strategy, ...]] = {}
+    options = tuple(shapes.setdefault(op.shape, tuple(strategies(op, mesh, microbatches)))
+                    if op.shape not in shapes else shapes[op.shape] for op in graph.operators)
+    matrices: dict[tuple, np.ndarray] = {}
+    edge = {}
+    for u, v in graph.edges:
+        key = (graph.operators[u].shape, graph.operators[v].shape)
+        if key not in matrices:
+            nbytes = graph.operators[u].output_bytes
+            matrices[key] = np.array([[reshard(a.output_layout, b.input_layout, nbytes, mesh)
+                                       for b in options[v]] for a in options[u]])
+        edge[(u, v)] = matrices[key]
+    return Costs(graph, mesh, options,
+                 tuple(np.array([s.compute + s.communication for s in o]) for o in options),
+                 tuple(np.array([s.weight_bytes for s in o]) for o in options),
+                 tuple(np.array([s.activation_bytes for s in o]) for o in options), edge)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """The chosen strategy index of every operator, its seconds and its bytes per device."""
+
+    choice: tuple[int, ...]
+    time: float
+    weight_bytes: float
+    activation_bytes: float
+
+    def memory(self, in_flight: int) -> float:
+        """Bytes per device with `in_flight` micro-batches in flight."""
+        return STATE * self.weight_bytes + in_flight * self.activation_bytes
+
+
+def evaluate(table: Costs, choice: tuple[int, ...]) -> Sharding:
+    """The cost of a given choice of strategies: the one objective every solver minimises."""
+    time = sum(table.node[v][s] for v, s in enumerate(choice))
+    time += sum(matrix[choice[u], choice[v]] for (u, v), matrix in table.edge.items())
+    return Sharding(tuple(choice), float(time),
+                    float(sum(table.weight[v][s] for v, s in enumerate(choice))),
+                    float(sum(table.activation[v][s] for v, s in enumerate(choice))))
+
+
+def exhaustive(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+    """Try every combination of strategies: the reference the ILP is checked against."""
+    best = None
+    for choice in itertools.product(*(range(len(o)) for o in table.options)):
+        found = evaluate(table, choice)
+        if found.memory(in_flight) <= memory and (best is None or found.time < best.time - 1e-15):
+            best = found
+    return best
+
+
+@contextmanager
+def _silenced() -> Iterator[None]:
+    """Drop what the solver writes straight to file descriptor 1 (some HiGHS builds print debug
+    lines there, which would flood a terminal)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+    """Solve the strategy choice as Alpa's ILP with scipy.optimize.milp (HiGHS); None if nothing fits.
+
+    Variables: x[v, s] in {0, 1}, one per operator v and strategy s, summing to 1 per operator;
+    y[e, s, t] in [0, 1] per edge e = (u, v) and strategy pair, tied to x by sum_t y = x[u, s]
+    and sum_s y = x[v, t], so y is 1 exactly on the chosen pair. Memory: sum mem x <= memory.
+    """
+    sizes = [len(o) for o in table.options]
+    x_start = np.cumsum([0, *sizes])
+    edges = list(table.edge.items())
+    y_start = np.cumsum([x_start[-1], *(m.size for _, m in edges)])
+    count = int(y_start[-1])
+    objective = np.concatenate([*table.node, *(m.ravel() for _, m in edges)])
+    rows, cols, vals, lower, upper = [], [], [], [], []
+
+    def equation(terms: list[tuple[int, float]], low: float, high: float) -> None:
+        for col, val in terms:
+            rows.append(len(lower))
+            cols.append(col)
+            vals.append(val)
+        lower.append(low)
+        upper.append(high)
+
+    for v, size in enumerate(sizes):
+        equation([(x_start[v] + s, 1.0) for s in range(size)], 1, 1)
+    for e, ((u, v), matrix) in enumerate(edges):
+        pair = y_start[e] + np.arange(matrix.size).reshape(matrix.shape)
+        for s in range(sizes[u]):
+            equation([(x_start[u] + s, -1.0), *((p, 1.0) for p in pair[s])], 0, 0)
+        for t in range(sizes[v]):
+            equation([(x_start[v] + t, -1.0), *((p, 1.0) for p in pair[:, t])], 0, 0)
+    if np.isfinite(memory):
+        equation([(x_start[v] + s, float(table.memory(v, in_flight)[s]))
+                  for v in range(len(sizes)) for s in range(sizes[v])], -np.inf, memory)
+    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), count)).tocsr()
+    integrality = np.zeros(count)
+    integrality[:x_start[-1]] = 1
+    with _silenced():
+        result = milp(objective, constraints=LinearConstraint(matrix, lower, upper),
+                      integrality=integrality, bounds=Bounds(0, 1))
+    if result.x is None:
+        return None
+    choice = tuple(int(np.argmax(result.x[x_start[v]:x_start[v + 1]])) for v in range(len(sizes)))
+    return evaluate(table, choice)
+
+
+def viterbi(table: Costs, first: int = 0, price: float = 0.0,
+            in_flight: int = 1) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Min-plus pass along a chain from operator `first`: for each operator v, the least cost of
+    operators first..v per strategy of v, that path's weight and activation bytes, and the back
+    pointers. The cost is seconds + `price` x bytes per device (0: time alone)."""
+    if not table.graph.is_chain:
+        raise ValueError("this pass needs a chain graph (each operator reads the previous one)")
+
+    def node(v: int) -> np.ndarray:
+        return table.node[v] + price * table.memory(v, in_flight) if price else table.node[v]
+
+    best, weight, activation = node(first), table.weight[first], table.activation[first]
+    back = np.zeros(len(best), dtype=int)
+    yield first, best, weight, activation, back
+    for v in range(first + 1, len(table.options)):
+        total = best[:, None] + table.edge[(v - 1, v)]
+        back = np.argmin(total, axis=0)
+        best = total[back, np.arange(len(back))] + node(v)
+        weight, activation = weight[back] + table.weight[v], activation[back] + table.activation[v]
+        yield v, best, weight, activation, back
+
+
+def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> Sharding:
+    """The choice of least seconds + `price` x bytes on a chain, by dynamic programming (Viterbi):
+    exact and linear in the number of operators."""
+    steps = list(viterbi(table, 0, price, in_flight))
+    choice = [int(np.argmin(steps[-1][1]))]
+    for *_, back in reversed(steps[1:]):
+        choice.append(int(back[choice[-1]]))
+    return evaluate(table, tuple(reversed(choice)))
+
+
+def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | None:
+    """A fast choice that fits in `memory` on a chain: put a price on bytes (a Lagrange
+    multiplier) and raise it by bisection until the chain optimum fits. Optimal when the time
+    optimum fits; otherwise an upper bound on the ILP's answer, used while searching stages."""
+    found = chain_optimum(table, 0.0, in_flight)
+    if found.memory(in_flight) <= memory:
+        return found
+    if least_memory(table, in_flight) > memory:
+        return None
+    scale = max(float(sum(n.max() for n in table.node)), 1e-30) / memory
+    low, high = 0.0, scale
+    while (fits := chain_optimum(table, high, in_flight)).memory(in_flight) > memory:
+        low, high = high, high * 16
+    for _ in range(10):  # a price within 1/1024 of the bracket: near enough while searching
+        middle = (low + high) / 2
+        trial = chain_optimum(table, middle, in_flight)
+        if trial.memory(in_flight) <= memory:
+            high, fits = middle, trial
+        else:
+            low = middle
+    return fits
+
+
+def least_memory(table: Costs, in_flight: int) -> float:
+    """The fewest bytes per device any choice needs (memory adds up operator by operator)."""
+    return float(sum(table.memory(v, in_flight).min() for v in range(len(table.options))))
+
+
+def solve(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+    """The best choice that fits in `memory`: the chain shortcut when it fits, else the ILP."""
+    if least_memory(table, in_flight) > memory:
+        return None
+    if table.graph.is_chain:
+        found = chain_optimum(table)
+        if found.memory(in_flight) <= memory:
+            return found
+    return ilp(table, memory, in_flight)
