@@ -14,7 +14,7 @@ import time
 
 from edulib import examples
 from edulib.launch import Pool
-from edulib.table import format_table
+from edulib.table import format_bytes, format_table
 
 
 def _spawned_rank(rank: int, world_size: int, port: int) -> None:
@@ -74,14 +74,6 @@ def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
     return max(float(alpha), 0.0), float(beta)
 
 
-def _size(nbytes: int) -> str:
-    """1 KiB, 4 MiB, ...: a power-of-two byte count in words."""
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
-
 def _median_slowest(per_rank: list[dict], name: str, nbytes: int) -> float:
     """The median over repeats of the slowest rank's time: how long the collective took."""
     repeats = zip(*(times[name, nbytes] for times in per_rank), strict=True)
@@ -108,7 +100,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                 algbw = nbytes / seconds / 1e9
                 predicted = "" if name == "builtin" else (
                     f"{cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time * 1e3:.3f}")
-                rows.append((_size(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
+                rows.append((format_bytes(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
                              f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
                              f"{seconds / builtin:.2f}x", predicted))
         reports.append(
@@ -176,7 +168,7 @@ def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024
                 for overlap in (False, True):
                     seconds = step_time(bucket, overlap)
                     rows.append((ranks, "overlapped" if overlap else "after backward",
-                                 _size(bucket), f"{seconds * 1e3:.1f}", f"{seconds / baseline:.2f}x"))
+                                 format_bytes(bucket), f"{seconds * 1e3:.1f}", f"{seconds / baseline:.2f}x"))
     parameters = depth * (width * width + width)
     return (f"data parallel SGD step of mlp(width={width}, depth={depth}) ({parameters * 4 / 1e6:.0f} MB "
             f"of gradients), batch 32 per rank, {backend} on {platform.node()}; median of "

@@ -66,6 +66,13 @@ class _ParallelBlock(nn.Module):
         return x + self.mlp(x)
 
 
+def gpt_batch(batch: int, hidden: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of `batch` sequences of TOKENS vectors, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed + 5)
+    return (torch.randn(batch, TOKENS, hidden, generator=generator),
+            torch.randn(batch, TOKENS, hidden, generator=generator))
+
+
 def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2,
                 hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0) -> dict:
     """One training step of tiny_gpt on the grid; this rank's gradients, named as in the full model."""
@@ -85,10 +92,7 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
     stage_blocks = split(model, pp)[p]
     offset = sum(len(piece) for piece in split(model, pp)[:p])
     stage = nn.Sequential(*[_ParallelBlock(block, mine["tp"]) for block in stage_blocks])
-    generator = torch.Generator().manual_seed(seed + 5)
-    inputs = torch.randn(batch, TOKENS, hidden, generator=generator)
-    targets = torch.randn(batch, TOKENS, hidden, generator=generator)
-    inputs, targets = inputs.chunk(dp)[d], targets.chunk(dp)[d]
+    inputs, targets = (tensor.chunk(dp)[d] for tensor in gpt_batch(batch, hidden, seed))
     saved = []
     for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True):
         if p > 0:
@@ -125,9 +129,7 @@ def reference_gradients(batch: int = 8, hidden: int = 16, heads: int = 4, layers
                         seed: int = 0) -> dict[str, torch.Tensor]:
     """The unsplit tiny_gpt's gradients on the whole batch, by parameter name."""
     model = tiny_gpt(hidden, heads, layers, seed)
-    generator = torch.Generator().manual_seed(seed + 5)
-    inputs = torch.randn(batch, TOKENS, hidden, generator=generator)
-    targets = torch.randn(batch, TOKENS, hidden, generator=generator)
+    inputs, targets = gpt_batch(batch, hidden, seed)
     nn.functional.mse_loss(model(inputs), targets).backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 

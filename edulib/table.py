@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 
+def format_bytes(nbytes: float) -> str:
+    """1 KiB, 4 MiB, 1.5 GiB, ...: a byte count in words, three significant digits."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.3g} B"
+
+
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Lay rows out under their headers in aligned columns, numbers right-aligned."""
     cells = [[str(cell) for cell in row] for row in rows]

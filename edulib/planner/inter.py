@@ -27,6 +27,7 @@ import numpy as np
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
 from edulib.planner.intra import STATE, Costs, Sharding, costs, priced_optimum, solve, viterbi
+from edulib.table import format_bytes
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -268,11 +269,12 @@ def plan(graph: Graph, cluster: Cluster, microbatches: int = 16, clusters: int |
     best, chosen, statistics = inter_op(table, cluster.size, microbatches, progress)
     if not chosen:
         need = smallest_memory(table, cluster.size)
+        where = f"{cluster.nodes} x {cluster.devices} devices"
         if np.isfinite(need):
-            raise ValueError(f"{graph.name} fits in no plan on {cluster.nodes} x {cluster.devices} "
-                             f"devices of {cluster.memory / 2**30:.1f} GiB; the best plan needs "
-                             f"{need / 2**30:.2f} GiB per device")
-        raise ValueError(f"{graph.name} has no plan on {cluster.nodes} x {cluster.devices} devices "
-                         f"with these submeshes {submeshes} and at most {stages} stages")
+            raise ValueError(f"{graph.name} fits in no plan on {where} of {format_bytes(cluster.memory)}; "
+                             f"the smallest memory per device that fits is {format_bytes(need)} "
+                             f"({need:.0f} B)")
+        raise ValueError(f"{graph.name} has no plan on {where} with submeshes {submeshes} "
+                         f"and at most {stages} stages")
     return build_plan(graph, cluster, microbatches, table, chosen, started, statistics)
 

@@ -1,0 +1,217 @@
+"""Run a plan for the tiny GPT on real ranks: pipeline stages on submeshes, sharded inside.
+
+Each stage takes consecutive ranks and views them as its logical mesh (a, b). Inside a layer,
+each half (attention, MLP) uses, per mesh axis, one mode read from the plan's strategies:
+  "b"  data parallel: the micro-batch is split along the axis, gradients summed over it;
+  "t"  Megatron tensor parallel (column, heads, row: edulib.tp) over the axis;
+  "-"  replicated: every rank of the axis computes the same thing.
+Between halves whose batch layouts differ, the activation is resharded (edulib.tp's gather and
+split, which carry gradients back the other way). A stage hands its output on whole: rank j of
+the next stage receives from rank j mod (this stage's size), Alpa's cross-mesh resharding at its
+simplest. Every stage follows its row of edulib.pp's 1F1B schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from edulib.hybrid import TOKENS, gpt_batch
+from edulib.models import tiny_gpt
+from edulib.planner.cluster import Cluster
+from edulib.planner.graph import Graph, gpt_graph
+from edulib.planner.inter import Plan
+from edulib.pp import build_schedule
+from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
+from edulib.tp.ops import gather, split
+
+HALVES = (("attention", ParallelSelfAttention), ("mlp", ParallelMLP))
+MEGATRON = ("o", "f", "i")  # column-parallel, per-head (or per-feature), row-parallel
+OPS_PER_LAYER = 6  # qkv, attention, projection; fc1, gelu, fc2
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """One stage as ranks run it: its layers, logical mesh, and per layer the modes of each half."""
+
+    first_layer: int
+    last_layer: int
+    mesh: tuple[int, int]
+    modes: tuple[tuple[tuple[str, str], tuple[str, str]], ...]  # per layer: attention, MLP
+
+    @property
+    def size(self) -> int:
+        """Ranks the stage runs on."""
+        return self.mesh[0] * self.mesh[1]
+
+
+def tiny_gpt_graph(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
+                   layers: int = 4) -> Graph:
+    """The planner's view of one micro-batch of `edulib.models.tiny_gpt`."""
+    return gpt_graph(layers, hidden, heads, seq=TOKENS, batch=batch // microbatches, vocab=0, norm=False)
+
+
+def _mode(stage: int, layer: int, half: str, loops: tuple[str, ...]) -> str:
+    if set(loops) <= {"b"} or set(loops) <= {"-"}:
+        return loops[0]
+    if loops == MEGATRON:
+        return "t"
+    raise ValueError(f"stage {stage}, layer {layer}, {half}: loops {loops} along one mesh axis cannot run; "
+                     "the executor runs all 'b' (data), all '-' (replicated) or o, f, i (Megatron)")
+
+
+def layouts(plan: Plan) -> list[StageLayout]:
+    """Read a plan of the tiny GPT as stage layouts; a clear error where it cannot run."""
+    found = []
+    for number, stage in enumerate(plan.stages):
+        if stage.first % OPS_PER_LAYER or (stage.last + 1) % OPS_PER_LAYER:
+            raise ValueError(f"stage {number} cuts a layer (operators {stage.first}..{stage.last}); "
+                             "the executor runs whole layers")
+        loops = [name.split(",") for name in stage.strategies]
+        modes = []
+        for layer in range(stage.first // OPS_PER_LAYER, (stage.last + 1) // OPS_PER_LAYER):
+            halves = []
+            for h, (half, _) in enumerate(HALVES):
+                start = layer * OPS_PER_LAYER - stage.first + 3 * h
+                per_axis = tuple(_mode(number, layer, half, tuple(ls[axis] for ls in loops[start:start + 3]))
+                                 for axis in (0, 1))
+                if per_axis == ("t", "t"):
+                    raise ValueError(f"stage {number}, layer {layer}, {half}: tensor parallel along both "
+                                     "mesh axes is not supported by the executor")
+                halves.append(per_axis)
+            modes.append(tuple(halves))
+        found.append(StageLayout(stage.first // OPS_PER_LAYER, (stage.last + 1) // OPS_PER_LAYER - 1,
+                                 stage.mesh.shape, tuple(modes)))
+    return found
+
+
+def _reshard(x: torch.Tensor, have: tuple[str, str], want: tuple[str, str], groups) -> torch.Tensor:
+    """Change the batch layout: gather every split axis (last first), then split as wanted."""
+    if have == want:
+        return x
+    for axis in (1, 0):
+        if have[axis] == "b":
+            x = gather(x, 0, groups[axis])
+    for axis in (0, 1):
+        if want[axis] == "b":
+            x = split(x, 0, groups[axis])
+    return x
+
+
+class _Stage(nn.Module):
+    """The layers of one stage, each half built for its modes, with reshards between halves."""
+
+    def __init__(self, layout: StageLayout, model: nn.Sequential, groups) -> None:
+        super().__init__()
+        self.layout, self.groups = layout, groups
+        self.halves = nn.ModuleList()
+        for layer, modes in zip(range(layout.first_layer, layout.last_layer + 1), layout.modes, strict=True):
+            for (name, parallel), mode in zip(HALVES, modes, strict=True):
+                full = getattr(model[layer], name)
+                self.halves.append(parallel(full, groups[mode.index("t")]) if "t" in mode else full)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        have = ("-", "-")
+        flat = [mode for modes in self.layout.modes for mode in modes]
+        for half, mode in zip(self.halves, flat, strict=True):
+            want = tuple("b" if m == "b" else "-" for m in mode)
+            x = _reshard(x, have, want, self.groups)
+            x, have = x + half(x), want
+        return _reshard(x, have, ("-", "-"), self.groups)
+
+
+def _run_actions(actions, stage: nn.Module, inputs, targets, p: int, local: int, sizes: list[int],
+                 offsets: np.ndarray, scale: float) -> None:
+    """This stage's row of the 1F1B schedule: receive, compute and send each F and B in order."""
+    last, saved, sends = len(sizes) - 1, {}, []
+    for action in actions:
+        mb = action.microbatch
+        if action.kind == "F":
+            x = inputs[mb].clone()
+            if p > 0:
+                dist.recv(x, int(offsets[p - 1] + local % sizes[p - 1]), tag=mb)
+            x.requires_grad_()
+            out = stage(x)
+            if p == last:
+                out = ((out - targets[mb]) ** 2).sum() * scale  # a share of the whole batch's mean
+            else:
+                sends += [dist.isend(out.detach(), int(offsets[p + 1] + j), tag=mb)
+                          for j in range(sizes[p + 1]) if j % sizes[p] == local]
+            saved[mb] = (x, out)
+        else:
+            x, out = saved.pop(mb)
+            grad = None
+            if p < last:
+                grad = torch.empty_like(out)
+                dist.recv(grad, int(offsets[p + 1] + local % sizes[p + 1]), tag=mb)
+            torch.autograd.backward(out, grad)
+            if p > 0:
+                sends += [dist.isend(x.grad, int(offsets[p - 1] + i), tag=mb)
+                          for i in range(sizes[p - 1]) if i % sizes[p] == local]
+    for request in sends:
+        request.wait()
+
+
+def _synchronised_gradients(stage: _Stage, groups) -> tuple[dict, dict]:
+    """Sum each data-parallel half's gradients over its batch axes; name every gradient as in
+    the full model, with the slice of the full parameter it is."""
+    gradients, sources = {}, {}
+    flat = [mode for modes in stage.layout.modes for mode in modes]
+    for index, (half, mode) in enumerate(zip(stage.halves, flat, strict=True)):
+        layer, name = stage.layout.first_layer + index // 2, HALVES[index % 2][0]
+        shards = half.sources() if "t" in mode else {n: (n, ...) for n, _ in half.named_parameters()}
+        for param, (full, where) in shards.items():
+            grad = half.get_parameter(param).grad
+            for axis in (0, 1):
+                if mode[axis] == "b":  # data parallel along this axis: add up the batch's parts
+                    dist.all_reduce(grad, group=groups[axis])
+            gradients[f"{layer}.{name}.{param}"] = grad
+            sources[f"{layer}.{name}.{param}"] = (f"{layer}.{name}.{full}", where)
+    return gradients, sources
+
+
+def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, hidden: int = 16,
+              heads: int = 4, layers: int = 4, seed: int = 0, repeats: int = 1) -> dict:
+    """A 1F1B training step of tiny_gpt under the plan: this rank's gradients and the fastest of
+    `repeats` step times (gradients of the last)."""
+    sizes = [stage.size for stage in stages]
+    if dist.get_world_size() != sum(sizes):
+        raise ValueError(f"the plan's stages need {sum(sizes)} ranks; {dist.get_world_size()} are running")
+    offsets = np.cumsum([0, *sizes])
+    rank = dist.get_rank()
+    p = int(np.searchsorted(offsets, rank, side="right")) - 1
+    local, layout = rank - offsets[p], stages[p]
+    a, b = layout.mesh
+    groups: list = [None, None]
+    for q, stage in enumerate(stages):  # every rank creates every group, in the same order
+        rows, cols = stage.mesh
+        for axis, members in ((0, [[offsets[q] + i * cols + j for i in range(rows)] for j in range(cols)]),
+                              (1, [[offsets[q] + i * cols + j for j in range(cols)] for i in range(rows)])):
+            for group in members:
+                handle = dist.new_group(group)
+                if rank in group:
+                    groups[axis] = handle
+    stage = _Stage(layout, tiny_gpt(hidden, heads, layers, seed), groups)
+    inputs, targets = (t.chunk(microbatches) for t in gpt_batch(batch, hidden, seed))
+    schedule = build_schedule("1f1b", stages=len(stages), microbatches=microbatches)
+    seconds = []
+    for _ in range(repeats):
+        stage.zero_grad(set_to_none=True)
+        dist.barrier()
+        began = time.perf_counter()
+        _run_actions(schedule.actions[p], stage, inputs, targets, p, local, sizes, offsets,
+                     1.0 / (batch * TOKENS * hidden))
+        gradients, sources = _synchronised_gradients(stage, groups)
+        seconds.append(time.perf_counter() - began)
+    return {"coordinates": (p, local // b, local % b), "gradients": gradients, "sources": sources,
+            "seconds": min(seconds)}
+
+
+def local_cluster(devices: int, flops: float, alpha: float, beta: float, memory: float = 2**30) -> Cluster:
+    """This machine as the planner sees it: one node of `devices` ranks with measured speeds."""
+    return Cluster(1, devices, flops=flops, memory=memory, intra=(alpha, beta), inter=(alpha, beta))
