@@ -91,6 +91,38 @@ def _bench_command(options: argparse.Namespace) -> int:
     return 0
 
 
+MODELS = {"gpt": "gpt_graph", "moe": "moe_graph", "wide-resnet": "wide_resnet_graph", "mlp": "mlp_graph"}
+
+
+def _plan_command(options: argparse.Namespace) -> int:
+    """`edulib plan`: search a plan for a shared model on a cluster, print it, maybe draw it."""
+    from edulib.planner import graph as graphs
+    from edulib.planner.cluster import Cluster
+    from edulib.planner.inter import plan
+    from edulib.planner.report import describe
+
+    build = getattr(graphs, MODELS[options.model])
+    model = build(options.layers) if options.layers else build()
+    cluster = Cluster(options.nodes, options.devices, flops=options.tflops * 1e12,
+                      memory=options.memory_gib * 2**30, intra=(5e-6, 1 / (options.intra_gbps * 1e9)),
+                      inter=(20e-6, 1 / (options.inter_gbps * 1e9)))
+
+    def progress(phase: str, done: int, total: int) -> None:
+        bar = "#" * (20 * done // max(total, 1))
+        print(f"\r{phase}: [{bar:<20}] {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    found = plan(model, cluster, options.microbatches, progress=None if options.quiet else progress)
+    if not options.quiet:
+        print(file=sys.stderr)
+    print(describe(found, operators=options.operators))
+    if options.figure:
+        from edulib.viz.planner import plan_figure
+
+        plan_figure(found).savefig(options.figure, dpi=120)
+        print(f"figure: {options.figure}")
+    return 0
+
+
 def _grade_command(options: argparse.Namespace) -> int:
     """`edulib grade PATH`: grade a file or a folder of submissions; table and JSON report."""
     from pathlib import Path
@@ -128,6 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--max-mib", type=int, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)
+    planner = commands.add_parser("plan", help="search an Alpa plan for a model on a cluster")
+    planner.add_argument("--model", choices=list(MODELS), default="gpt")
+    planner.add_argument("--layers", type=int, default=None, help="layers (blocks) of the model")
+    planner.add_argument("--nodes", type=int, default=2)
+    planner.add_argument("--devices", type=int, default=8, help="devices per node")
+    planner.add_argument("--microbatches", type=int, default=16)
+    planner.add_argument("--tflops", type=float, default=100.0, help="achieved TFLOP/s per device")
+    planner.add_argument("--memory-gib", type=float, default=16.0, help="memory per device, GiB")
+    planner.add_argument("--intra-gbps", type=float, default=100.0, help="GB/s inside a node")
+    planner.add_argument("--inter-gbps", type=float, default=12.5, help="GB/s between nodes")
+    planner.add_argument("--operators", action="store_true", help="list every operator's strategy")
+    planner.add_argument("--figure", default=None, help="save a picture of the plan (PNG, SVG, PDF)")
+    planner.add_argument("--quiet", action="store_true", help="no progress bar")
+    planner.set_defaults(handler=_plan_command)
     grader = commands.add_parser("grade", help="grade exercise files (one file or a folder)")
     grader.add_argument("path", help="a submission such as lesson02_allreduce.py, or a folder")
     grader.add_argument("--report", default="grade-report.json", help="where to write the JSON")

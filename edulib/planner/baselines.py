@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from edulib.models import split
 from edulib.planner.cluster import Cluster
-from edulib.planner.graph import Graph
+from edulib.planner.graph import Graph, moe_graph
 from edulib.planner.inter import Plan, Stage, latency, plan
 from edulib.planner.intra import costs, evaluate
 
@@ -66,3 +66,18 @@ def best_manual(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
         raise ValueError(f"no (data, pipeline, tensor) grid fits {graph.name} on {cluster.nodes} x "
                          f"{cluster.devices} devices of {cluster.memory / 2**30:.1f} GiB")
     return min(found, key=lambda p: p.latency)
+
+
+def compare(graph: Graph, cluster: Cluster, microbatches: int = 16) -> dict[str, Plan]:
+    """The planner beside every baseline, in one cost model (the lecture's evaluation)."""
+    return {"intra-op only": intra_only(graph, cluster, microbatches),
+            "inter-op only": inter_only(graph, cluster, microbatches),
+            "best manual grid": best_manual(graph, cluster, microbatches),
+            "Alpa (both)": plan(graph, cluster, microbatches)}
+
+
+def moe_case() -> tuple[Graph, Cluster, int]:
+    """The lecture's MoE figure at 16 GPUs: 2 nodes of 8 V100-like devices (16 GiB, 60 TFLOP/s
+    achieved), 25 Gb/s between nodes; 16 layers, every other one 64 experts; 32 micro-batches."""
+    cluster = Cluster(2, 8, flops=60e12, inter=(20e-6, 1 / 3.125e9))
+    return moe_graph(16, hidden=512, experts=64), cluster, 32

@@ -29,7 +29,7 @@ from edulib.planner.graph import Graph
 from edulib.planner.intra import STATE, Costs, Sharding, costs, priced_optimum, solve, viterbi
 from edulib.table import format_bytes
 
-Progress = Callable[[int, int], None]  # (done, total)
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def cluster_operators(graph: Graph, count: int) -> list[tuple[int, int]]:
@@ -74,7 +74,8 @@ class StageTable:
 
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
                 submeshes: Sequence[tuple[int, int]], stages: int,
-                meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None) -> StageTable:
+                meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None,
+                progress: Progress | None = None) -> StageTable:
     """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s).
 
     One Viterbi sweep per logical mesh and first cluster k gives the least time of every range
@@ -86,10 +87,12 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     in_flight = np.minimum(np.arange(1, stages + 1), microbatches)
     shape = (stages, count, count, len(submeshes))
     best, which, least = np.full(shape, np.inf), np.zeros(shape, dtype=int), np.full(shape, np.inf)
-    tables, tried = {}, []
-    for m, submesh in enumerate(submeshes):
-        tried.append(meshes(submesh))
-        for j, mesh in enumerate(tried[-1]):
+    tables, tried = {}, [meshes(submesh) for submesh in submeshes]
+    total = sum(len(found) for found in tried)
+    for m in range(len(submeshes)):
+        for j, mesh in enumerate(tried[m]):
+            if progress:
+                progress("intra-op pass (logical meshes)", len(tables), total)
             full = tables[(m, j)] = costs(graph, mesh, microbatches)
             # fewest bytes of each operator, per number of micro-batches in flight, summed up
             fewest = np.array([[full.memory(v, f).min() for v in range(len(graph))] for f in in_flight])
@@ -170,7 +173,7 @@ def inter_op(table: StageTable, devices: int, microbatches: int,
             break  # every plan left has a stage slower than t_max
         tried += 1
         if progress:
-            progress(number + 1, len(candidates))
+            progress("inter-op pass (t_max values)", number + 1, len(candidates))
         masked = np.where(table.time <= t_max, table.time, np.inf)
         total = _program(masked, sizes, devices)[0][1:, 0, devices].min()
         if total + (microbatches - 1) * t_max < best:
@@ -265,7 +268,7 @@ def plan(graph: Graph, cluster: Cluster, microbatches: int = 16, clusters: int |
     ranges = cluster_operators(graph, clusters or len({op.layer for op in graph.operators}))
     submeshes = list(submeshes or cluster.submeshes())
     stages = min(stages or len(ranges), len(ranges), cluster.size)
-    table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages)
+    table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages, progress=progress)
     best, chosen, statistics = inter_op(table, cluster.size, microbatches, progress)
     if not chosen:
         need = smallest_memory(table, cluster.size)

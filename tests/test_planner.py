@@ -1,0 +1,248 @@
+"""The mini Alpa planner: ILP and programs against exhaustive search, closed forms, baselines,
+bad input, and plans executed on real gloo ranks against the unsplit model."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from edulib.hybrid import disagreements
+from edulib.launch import Pool
+from edulib.models import mlp, small_cnn
+from edulib.planner.baselines import (
+    best_manual,
+    compare,
+    grids,
+    inter_only,
+    intra_only,
+    manual_plan,
+    moe_case,
+)
+from edulib.planner.cluster import Cluster
+from edulib.planner.execute import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
+from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
+from edulib.planner.inter import exhaustive_inter_op, inter_op, plan, stage_table
+from edulib.planner.intra import chain_optimum, costs, exhaustive, ilp, least_memory, priced_optimum
+
+KINDS = ("matmul", "elementwise", "rowwise", "attention", "experts")
+
+
+def random_graph(rng: np.random.Generator, size: int, chain: bool) -> Graph:
+    """Operators of random kinds and sizes; a chain, or a DAG with skip edges."""
+    ops = []
+    for v in range(size):
+        kind = KINDS[rng.integers(len(KINDS))]
+        ops.append(Operator(f"op{v}", kind, float(rng.uniform(1e9, 1e12)),
+                            float(rng.uniform(0, 5e7)) if kind in ("matmul", "experts") else 0.0,
+                            float(rng.uniform(1e5, 5e7)), float(rng.uniform(1e5, 5e7)), v))
+    edges = {(v - 1, v) for v in range(1, size)}
+    if not chain:
+        edges |= {tuple(sorted(rng.choice(size, 2, replace=False))) for _ in range(size // 2)}
+    return Graph("random", tuple(ops), tuple(sorted(edges)))
+
+
+MESHES = [mesh for submesh in ((1, 4), (2, 2)) for mesh in Cluster(2, 2).logical_meshes(submesh)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
+    rng = np.random.default_rng(seed)
+    graph = random_graph(rng, int(rng.integers(2, 9)), chain=bool(seed % 2))
+    mesh = MESHES[seed % len(MESHES)]
+    table = costs(graph, mesh, microbatches=int(rng.integers(1, 5)))
+    if np.prod([len(o) for o in table.options]) > 200_000:
+        table = table.part(0, 4)
+    free = exhaustive(table)
+    assert ilp(table).time == pytest.approx(free.time, rel=1e-9)
+    tight = (least_memory(table, 2) + free.memory(2)) / 2  # between what fits and what is fastest
+    reference = exhaustive(table, tight, in_flight=2)
+    found = ilp(table, tight, in_flight=2)
+    assert found.time == pytest.approx(reference.time, rel=1e-9)
+    assert found.memory(2) <= tight
+    assert ilp(table, least_memory(table, 2) * 0.99, in_flight=2) is None  # nothing fits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed):
+    rng = np.random.default_rng(100 + seed)
+    table = costs(random_graph(rng, 6, chain=True), MESHES[seed % len(MESHES)])
+    assert chain_optimum(table).time == pytest.approx(exhaustive(table).time, rel=1e-9)
+    tight = (least_memory(table, 3) + chain_optimum(table).memory(3)) / 2
+    priced, exact = priced_optimum(table, tight, 3), ilp(table, tight, 3)
+    assert priced.memory(3) <= tight and priced.time >= exact.time - 1e-12
+
+
+def test_a_two_layer_mlp_that_wants_data_parallelism_costs_two_gradient_all_reduces():
+    # Alpa's own solver test: with a large batch the best plan is data parallel, and its only
+    # communication is the all-reduce of each weight's gradient: alpha + 2 beta (n - 1)/n bytes.
+    mesh = Cluster(1, 4).logical_meshes((1, 4))[-1]
+    assert mesh.shape == (4, 1)
+    graph = mlp_graph(layers=2, hidden=256, batch=65536)
+    best = ilp(costs(graph, mesh))
+    names = [costs(graph, mesh).options[v][s].name for v, s in enumerate(best.choice)]
+    assert names == ["b,-"] * 4
+    alpha, beta = mesh.links[0]
+    weight = 2 * 256 * 256
+    compute = sum(3 * op.flops / 4 / mesh.flops for op in graph.operators)
+    assert best.time - compute == pytest.approx(2 * (alpha + 2 * beta * 3 / 4 * weight), rel=1e-12)
+
+
+def test_a_two_layer_mlp_with_a_small_batch_wants_megatron():
+    # Few rows, wide weights: column-parallel then row-parallel, one all-reduce of the
+    # activations each way (forward after the row layer, backward before the column layer).
+    mesh = Cluster(1, 4).logical_meshes((1, 4))[-1]
+    graph = mlp_graph(layers=2, hidden=8192, batch=8)
+    table = costs(graph, mesh)
+    best = ilp(table)
+    assert [table.options[v][s].name for v, s in enumerate(best.choice)][:3] == ["o,-", "f,-", "i,-"]
+    alpha, beta = mesh.links[0]
+    activation = 2 * 8 * 8192
+    compute = sum(3 * op.flops / 4 / mesh.flops for op in graph.operators[:3])
+    first_layer = ilp(table.part(0, 2))
+    assert first_layer.time - compute == pytest.approx(2 * (alpha + 2 * beta * 3 / 4 * activation))
+
+
+@pytest.mark.parametrize("graph, cluster, microbatches", [
+    (mlp_graph(4, 512, 256), Cluster(1, 4), 4),
+    (mlp_graph(3, 1024, 64), Cluster(2, 2), 1),
+    (gpt_graph(3, 256, 4, 128, 2, vocab=0), Cluster(2, 2, memory=2**24), 8),
+    (wide_resnet_graph(4, 1, 64, 8), Cluster(1, 4, memory=2**25), 4),
+])
+def test_the_inter_op_program_equals_exhaustive_search(graph, cluster, microbatches):
+    ranges = [(v, v) for v in range(0, len(graph), 2)]
+    ranges = [(first, min(first + 1, len(graph) - 1)) for first, _ in ranges]
+    table = stage_table(graph, cluster, microbatches, ranges, cluster.submeshes(), len(ranges))
+    best, stages, statistics = inter_op(table, cluster.size, microbatches)
+    assert best == pytest.approx(exhaustive_inter_op(table, cluster.size, microbatches), rel=1e-12)
+    assert statistics["t_max tried"] <= statistics["t_max candidates"]
+
+
+def test_early_stopping_skips_most_t_max_values():
+    graph, cluster = gpt_graph(8, 1024, 16, 1024, 8), Cluster(2, 4)
+    found = plan(graph, cluster)
+    assert found.statistics["t_max tried"] < found.statistics["t_max candidates"] / 2
+
+
+@pytest.mark.parametrize("graph", [gpt_graph(8, 1024, 16, 1024, 8), moe_graph(4, 1024, 16, 1024, 8),
+                                   wide_resnet_graph(8), mlp_graph(8, 4096, 4096)],
+                         ids=lambda g: g.name)
+def test_the_planner_is_never_worse_than_any_baseline(graph):
+    cluster = Cluster(2, 4)
+    found = plan(graph, cluster)
+    for baseline in (intra_only(graph, cluster), inter_only(graph, cluster), best_manual(graph, cluster)):
+        assert found.latency <= baseline.latency * (1 + 1e-9)
+    assert sum(stage.mesh.size for stage in found.stages) == cluster.size
+    assert all(stage.memory <= cluster.memory for stage in found.stages)
+
+
+def test_the_lectures_moe_figure_keeps_its_ordering():
+    # Alpa's Figure 7b at 16 GPUs: intra-op only < inter-op only < combined.
+    found = {name: p.throughput for name, p in compare(*moe_case()).items()}
+    assert found["intra-op only"] < found["inter-op only"] < found["Alpa (both)"]
+    assert found["best manual grid"] <= found["Alpa (both)"]
+
+
+def test_a_manual_grid_is_a_uniform_megatron_split():
+    graph, cluster = gpt_graph(4, 1024, 16, 1024, 8, vocab=0), Cluster(1, 8)
+    grid = manual_plan(graph, cluster, dp=2, pp=2, tp=2)
+    assert [(s.first, s.last) for s in grid.stages] == [(0, 15), (16, 31)]  # 2 layers of 8 ops each
+    assert grid.stages[0].strategies[:4] == ("b,-", "b,o", "b,f", "b,i")  # ln, qkv, attention, proj
+    assert manual_plan(graph, cluster, dp=1, pp=8, tp=1) is None  # 8 stages, 4 layers
+
+
+def test_a_model_that_fits_nowhere_names_the_memory_that_would_fit():
+    graph = gpt_graph(4, 1024, 16, 1024, 8)
+    with pytest.raises(ValueError, match="smallest memory per device") as error:
+        plan(graph, Cluster(1, 4, memory=2**20))
+    need = float(re.search(r"\((\d+) B\)", str(error.value)).group(1))
+    assert plan(graph, Cluster(1, 4, memory=need + 1)).latency > 0  # and it does fit there
+    with pytest.raises(ValueError):
+        plan(graph, Cluster(1, 4, memory=need * 0.999))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: Cluster(0, 4), "whole number of nodes"),
+    (lambda: Cluster(2, 2.5), "whole number of devices"),
+    (lambda: Cluster(1, 4, memory=-1), "must be positive"),
+    (lambda: Graph("empty", (), ()), "no operators"),
+    (lambda: Operator("x", "conv", 1, 0, 1, 1, 0), "unknown operator kind"),
+    (lambda: plan(mlp_graph(2), Cluster(1, 2), microbatches=0), "microbatches"),
+])
+def test_bad_input_gets_a_clear_error(bad, message):
+    with pytest.raises(ValueError, match=message):
+        bad()
+
+
+@pytest.mark.parametrize("module, example", [(mlp(32, 3), torch.randn(8, 32)),
+                                             (small_cnn(), torch.randn(4, 3, 16, 16))])
+def test_a_traced_module_counts_the_flops_torch_counts(module, example):
+    graph = trace(module, example)
+    with FlopCounterMode(display=False) as counter:
+        module(example)
+    assert sum(op.flops for op in graph.operators if op.kind == "matmul") == counter.get_total_flops()
+    assert graph.param_bytes == 2 * sum(p.numel() for p in module.parameters())
+    assert plan(graph, Cluster(1, 2)).latency > 0
+
+
+def test_the_executors_graph_is_the_tiny_gpt():
+    graph = tiny_gpt_graph(batch=8, microbatches=2, hidden=16, layers=4)
+    from edulib.models import tiny_gpt
+
+    assert graph.param_bytes == 2 * sum(p.numel() for p in tiny_gpt(16, 4, 4).parameters())
+
+
+HAND_MADE = {
+    "data x tensor on 2 x 2": [StageLayout(0, 3, (2, 2), ((("b", "t"), ("b", "t")),) * 4)],
+    "two stages, mixed halves": [
+        StageLayout(0, 1, (2, 1), ((("b", "-"), ("t", "-")), (("-", "-"), ("b", "-")))),
+        StageLayout(2, 3, (1, 2), ((("-", "t"), ("-", "b")), (("-", "b"), ("-", "t"))))],
+    "stages of 1 and 3 ranks": [StageLayout(0, 0, (1, 1), ((("-", "-"), ("-", "-")),)),
+                                StageLayout(1, 3, (1, 3), ((("-", "-"), ("-", "-")),) * 3)],
+}
+MODEL = {"batch": 8, "hidden": 16, "heads": 4, "layers": 4, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    with Pool(4, backend="gloo", timeout=60) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("name", HAND_MADE)
+def test_hand_made_layouts_train_like_one_process(four_ranks, name):
+    reports = four_ranks.run(plan_step, HAND_MADE[name], 8, 2, 16, 4, 4, 0)
+    assert not disagreements(reports, **MODEL)
+
+
+@pytest.mark.parametrize("memory", [200e3, 80e3, 60e3])
+def test_the_planners_plan_runs_on_four_ranks_and_trains_like_one_process(four_ranks, memory):
+    # Less memory per device moves the plan from pipelined data parallelism to Megatron.
+    found = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=memory))
+    stages = layouts(found)
+    assert sum(stage.size for stage in stages) == 4
+    reports = four_ranks.run(plan_step, stages, 8, 2, 16, 4, 4, 0)
+    assert not disagreements(reports, **MODEL)
+    assert disagreements(four_ranks.run(plan_step, stages, 8, 2, 16, 4, 4, 1), **MODEL)  # seed 1 differs
+
+
+def test_a_plan_the_executor_cannot_run_is_refused_by_name():
+    found = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9))
+    stage = found.stages[0]
+    odd = stage.__class__(stage.first, stage.last, stage.submesh, stage.mesh,
+                          ("o,-", "-,-", *stage.strategies[2:]), stage.time, stage.memory)
+    with pytest.raises(ValueError, match="layer 0, attention: loops"):
+        layouts(found.__class__(found.graph, found.cluster, found.microbatches, (odd, *found.stages[1:]),
+                                found.latency, 0.0))
+
+
+def test_every_grid_tiles_the_cluster():
+    cluster = Cluster(2, 4)
+    for dp, pp, tp in grids(cluster):
+        assert dp * pp * tp == cluster.size and cluster.devices % tp == 0
+    assert sorted(itertools.chain(*Cluster(2, 8).submeshes())) == sorted(
+        itertools.chain((1, 1), (1, 2), (1, 4), (1, 8), (2, 8)))
