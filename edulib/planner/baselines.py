@@ -17,6 +17,10 @@ def intra_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
 
 def inter_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
     """A pipeline with one device per stage: no operator is split (Alpa's "inter-op only")."""
+    layers = len({op.layer for op in graph.operators})
+    if layers < cluster.size:
+        raise ValueError(f"inter-op only puts one stage on each of the {cluster.size} devices, so it needs "
+                         f"at least that many layers; {graph.name} has {layers}")
     return plan(graph, cluster, microbatches, submeshes=[(1, 1)])
 
 

@@ -94,7 +94,7 @@ def chain(name: str, operators: list[Operator]) -> Graph:
 
 
 def _linear(name: str, tokens: int, fan_in: int, fan_out: int, layer: int, manual: str) -> Operator:
-    return Operator(name, "matmul", 2.0 * tokens * fan_in * fan_out, BYTES * fan_in * fan_out,
+    return Operator(name, "matmul", 2.0 * tokens * fan_in * fan_out, BYTES * (fan_in + 1) * fan_out,
                     BYTES * tokens * fan_in, BYTES * tokens * fan_out, layer, manual)
 
 
