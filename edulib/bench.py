@@ -64,16 +64,6 @@ def bench_launch(world_size: int = 4, repeats: int = 3, calls: int = 50) -> str:
             + format_table(["what", "median time", "ratio to baseline"], rows))
 
 
-def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
-    """Least-squares latency alpha (s) and seconds per byte beta from message times by size."""
-    import numpy as np
-
-    sizes = np.array(list(times_by_size), dtype=float)
-    times = np.array(list(times_by_size.values()))
-    beta, alpha = np.polyfit(sizes, times, 1)
-    return max(float(alpha), 0.0), float(beta)
-
-
 def _median_slowest(per_rank: list[dict], name: str, nbytes: int) -> float:
     """The median over repeats of the slowest rank's time: how long the collective took."""
     repeats = zip(*(times[name, nbytes] for times in per_rank), strict=True)
@@ -84,6 +74,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                     repeats: int = 12, backend: str = "gloo") -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and alpha-beta predictions."""
     from edulib.comm import ALGORITHMS, build_schedule, cost
+    from edulib.comm.cost import fit_alpha_beta
     from edulib.comm.workers import ping_pong, time_allreduce
 
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]

@@ -22,6 +22,8 @@ from edulib.hybrid import disagreements as hybrid_disagreements
 from edulib.hybrid import hybrid_step
 from edulib.launch import Pool, resolve_backend
 from edulib.models import reference_gradients
+from edulib.planner.execute import layouts, local_cluster, plan_step, tiny_gpt_graph
+from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
@@ -159,6 +161,20 @@ def _check_hybrid(pool: Pool) -> str:
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
+def _check_planner(pool: Pool) -> str:
+    """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
+    ranks = pool.world_size
+    if ranks & (ranks - 1):
+        return f"skipped: the tiny GPT (4 heads, 4 rows per micro-batch) splits over 1, 2, 4 or 8 ranks, not {ranks}"
+    cluster = local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=320e3 / ranks)
+    stages = layouts(plan(tiny_gpt_graph(), cluster))
+    problems = hybrid_disagreements(pool.run(plan_step, stages), batch=8, hidden=16, heads=4, layers=4,
+                                    seed=0)
+    assert not problems, problems[0]
+    meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
+    return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -175,6 +191,7 @@ STEPS: list[Step] = [
            _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
     Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
     Step("hybrid: data x pipeline x tensor", "unsplit model's gradients", _check_hybrid),
+    Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
 ]
 
 

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from edulib.checks import check_choice
 from edulib.comm.algorithms import ALGORITHMS
 from edulib.comm.schedule import Schedule, chunk_bounds
@@ -104,3 +106,11 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     return Cost(2 * steps + fold_rounds, 2 * (p - 1) * m / p + (m if rem else 0),
                 2 * (p - 1) * m + 2 * rem * m,
                 2 * steps * alpha + 2 * beta * m * (p - 1) / p + fold_time)
+
+
+def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
+    """Least-squares latency alpha (s) and seconds per byte beta from message times by size."""
+    sizes = np.array(list(times_by_size), dtype=float)
+    times = np.array(list(times_by_size.values()))
+    beta, alpha = np.polyfit(sizes, times, 1)
+    return max(float(alpha), 0.0), float(beta)

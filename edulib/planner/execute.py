@@ -21,11 +21,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edulib.hybrid import TOKENS, gpt_batch
+from edulib.comm.cost import fit_alpha_beta
+from edulib.comm.workers import ping_pong
+from edulib.hybrid import TOKENS, disagreements, gpt_batch
+from edulib.launch import Pool
 from edulib.models import tiny_gpt
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, gpt_graph
-from edulib.planner.inter import Plan
+from edulib.planner.inter import Plan, plan
 from edulib.pp import build_schedule
 from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
 from edulib.tp.ops import gather, split
@@ -215,3 +218,32 @@ def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, 
 def local_cluster(devices: int, flops: float, alpha: float, beta: float, memory: float = 2**30) -> Cluster:
     """This machine as the planner sees it: one node of `devices` ranks with measured speeds."""
     return Cluster(1, devices, flops=flops, memory=memory, intra=(alpha, beta), inter=(alpha, beta))
+
+
+def unsplit_seconds(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
+                    layers: int = 4, repeats: int = 20) -> float:
+    """Fastest forward and backward of one micro-batch through the whole tiny GPT, here."""
+    model = tiny_gpt(hidden, heads, layers)
+    x, y = (t.chunk(microbatches)[0] for t in gpt_batch(batch, hidden))
+    samples = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        nn.functional.mse_loss(model(x), y).backward()
+        samples.append(time.perf_counter() - began)
+    return min(samples)
+
+
+def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microbatches: int = 2,
+                               hidden: int = 16, heads: int = 4, layers: int = 4) -> dict:
+    """Plan the tiny GPT for the pool's ranks with speeds measured here (FLOP/s from the unsplit
+    model, alpha and beta from ranks swapping messages), run the plan, and compare."""
+    graph = tiny_gpt_graph(batch, microbatches, hidden, heads, layers)
+    flops = 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
+    sizes = [2**k for k in range(8, 17, 2)]
+    alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
+    found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
+    reports = pool.run(plan_step, layouts(found), batch, microbatches, hidden, heads, layers, 0, 5)
+    model = {"batch": batch, "hidden": hidden, "heads": heads, "layers": layers, "seed": 0}
+    return {"plan": found, "problems": disagreements(reports, **model),
+            "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
+            "flops": flops, "alpha": alpha, "beta": beta}
