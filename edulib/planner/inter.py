@@ -162,29 +162,36 @@ def latency(times: Sequence[float], microbatches: int) -> float:
     return float(sum(times) + (microbatches - 1) * max(times))
 
 
+def latency_table(table: StageTable, t_max: float, devices: int,
+                  trace: bool = False) -> tuple[np.ndarray, list]:
+    """F(s, k, d; t_max) for every s, k, d: the least total latency of clusters k.. as s stages on
+    d devices with no stage slower than t_max (inf where impossible), and the choices behind it."""
+    sizes = [n * m for n, m in table.submeshes]
+    return _program(np.where(table.time <= t_max, table.time, np.inf), sizes, devices, trace=trace)
+
+
 def inter_op(table: StageTable, devices: int, microbatches: int,
              progress: Progress | None = None) -> tuple[float, list[tuple], dict]:
-    """Alpa's program with t_max enumeration and early stopping: (latency, stages, statistics)."""
-    sizes = [n * m for n, m in table.submeshes]
+    """Alpa's program with t_max enumeration and early stopping: (latency, stages, statistics);
+    statistics["walk"] lists each t_max tried with the latency it allowed."""
     candidates = np.unique(table.time[np.isfinite(table.time)])
-    best, best_tmax, tried = np.inf, None, 0
+    best, best_tmax, walk = np.inf, None, []
     for number, t_max in enumerate(candidates):
         if microbatches * t_max >= best:
             break  # every plan left has a stage slower than t_max
-        tried += 1
         if progress:
             progress("inter-op pass (t_max values)", number + 1, len(candidates))
-        masked = np.where(table.time <= t_max, table.time, np.inf)
-        total = _program(masked, sizes, devices)[0][1:, 0, devices].min()
-        if total + (microbatches - 1) * t_max < best:
-            best, best_tmax = total + (microbatches - 1) * t_max, t_max
+        total = latency_table(table, t_max, devices)[0][1:, 0, devices].min()
+        walk.append((float(t_max), float(total + (microbatches - 1) * t_max)))
+        if walk[-1][1] < best:
+            best, best_tmax = walk[-1][1], t_max
+    statistics = {"t_max tried": len(walk), "t_max candidates": len(candidates), "walk": walk}
     if best_tmax is None:
-        return np.inf, [], {"t_max tried": tried, "t_max candidates": len(candidates)}
-    masked = np.where(table.time <= best_tmax, table.time, np.inf)
-    program, choices = _program(masked, sizes, devices, trace=True)
-    stages = _stages(program, choices, sizes, devices)
+        return np.inf, [], statistics
+    program, choices = latency_table(table, best_tmax, devices, trace=True)
+    stages = _stages(program, choices, [n * m for n, m in table.submeshes], devices)
     times = [table.time[s - 1, k, i, m] for s, k, i, m in stages]
-    return latency(times, microbatches), stages, {"t_max tried": tried, "t_max candidates": len(candidates)}
+    return latency(times, microbatches), stages, statistics
 
 
 def smallest_memory(table: StageTable, devices: int) -> float:
