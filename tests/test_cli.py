@@ -89,3 +89,22 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
     assert {row[2] for row in rows} == {"builtin", *ALGORITHMS}
     for row in rows:  # busbw = algbw x 2(n-1)/n, which is 1 for two ranks
         assert row[4] == row[5]
+
+
+def test_plan_prints_the_plan_and_saves_its_figure(tmp_path, capsys):
+    figure = tmp_path / "plan.png"
+    assert main(["plan", "--model", "mlp", "--layers", "4", "--nodes", "1", "--devices", "4",
+                 "--figure", str(figure), "--operators"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"predicted iteration time: [\d.]+ ms", captured.out)
+    assert re.search(r"^fc0\s+\d+\s+\S+,\S+$", captured.out, re.M)  # every operator's strategy
+    assert "inter-op pass (t_max values): [" in captured.err  # the progress bar
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_on_an_impossible_cluster_is_a_clear_error(capsys):
+    assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "0", "--quiet"]) == 1
+    assert "a cluster needs a whole number of nodes, 1 or more; got 0" in capsys.readouterr().err
+    assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "1", "--devices", "2",
+                 "--memory-gib", "0.001", "--quiet"]) == 1
+    assert "the smallest memory per device that fits is" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.hybrid import disagreements
+from edulib.launch import Pool
 from edulib.models import mlp, small_cnn
 from edulib.planner.baselines import (
     best_manual,
@@ -26,7 +27,15 @@ from edulib.planner.cluster import Cluster
 from edulib.planner.execute import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
 from edulib.planner.inter import exhaustive_inter_op, inter_op, plan, stage_table
-from edulib.planner.intra import chain_optimum, costs, exhaustive, ilp, least_memory, priced_optimum
+from edulib.planner.intra import (
+    chain_optimum,
+    costs,
+    exhaustive,
+    ilp,
+    least_memory,
+    priced_optimum,
+    strategies,
+)
 
 KINDS = ("matmul", "elementwise", "rowwise", "attention", "experts")
 
@@ -156,14 +165,16 @@ def test_a_manual_grid_is_a_uniform_megatron_split():
     assert manual_plan(graph, cluster, dp=1, pp=8, tp=1) is None  # 8 stages, 4 layers
 
 
-def test_a_model_that_fits_nowhere_names_the_memory_that_would_fit():
+@pytest.mark.parametrize("microbatches", [16, 2])
+def test_a_model_that_fits_nowhere_names_the_memory_that_would_fit(microbatches):
     graph = gpt_graph(4, 1024, 16, 1024, 8)
     with pytest.raises(ValueError, match="smallest memory per device") as error:
-        plan(graph, Cluster(1, 4, memory=2**20))
+        plan(graph, Cluster(1, 4, memory=2**20), microbatches)
     need = float(re.search(r"\((\d+) B\)", str(error.value)).group(1))
-    assert plan(graph, Cluster(1, 4, memory=need + 1)).latency > 0  # and it does fit there
+    found = plan(graph, Cluster(1, 4, memory=need + 1), microbatches)  # and it does fit there
+    assert all(stage.memory <= need + 1 for stage in found.stages)
     with pytest.raises(ValueError):
-        plan(graph, Cluster(1, 4, memory=need * 0.999))
+        plan(graph, Cluster(1, 4, memory=need * 0.999), microbatches)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -188,6 +199,24 @@ def test_a_traced_module_counts_the_flops_torch_counts(module, example):
     assert sum(op.flops for op in graph.operators if op.kind == "matmul") == counter.get_total_flops()
     assert graph.param_bytes == 2 * sum(p.numel() for p in module.parameters())
     assert plan(graph, Cluster(1, 2)).latency > 0
+
+
+def test_no_strategy_splits_a_loop_unevenly():
+    # The tiny GPT has 4 rows a micro-batch, 4 heads and 16 features: none splits 3 ways, so on
+    # three devices its QKV projection can only be replicated, while 2 x 2 allows every split.
+    qkv = tiny_gpt_graph().operators[0]
+    three = Cluster(1, 3).logical_meshes((1, 3))
+    assert {s.name for mesh in three for s in strategies(qkv, mesh)} == {"-,-"}
+    two_by_two = Cluster(2, 2).logical_meshes((2, 2))[1]
+    assert two_by_two.shape == (2, 2)
+    assert {s.name for s in strategies(qkv, two_by_two)} == {
+        f"{a},{b}" for a in "boi-" for b in "boi-"}
+
+
+def test_a_plan_for_three_ranks_runs_and_trains_like_one_process():
+    found = plan(tiny_gpt_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=100e3))
+    with Pool(3, backend="gloo", timeout=60) as pool:
+        assert not disagreements(pool.run(plan_step, layouts(found)), **MODEL)
 
 
 def test_the_executors_graph_is_the_tiny_gpt():

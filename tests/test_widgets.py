@@ -128,3 +128,23 @@ def test_the_overlap_figure_draws_every_bucket_from_timestamps():
                 "reduces": {0: [10.15, 10.25], 1: [10.3, 10.4]}}
     axes = overlap_figure(timeline, "t").axes[0]
     assert len(axes.collections) == 1 + 1 + 2  # backward span, ready ticks, two buckets
+
+
+def test_the_plan_explorer_falls_back_to_the_plan_it_describes():
+    from edulib.widgets import plan_explorer
+    from edulib.widgets.planner import describe_case, plan_case
+
+    figure = plan_explorer(static=True)
+    case = {"nodes": 2, "devices": "4", "intra_gbps": 100, "inter_gbps": 10, "memory_gib": 16}
+    found = plan_case(**case)
+    assert figure.axes[0].get_title().startswith(f"gpt-8: {len(found.stages)} stages")
+    assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_case(**case)
+    # a cluster too small for the model says so instead of drawing
+    assert "smallest memory per device" in describe_case(**{**case, "memory_gib": 0.01})
+
+
+def test_less_bandwidth_between_nodes_never_speeds_a_plan_up():
+    from edulib.widgets.planner import plan_case
+
+    fast, slow = (plan_case(2, "4", 100, gbps, 16) for gbps in (100, 0.1))
+    assert slow.latency >= fast.latency

@@ -37,7 +37,7 @@ def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
                 microbatches: int = 16) -> Plan | None:
     """A hand-made grid: pp stages of evenly many layers, each on a (dp, tp) mesh, every operator
     split the Megatron way (the batch over dp, its tensor-parallel loop over tp); None if it
-    does not fit in memory or has more stages than layers."""
+    does not fit in memory, has more stages than layers, or splits a loop unevenly."""
     layers = sorted({op.layer for op in graph.operators})
     if dp * pp * tp != cluster.size or pp > len(layers):
         return None
@@ -51,8 +51,10 @@ def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
         first, last = members[0], members[-1]
         loops = [("b" if dp > 1 else "-", op.manual if tp > 1 else "-")
                  for op in graph.operators[first:last + 1]]
-        choice = tuple([s.loops for s in table.options[v]].index(want)
-                       for v, want in enumerate(loops, start=first))
+        available = [[s.loops for s in table.options[v]] for v in range(first, last + 1)]
+        if any(want not in found for want, found in zip(loops, available, strict=True)):
+            return None  # a split that does not divide the operator evenly
+        choice = tuple(found.index(want) for want, found in zip(loops, available, strict=True))
         sharding = evaluate(table.part(first, last), choice)
         memory = sharding.memory(min(pp - p, microbatches))
         if memory > cluster.memory:

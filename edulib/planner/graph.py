@@ -36,11 +36,16 @@ class Operator:
     output_bytes: float
     layer: int
     manual: str = "-"  # the loop a hand-made tensor-parallel layout splits (Megatron's recipe)
+    extents: tuple[tuple[str, int], ...] = ()  # (loop, length): a split must divide it evenly
 
     @property
-    def shape(self) -> tuple[str, float, float, float, float]:
+    def shape(self) -> tuple:
         """What its costs depend on: operators of the same shape cost the same on any mesh."""
-        return (self.kind, self.flops, self.param_bytes, self.input_bytes, self.output_bytes)
+        return (self.kind, self.flops, self.param_bytes, self.input_bytes, self.output_bytes, self.extents)
+
+    def divides(self, loop: str, parts: int) -> bool:
+        """Whether `loop` splits evenly into `parts` (loops of unknown length always do)."""
+        return dict(self.extents).get(loop, parts) % parts == 0
 
     def __post_init__(self) -> None:
         if self.kind not in LOOPS:
@@ -93,15 +98,20 @@ def chain(name: str, operators: list[Operator]) -> Graph:
     return Graph(name, tuple(operators), tuple((v - 1, v) for v in range(1, len(operators))))
 
 
-def _linear(name: str, tokens: int, fan_in: int, fan_out: int, layer: int, manual: str) -> Operator:
+def _linear(name: str, tokens: int, fan_in: int, fan_out: int, layer: int, manual: str, rows: int,
+            outs: int | None = None, ins: int | None = None) -> Operator:
+    """A Linear on `tokens` vectors; `rows` is what the batch loop splits (sequences), `outs` and
+    `ins` what the output and input loops split (features, or heads for attention)."""
     return Operator(name, "matmul", 2.0 * tokens * fan_in * fan_out, BYTES * (fan_in + 1) * fan_out,
-                    BYTES * tokens * fan_in, BYTES * tokens * fan_out, layer, manual)
+                    BYTES * tokens * fan_in, BYTES * tokens * fan_out, layer, manual,
+                    (("b", rows), ("o", outs or fan_out), ("i", ins or fan_in)))
 
 
-def _pointwise(name: str, kind: str, tokens: int, width: int, layer: int, manual: str,
+def _pointwise(name: str, kind: str, tokens: int, width: int, layer: int, manual: str, rows: int,
                params: int = 0) -> Operator:
     size = BYTES * tokens * width
-    return Operator(name, kind, 4.0 * tokens * width, BYTES * params, size, size, layer, manual)
+    return Operator(name, kind, 4.0 * tokens * width, BYTES * params, size, size, layer, manual,
+                    (("b", rows), ("f", width)))
 
 
 def mlp_graph(layers: int = 2, hidden: int = 1024, batch: int = 1024) -> Graph:
@@ -109,25 +119,32 @@ def mlp_graph(layers: int = 2, hidden: int = 1024, batch: int = 1024) -> Graph:
     ops = []
     for layer in range(layers):
         column = layer % 2 == 0  # Megatron pairs a column-split layer with a row-split one
-        ops.append(_linear(f"fc{layer}", batch, hidden, hidden, layer, "o" if column else "i"))
-        ops.append(_pointwise(f"relu{layer}", "elementwise", batch, hidden, layer, "f" if column else "-"))
+        ops.append(_linear(f"fc{layer}", batch, hidden, hidden, layer, "o" if column else "i", batch))
+        ops.append(_pointwise(f"relu{layer}", "elementwise", batch, hidden, layer, "f" if column else "-",
+                              batch))
     return chain(f"mlp-{layers}", ops)
 
 
-def _attention_ops(prefix: str, tokens: int, seq: int, hidden: int, layer: int,
+def _attention_ops(prefix: str, batch: int, seq: int, hidden: int, heads: int, layer: int,
                    norm: bool) -> list[Operator]:
-    ops = [_pointwise(f"{prefix}ln1", "rowwise", tokens, hidden, layer, "-", 2 * hidden)] if norm else []
-    core = Operator(f"{prefix}attention", "attention", 4.0 * tokens * seq * hidden,
-                    0, BYTES * tokens * 3 * hidden, BYTES * tokens * hidden, layer, "f")
-    return ops + [_linear(f"{prefix}qkv", tokens, hidden, 3 * hidden, layer, "o"), core,
-                  _linear(f"{prefix}proj", tokens, hidden, hidden, layer, "i")]
+    """QKV (split by heads), attention per head, the output projection (its input split by heads)."""
+    tokens = batch * seq
+    norm_op = _pointwise(f"{prefix}ln1", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden)
+    ops = [norm_op] if norm else []
+    core = Operator(f"{prefix}attention", "attention", 4.0 * tokens * seq * hidden, 0,
+                    BYTES * tokens * 3 * hidden, BYTES * tokens * hidden, layer, "f",
+                    (("b", batch), ("f", heads)))
+    return ops + [_linear(f"{prefix}qkv", tokens, hidden, 3 * hidden, layer, "o", batch, outs=heads), core,
+                  _linear(f"{prefix}proj", tokens, hidden, hidden, layer, "i", batch, ins=heads)]
 
 
-def _mlp_ops(prefix: str, tokens: int, hidden: int, layer: int, norm: bool) -> list[Operator]:
-    ops = [_pointwise(f"{prefix}ln2", "rowwise", tokens, hidden, layer, "-", 2 * hidden)] if norm else []
-    return ops + [_linear(f"{prefix}fc1", tokens, hidden, 4 * hidden, layer, "o"),
-                  _pointwise(f"{prefix}gelu", "elementwise", tokens, 4 * hidden, layer, "f"),
-                  _linear(f"{prefix}fc2", tokens, 4 * hidden, hidden, layer, "i")]
+def _mlp_ops(prefix: str, batch: int, seq: int, hidden: int, layer: int, norm: bool) -> list[Operator]:
+    tokens = batch * seq
+    norm_op = _pointwise(f"{prefix}ln2", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden)
+    ops = [norm_op] if norm else []
+    return ops + [_linear(f"{prefix}fc1", tokens, hidden, 4 * hidden, layer, "o", batch),
+                  _pointwise(f"{prefix}gelu", "elementwise", tokens, 4 * hidden, layer, "f", batch),
+                  _linear(f"{prefix}fc2", tokens, 4 * hidden, hidden, layer, "i", batch)]
 
 
 def gpt_graph(layers: int = 24, hidden: int = 1024, heads: int = 16, seq: int = 1024,
@@ -141,29 +158,29 @@ def gpt_graph(layers: int = 24, hidden: int = 1024, heads: int = 16, seq: int = 
     tokens = batch * seq
     ops = []
     for layer in range(layers):
-        ops += _attention_ops(f"{layer}.", tokens, seq, hidden, layer, norm)
-        ops += _mlp_ops(f"{layer}.", tokens, hidden, layer, norm)
+        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, norm)
+        ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, norm)
     if vocab:
-        ops.append(_linear("head", tokens, hidden, vocab, layers, "o"))
-        ops.append(_pointwise("loss", "rowwise", tokens, vocab, layers, "-"))
+        ops.append(_linear("head", tokens, hidden, vocab, layers, "o", batch))
+        ops.append(_pointwise("loss", "rowwise", tokens, vocab, layers, "-", batch))
     return chain(f"gpt-{layers}", ops)
 
 
 def moe_graph(layers: int = 16, hidden: int = 1024, experts: int = 16, seq: int = 1024,
-              batch: int = 8, top: int = 2) -> Graph:
+              batch: int = 8, top: int = 2, heads: int = 16) -> Graph:
     """A GShard-like stack: every other layer's MLP is `experts` experts, each token sent to `top`."""
     tokens = batch * seq
     ops = []
     for layer in range(layers):
-        ops += _attention_ops(f"{layer}.", tokens, seq, hidden, layer, True)
+        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, True)
         if layer % 2 == 0:
-            ops += _mlp_ops(f"{layer}.", tokens, hidden, layer, True)
+            ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, True)
             continue
-        ops.append(_pointwise(f"{layer}.ln2", "rowwise", tokens, hidden, layer, "-", 2 * hidden))
-        ops.append(_linear(f"{layer}.gate", tokens, hidden, experts, layer, "-"))
+        ops.append(_pointwise(f"{layer}.ln2", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden))
+        ops.append(_linear(f"{layer}.gate", tokens, hidden, experts, layer, "-", batch))
         ops.append(Operator(f"{layer}.experts", "experts", top * 2 * 2.0 * tokens * hidden * 4 * hidden,
                             BYTES * experts * 2 * hidden * 4 * hidden, BYTES * tokens * hidden,
-                            BYTES * tokens * hidden, layer, "e"))
+                            BYTES * tokens * hidden, layer, "e", (("b", batch), ("e", experts))))
     return chain(f"moe-{layers}", ops)
 
 
@@ -178,10 +195,11 @@ def wide_resnet_graph(blocks: int = 16, width: int = 2, image: int = 224, batch:
         positions = batch * size * size
         ops.append(Operator(f"conv{block}", "matmul", 2.0 * positions * 9 * channels * fan_out,
                             BYTES * 9 * channels * fan_out, BYTES * positions * channels * (4 if grow else 1),
-                            BYTES * positions * fan_out, block, "-"))
-        ops.append(_pointwise(f"relu{block}", "elementwise", positions, fan_out, block, "-"))
+                            BYTES * positions * fan_out, block, "-",
+                            (("b", batch), ("o", fan_out), ("i", channels))))
+        ops.append(_pointwise(f"relu{block}", "elementwise", positions, fan_out, block, "-", batch))
         channels = fan_out
-    ops.append(_linear("fc", batch, channels, 1000, blocks, "o"))
+    ops.append(_linear("fc", batch, channels, 1000, blocks, "o", batch))
     return chain(f"wide-resnet-{blocks}", ops)
 
 
@@ -204,15 +222,20 @@ def trace(module: nn.Module, example: torch.Tensor, name: str | None = None) -> 
         size = first.meta["tensor_meta"].shape.numel() * BYTES if first is not None else out
         target = traced.get_submodule(node.target) if node.op == "call_module" else None
         params = sum(p.numel() for p in target.parameters()) * BYTES if target is not None else 0
+        rows = (("b", int(meta.shape[0])),) if len(meta.shape) else ()  # the batch: dimension 0
         if isinstance(target, (nn.Linear, nn.Conv2d)):
             weight = target.weight.numel()
-            windows = out // BYTES // target.weight.shape[0]  # output positions per output channel
+            fan_out, fan_in = target.weight.shape[:2]
+            windows = out // BYTES // fan_out  # output positions per output channel
             layer += 1
-            op = Operator(node.name, "matmul", 2.0 * windows * weight, params, size, out, layer, "o")
+            op = Operator(node.name, "matmul", 2.0 * windows * weight, params, size, out, layer, "o",
+                          (*rows, ("o", fan_out), ("i", fan_in)))
         elif isinstance(target, (nn.LayerNorm, nn.BatchNorm2d, nn.Softmax)):
-            op = Operator(node.name, "rowwise", 4.0 * out / BYTES, params, size, out, max(layer, 0))
+            op = Operator(node.name, "rowwise", 4.0 * out / BYTES, params, size, out, max(layer, 0), "-",
+                          rows)
         else:
-            op = Operator(node.name, "elementwise", 1.0 * out / BYTES, params, size, out, max(layer, 0))
+            op = Operator(node.name, "elementwise", 1.0 * out / BYTES, params, size, out, max(layer, 0), "-",
+                          rows)
         index[node] = len(ops)
         edges += [(index[arg], len(ops)) for arg in inputs]
         ops.append(op)

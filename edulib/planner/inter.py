@@ -65,11 +65,12 @@ class StageTable:
     least: np.ndarray  # fewest bytes per device any strategy choice needs, same shape
     tables: dict[tuple[int, int], Costs] = field(repr=False)  # (submesh, logical mesh) -> costs
 
-    def sharding(self, s: int, k: int, i: int, m: int, memory: float) -> tuple[Mesh, Sharding]:
-        """Re-solve one stage: its logical mesh and strategies."""
+    def sharding(self, s: int, k: int, i: int, m: int, memory: float,
+                 in_flight: int) -> tuple[Mesh, Sharding]:
+        """Re-solve one stage exactly (the ILP where memory binds): its logical mesh and strategies."""
         j = int(self.mesh[s - 1, k, i, m])
         table = self.tables[(m, j)].part(self.ranges[k][0], self.ranges[i][1])
-        return self.meshes[m][j], solve(table, memory, s)
+        return self.meshes[m][j], solve(table, memory, in_flight)
 
 
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
@@ -253,7 +254,7 @@ def build_plan(graph: Graph, cluster: Cluster, microbatches: int, table: StageTa
     """Turn the program's stage choices into a Plan, re-solving each stage for its strategies."""
     found = []
     for s, k, i, m in stages:
-        mesh, sharding = table.sharding(s, k, i, m, cluster.memory)
+        mesh, sharding = table.sharding(s, k, i, m, cluster.memory, min(s, microbatches))
         first, last = table.ranges[k][0], table.ranges[i][1]
         j = table.meshes[m].index(mesh)
         options = table.tables[(m, j)].options

@@ -63,6 +63,10 @@ def strategies(op: Operator, mesh: Mesh, microbatches: int = 1) -> list[Strategy
     choices = [(*LOOPS[op.kind], "-") if n > 1 else ("-",) for n in mesh.shape]
     found = []
     for loops in itertools.product(*choices):
+        parts = {loop: int(np.prod([n for n, other in zip(mesh.shape, loops, strict=True) if other == loop]))
+                 for loop in loops if loop != "-"}
+        if not all(op.divides(loop, count) for loop, count in parts.items()):
+            continue  # the loop does not split evenly over these devices
         inp = tuple(INPUT[loop] for loop in loops)
         out = tuple(OUTPUT[loop] for loop in loops)
         split = [n for n, loop in zip(mesh.shape, loops, strict=True) if loop != "-"]
