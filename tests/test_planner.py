@@ -219,6 +219,29 @@ def test_a_plan_for_three_ranks_runs_and_trains_like_one_process():
         assert not disagreements(pool.run(plan_step, layouts(found)), **MODEL)
 
 
+class _Residual(torch.nn.Module):
+    """x + fc2(relu(fc1(x))): a graph with a skip edge, not a chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_traced_graph_with_a_skip_edge_is_planned_with_the_ilp():
+    graph = trace(torch.nn.Sequential(_Residual(), _Residual()), torch.randn(32, 64))
+    assert not graph.is_chain
+    cluster = Cluster(1, 2)
+    found = plan(graph, cluster, microbatches=4)
+    one_stage = plan(graph, cluster, microbatches=4, stages=1, submeshes=[(1, 2)])
+    mesh = one_stage.stages[0].mesh
+    # one stage on both devices is exactly the ILP on the whole graph, checked by exhaustive search
+    assert one_stage.stages[0].time == pytest.approx(exhaustive(costs(graph, mesh, 4)).time, rel=1e-9)
+    assert found.latency <= one_stage.latency * (1 + 1e-9)
+
+
 def test_the_executors_graph_is_the_tiny_gpt():
     graph = tiny_gpt_graph(batch=8, microbatches=2, hidden=16, layers=4)
     from edulib.models import tiny_gpt

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
-from edulib.planner.intra import STATE, Costs, Sharding, costs, priced_optimum, solve, viterbi
+from edulib.planner.intra import Costs, Sharding, costs, ilp, priced_optimum, solve, viterbi
 from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -73,15 +73,29 @@ class StageTable:
         return self.meshes[m][j], solve(table, memory, in_flight)
 
 
+def _fastest_stages(table: Costs, first: int, ends: dict[int, int]) -> Iterator[tuple[int, Sharding]]:
+    """The least-time choice for operators first..v, for every cluster end v after `first`,
+    memory aside: one Viterbi sweep on a chain, the ILP once per end on any other graph."""
+    if not table.graph.is_chain:
+        for v in sorted(e for e in ends if e >= first):
+            yield v, ilp(table.part(first, v))
+        return
+    for v, cost, weight, activation, _ in viterbi(table, first):
+        if v in ends:
+            c = int(np.argmin(cost))
+            yield v, Sharding((), float(cost[c]), float(weight[c]), float(activation[c]))  # choice unused
+
+
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
                 submeshes: Sequence[tuple[int, int]], stages: int,
                 meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None,
                 progress: Progress | None = None) -> StageTable:
     """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s).
 
-    One Viterbi sweep per logical mesh and first cluster k gives the least time of every range
-    k..i at once; where that choice overflows memory (1F1B keeps s micro-batches), a price on
-    bytes finds one that fits. Each stage of the final plan is then re-solved by the ILP.
+    On a chain, one Viterbi sweep per logical mesh and first cluster k gives the least time of
+    every range k..i at once; where that choice overflows memory (1F1B keeps s micro-batches), a
+    price on bytes finds one that fits. Each stage of the final plan is then re-solved exactly.
+    Any other graph uses the ILP throughout.
     """
     meshes = meshes or cluster.logical_meshes
     count, ends = len(ranges), {last: i for i, (_, last) in enumerate(ranges)}
@@ -99,19 +113,16 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
             fewest = np.array([[full.memory(v, f).min() for v in range(len(graph))] for f in in_flight])
             prefix = np.concatenate([np.zeros((stages, 1)), np.cumsum(fewest, axis=1)], axis=1)
             for k, (first, _) in enumerate(ranges):
-                for v, cost, weight, activation, _ in viterbi(full, first):
-                    if v not in ends:
-                        continue
-                    i, c = ends[v], int(np.argmin(cost))
-                    need = prefix[:, v + 1] - prefix[:, first]
-                    memory = STATE * weight[c] + in_flight * activation[c]
+                for v, fastest in _fastest_stages(full, first, ends):
+                    i, need = ends[v], prefix[:, v + 1] - prefix[:, first]
                     for s in range(stages):
                         least[s, k, i, m] = min(least[s, k, i, m], need[s])
-                        if memory[s] <= cluster.memory:
-                            time = cost[c]
+                        if fastest.memory(in_flight[s]) <= cluster.memory:
+                            time = fastest.time
                         elif need[s] <= cluster.memory:
                             part = full.part(first, v)
-                            time = priced_optimum(part, cluster.memory, int(in_flight[s])).time
+                            fits = priced_optimum if part.graph.is_chain else solve
+                            time = fits(part, cluster.memory, int(in_flight[s])).time
                         else:
                             continue
                         if time < best[s, k, i, m]:
