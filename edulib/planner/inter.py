@@ -80,10 +80,11 @@ def _fastest_stages(table: Costs, first: int, ends: dict[int, int]) -> Iterator[
         for v in sorted(e for e in ends if e >= first):
             yield v, ilp(table.part(first, v))
         return
-    for v, cost, weight, activation, _ in viterbi(table, first):
-        if v in ends:
-            c = int(np.argmin(cost))
-            yield v, Sharding((), float(cost[c]), float(weight[c]), float(activation[c]))  # choice unused
+    for step in viterbi(table, first):
+        if step.v in ends:
+            c = int(np.argmin(step.cost[0]))
+            yield step.v, Sharding((), float(step.cost[0, c]), float(step.weight[0, c]),
+                                   float(step.activation[0, c]))  # the choice itself is not needed
 
 
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
@@ -103,7 +104,12 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     shape = (stages, count, count, len(submeshes))
     best, which, least = np.full(shape, np.inf), np.zeros(shape, dtype=int), np.full(shape, np.inf)
     tables, tried = {}, [meshes(submesh) for submesh in submeshes]
-    total = sum(len(found) for found in tried)
+    total, overflowing = sum(len(found) for found in tried), []
+
+    def keep(where: tuple, seconds: float, j: int) -> None:
+        if seconds < best[where]:
+            best[where], which[where] = seconds, j
+
     for m in range(len(submeshes)):
         for j, mesh in enumerate(tried[m]):
             if progress:
@@ -118,15 +124,16 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                     for s in range(stages):
                         least[s, k, i, m] = min(least[s, k, i, m], need[s])
                         if fastest.memory(in_flight[s]) <= cluster.memory:
-                            time = fastest.time
+                            keep((s, k, i, m), fastest.time, j)
                         elif need[s] <= cluster.memory:
-                            part = full.part(first, v)
-                            fits = priced_optimum if part.graph.is_chain else solve
-                            time = fits(part, cluster.memory, int(in_flight[s])).time
-                        else:
-                            continue
-                        if time < best[s, k, i, m]:
-                            best[s, k, i, m], which[s, k, i, m] = time, j
+                            overflowing.append((fastest.time, (s, k, i, m), j, first, v))
+    # The fastest choice overflowed memory: find one that fits, fastest candidates first, and skip
+    # those that cannot beat what another logical mesh already gives (they are no faster than that).
+    for seconds, where, j, first, v in sorted(overflowing, key=lambda c: c[0]):
+        if seconds < best[where]:
+            part = tables[(where[3], j)].part(first, v)
+            fits = priced_optimum if part.graph.is_chain else solve
+            keep(where, fits(part, cluster.memory, int(in_flight[where[0]])).time, j)
     return StageTable(ranges, list(submeshes), tried, best, which, least, tables)
 
 

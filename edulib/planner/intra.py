@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -251,59 +251,86 @@ def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | 
     return evaluate(table, choice)
 
 
-def viterbi(table: Costs, first: int = 0, price: float = 0.0,
-            in_flight: int = 1) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Min-plus pass along a chain from operator `first`: for each operator v, the least cost of
-    operators first..v per strategy of v, that path's weight and activation bytes, and the back
-    pointers. The cost is seconds + `price` x bytes per device (0: time alone)."""
+@dataclass(frozen=True)
+class Step:
+    """One operator v of a Viterbi pass, for each price (rows) and strategy of v (columns): the
+    least priced cost of a path ending there, that path's seconds and bytes, and back pointers."""
+
+    v: int
+    cost: np.ndarray
+    seconds: np.ndarray
+    weight: np.ndarray
+    activation: np.ndarray
+    back: np.ndarray
+
+
+def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
+            in_flight: int = 1) -> Iterator[Step]:
+    """Min-plus pass along a chain from operator `first`, for several prices at once: a path
+    costs its seconds + price x its bytes per device (price 0: time alone)."""
     if not table.graph.is_chain:
         raise ValueError("this pass needs a chain graph (each operator reads the previous one)")
+    price = np.asarray(prices, dtype=float)[:, None]
+    rows = np.arange(len(price))[:, None]
 
-    def node(v: int) -> np.ndarray:
-        return table.node[v] + price * table.memory(v, in_flight) if price else table.node[v]
+    def along(values: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(values, (len(price), len(values)))
 
-    best, weight, activation = node(first), table.weight[first], table.activation[first]
-    back = np.zeros(len(best), dtype=int)
-    yield first, best, weight, activation, back
+    cost = table.node[first] + price * table.memory(first, in_flight)
+    step = Step(first, cost, along(table.node[first]), along(table.weight[first]),
+                along(table.activation[first]), np.zeros(cost.shape, dtype=int))
+    yield step
     for v in range(first + 1, len(table.options)):
-        total = best[:, None] + table.edge[(v - 1, v)]
-        back = np.argmin(total, axis=0)
-        best = total[back, np.arange(len(back))] + node(v)
-        weight, activation = weight[back] + table.weight[v], activation[back] + table.activation[v]
-        yield v, best, weight, activation, back
+        edge = table.edge[(v - 1, v)]
+        total = step.cost[:, :, None] + edge
+        back = np.argmin(total, axis=1)
+        columns = np.arange(back.shape[1])
+        step = Step(v, total[rows, back, columns] + table.node[v] + price * table.memory(v, in_flight),
+                    step.seconds[rows, back] + edge[back, columns] + table.node[v],
+                    step.weight[rows, back] + table.weight[v],
+                    step.activation[rows, back] + table.activation[v], back)
+        yield step
+
+
+def _trace_back(steps: list[Step], row: int) -> tuple[int, ...]:
+    """The strategies of the cheapest path at price `row`, first operator first."""
+    choice = [int(np.argmin(steps[-1].cost[row]))]
+    for step in reversed(steps[1:]):
+        choice.append(int(step.back[row, choice[-1]]))
+    return tuple(reversed(choice))
 
 
 def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> Sharding:
     """The choice of least seconds + `price` x bytes on a chain, by dynamic programming (Viterbi):
     exact and linear in the number of operators."""
-    steps = list(viterbi(table, 0, price, in_flight))
-    choice = [int(np.argmin(steps[-1][1]))]
-    for *_, back in reversed(steps[1:]):
-        choice.append(int(back[choice[-1]]))
-    return evaluate(table, tuple(reversed(choice)))
+    return evaluate(table, _trace_back(list(viterbi(table, 0, (price,), in_flight)), 0))
 
 
 def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | None:
-    """A fast choice that fits in `memory` on a chain: put a price on bytes (a Lagrange
-    multiplier) and raise it by bisection until the chain optimum fits. Optimal when the time
-    optimum fits; otherwise an upper bound on the ILP's answer, used while searching stages."""
-    found = chain_optimum(table, 0.0, in_flight)
-    if found.memory(in_flight) <= memory:
-        return found
+    """A fast choice that fits in `memory` on a chain: put prices on bytes (Lagrange multipliers),
+    find the cheapest path at each, and keep the fastest that fits; a second, finer set of prices
+    between the last that overflowed and the first that fit. Optimal when the time optimum fits,
+    otherwise an upper bound on the ILP's answer, used while searching stages."""
     if least_memory(table, in_flight) > memory:
         return None
     scale = max(float(sum(n.max() for n in table.node)), 1e-30) / memory
-    low, high = 0.0, scale
-    while (fits := chain_optimum(table, high, in_flight)).memory(in_flight) > memory:
-        low, high = high, high * 16
-    for _ in range(10):  # a price within 1/1024 of the bracket: near enough while searching
-        middle = (low + high) / 2
-        trial = chain_optimum(table, middle, in_flight)
-        if trial.memory(in_flight) <= memory:
-            high, fits = middle, trial
-        else:
-            low = middle
-    return fits
+    prices = np.concatenate([[0.0], scale * np.geomspace(1e-4, 1e8, 25)])  # the last: least bytes
+    best = None
+    for _ in range(2):
+        steps = list(viterbi(table, 0, prices, in_flight))
+        last = steps[-1]
+        ends = np.argmin(last.cost, axis=1)
+        rows = np.arange(len(prices))
+        fits = STATE * last.weight[rows, ends] + in_flight * last.activation[rows, ends] <= memory
+        seconds = np.where(fits, last.seconds[rows, ends], np.inf)
+        row = int(np.argmin(seconds))
+        if best is None or seconds[row] < best.time:
+            best = evaluate(table, _trace_back(steps, row))
+        first_fit = int(np.argmax(fits))
+        if first_fit == 0:
+            break  # the time optimum fits
+        prices = np.linspace(prices[first_fit - 1], prices[first_fit], 17)
+    return best
 
 
 def least_memory(table: Costs, in_flight: int) -> float:
