@@ -52,6 +52,11 @@ class StageLayout:
         """Ranks the stage runs on."""
         return self.mesh[0] * self.mesh[1]
 
+    @property
+    def half_modes(self) -> list[tuple[str, str]]:
+        """The modes of every half in order: layer 0's attention, its MLP, layer 1's attention..."""
+        return [mode for modes in self.modes for mode in modes]
+
 
 def tiny_gpt_graph(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
                    layers: int = 4) -> Graph:
@@ -120,8 +125,7 @@ class _Stage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         have = ("-", "-")
-        flat = [mode for modes in self.layout.modes for mode in modes]
-        for half, mode in zip(self.halves, flat, strict=True):
+        for half, mode in zip(self.halves, self.layout.half_modes, strict=True):
             want = tuple("b" if m == "b" else "-" for m in mode)
             x = _reshard(x, have, want, self.groups)
             x, have = x + half(x), want
@@ -160,19 +164,18 @@ def _run_actions(actions, stage: nn.Module, inputs, targets, p: int, local: int,
         request.wait()
 
 
-def _synchronised_gradients(stage: _Stage, groups) -> tuple[dict, dict]:
+def _synchronised_gradients(stage: _Stage) -> tuple[dict, dict]:
     """Sum each data-parallel half's gradients over its batch axes; name every gradient as in
     the full model, with the slice of the full parameter it is."""
     gradients, sources = {}, {}
-    flat = [mode for modes in stage.layout.modes for mode in modes]
-    for index, (half, mode) in enumerate(zip(stage.halves, flat, strict=True)):
+    for index, (half, mode) in enumerate(zip(stage.halves, stage.layout.half_modes, strict=True)):
         layer, name = stage.layout.first_layer + index // 2, HALVES[index % 2][0]
         shards = half.sources() if "t" in mode else {n: (n, ...) for n, _ in half.named_parameters()}
         for param, (full, where) in shards.items():
             grad = half.get_parameter(param).grad
             for axis in (0, 1):
                 if mode[axis] == "b":  # data parallel along this axis: add up the batch's parts
-                    dist.all_reduce(grad, group=groups[axis])
+                    dist.all_reduce(grad, group=stage.groups[axis])
             gradients[f"{layer}.{name}.{param}"] = grad
             sources[f"{layer}.{name}.{param}"] = (f"{layer}.{name}.{full}", where)
     return gradients, sources
@@ -209,7 +212,7 @@ def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, 
         began = time.perf_counter()
         _run_actions(schedule.actions[p], stage, inputs, targets, p, local, sizes, offsets,
                      1.0 / (batch * TOKENS * hidden))
-        gradients, sources = _synchronised_gradients(stage, groups)
+        gradients, sources = _synchronised_gradients(stage)
         seconds.append(time.perf_counter() - began)
     return {"coordinates": (p, local // b, local % b), "gradients": gradients, "sources": sources,
             "seconds": min(seconds)}

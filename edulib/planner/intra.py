@@ -28,6 +28,13 @@ from edulib.planner.cluster import Mesh
 from edulib.planner.graph import LOOPS, Graph, Operator
 
 STATE = 8  # bytes of training state per byte of fp16 parameters: weights, gradients, fp32 Adam
+
+
+def device_bytes(weight: float | np.ndarray, activation: float | np.ndarray,
+                 in_flight: int) -> float | np.ndarray:
+    """Memory per device: training state for the weights it holds, plus the activations of
+    `in_flight` micro-batches kept for their backward pass."""
+    return STATE * weight + in_flight * activation
 INPUT = {"b": "b", "o": "-", "i": "f", "f": "f", "e": "b", "-": "-"}  # layout each loop reads
 OUTPUT = {"b": "b", "o": "f", "i": "-", "f": "f", "e": "b", "-": "-"}  # and writes
 
@@ -48,10 +55,6 @@ class Strategy:
     def name(self) -> str:
         """E.g. "b,o": the batch on axis 0, output features on axis 1 (data x tensor parallel)."""
         return ",".join(self.loops)
-
-    def memory(self, in_flight: int) -> float:
-        """Bytes per device with `in_flight` micro-batches' activations kept for backward."""
-        return STATE * self.weight_bytes + in_flight * self.activation_bytes
 
 
 def _shard(layout: tuple[str, ...], mesh: Mesh) -> int:
@@ -123,7 +126,7 @@ class Costs:
 
     def memory(self, v: int, in_flight: int) -> np.ndarray:
         """Bytes per device of operator v under each strategy."""
-        return STATE * self.weight[v] + in_flight * self.activation[v]
+        return device_bytes(self.weight[v], self.activation[v], in_flight)
 
     def part(self, first: int, last: int) -> Costs:
         """The tables of operators first..last (inclusive), as if they were a graph of their own."""
@@ -168,7 +171,7 @@ class Sharding:
 
     def memory(self, in_flight: int) -> float:
         """Bytes per device with `in_flight` micro-batches in flight."""
-        return STATE * self.weight_bytes + in_flight * self.activation_bytes
+        return device_bytes(self.weight_bytes, self.activation_bytes, in_flight)
 
 
 def evaluate(table: Costs, choice: tuple[int, ...]) -> Sharding:
@@ -321,7 +324,7 @@ def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | No
         last = steps[-1]
         ends = np.argmin(last.cost, axis=1)
         rows = np.arange(len(prices))
-        fits = STATE * last.weight[rows, ends] + in_flight * last.activation[rows, ends] <= memory
+        fits = device_bytes(last.weight[rows, ends], last.activation[rows, ends], in_flight) <= memory
         seconds = np.where(fits, last.seconds[rows, ends], np.inf)
         row = int(np.argmin(seconds))
         if best is None or seconds[row] < best.time:
