@@ -2,6 +2,7 @@
 
 `launch`: how long the launcher takes to start ranks and to serve a call on a warm pool, against
 the usual way to start ranks, `torch.multiprocessing.spawn` with the same process-group set-up.
+`plan`: the Alpa planner's search time and its plans against the baselines in one cost model.
 """
 
 from __future__ import annotations
@@ -165,3 +166,21 @@ def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024
             f"of gradients), batch 32 per rank, {backend} on {platform.node()}; median of "
             f"{steps - 1} steps, slowest rank\n\n"
             + format_table(["ranks", "all-reduce", "bucket", "step (ms)", "vs no overlap"], rows))
+
+
+def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16) -> str:
+    """Planner search time per shared model, and its throughput against every baseline (the
+    best hand-made grid is the ratio's baseline), all in the planner's cost model."""
+    from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
+    from edulib.planner.baselines import compare
+
+    cluster, rows = Cluster(nodes, devices), []
+    for graph in (gpt_graph(24), moe_graph(16), wide_resnet_graph(16), mlp_graph(16, 8192, 8192)):
+        plans = compare(graph, cluster, microbatches)
+        alpa, manual = plans["Alpa (both)"], plans["best manual grid"]
+        rows.append((f"{graph.name} ({len(graph)} ops)", f"{alpa.search_seconds:.1f} s",
+                     *(f"{p.throughput / 1e15:.3f}" for p in plans.values()),
+                     f"{alpa.throughput / manual.throughput:.3f}x"))
+    return (f"{nodes} x {devices} devices of 100 TFLOP/s and 16 GiB, 100 GB/s in a node, 12.5 GB/s "
+            f"between, {microbatches} micro-batches, on {platform.node()}; PFLOP/s in the cost model\n\n"
+            + format_table(["model", "planner search", *plans, "Alpa / best manual"], rows))

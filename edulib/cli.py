@@ -76,7 +76,7 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|dp|pipeline`: measured against a baseline or the model."""
+    """`edulib bench launch|allreduce|dp|pipeline|plan`: measured against a baseline or the model."""
     from edulib import bench
 
     if options.what == "launch":
@@ -85,6 +85,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_data_parallel(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "pipeline":
         print(bench.bench_pipeline(options.world_size, backend=options.backend))
+    elif options.what == "plan":
+        print(bench.bench_planner())
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend))
@@ -152,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "dp", "pipeline"])
+    bench.add_argument("what", choices=["launch", "allreduce", "dp", "pipeline", "plan"])
     bench.add_argument("--world-size", type=int, default=4, help="launch, pipeline: ranks")
     bench.add_argument("--repeats", type=int, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],
