@@ -181,6 +181,8 @@ def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16) -> s
         rows.append((f"{graph.name} ({len(graph)} ops)", f"{alpa.search_seconds:.1f} s",
                      *(f"{p.throughput / 1e15:.3f}" for p in plans.values()),
                      f"{alpa.throughput / manual.throughput:.3f}x"))
-    return (f"{nodes} x {devices} devices of 100 TFLOP/s and 16 GiB, 100 GB/s in a node, 12.5 GB/s "
-            f"between, {microbatches} micro-batches, on {platform.node()}; PFLOP/s in the cost model\n\n"
+    return (f"{nodes} x {devices} devices of {cluster.flops / 1e12:g} TFLOP/s and "
+            f"{format_bytes(cluster.memory)}, {1 / cluster.intra[1] / 1e9:g} GB/s in a node, "
+            f"{1 / cluster.inter[1] / 1e9:g} GB/s between, {microbatches} micro-batches, on "
+            f"{platform.node()}; PFLOP/s in the cost model\n\n"
             + format_table(["model", "planner search", *plans, "Alpa / best manual"], rows))

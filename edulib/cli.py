@@ -98,16 +98,13 @@ MODELS = {"gpt": "gpt_graph", "moe": "moe_graph", "wide-resnet": "wide_resnet_gr
 
 def _plan_command(options: argparse.Namespace) -> int:
     """`edulib plan`: search a plan for a shared model on a cluster, print it, maybe draw it."""
+    from edulib.planner import Cluster, describe, plan
     from edulib.planner import graph as graphs
-    from edulib.planner.cluster import Cluster
-    from edulib.planner.inter import plan
-    from edulib.planner.report import describe
 
     build = getattr(graphs, MODELS[options.model])
     model = build(options.layers) if options.layers else build()
-    cluster = Cluster(options.nodes, options.devices, flops=options.tflops * 1e12,
-                      memory=options.memory_gib * 2**30, intra=(5e-6, 1 / (options.intra_gbps * 1e9)),
-                      inter=(20e-6, 1 / (options.inter_gbps * 1e9)))
+    cluster = Cluster.from_speeds(options.nodes, options.devices, options.tflops, options.memory_gib,
+                                  options.intra_gbps, options.inter_gbps)
 
     def progress(phase: str, done: int, total: int) -> None:
         bar = "#" * (20 * done // max(total, 1))

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Sequence
 
 def format_bytes(nbytes: float) -> str:
     """1 KiB, 4 MiB, 1.5 GiB, ...: a byte count in words, three significant digits."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.3g} B"
+    units = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+    unit, scale = next(((unit, scale) for unit, scale in units if nbytes >= scale), ("B", 1))
+    value = nbytes / scale
+    return f"{value:.3g} {unit}" if value < 999.5 else f"{value:.0f} {unit}"  # never "1e+03"
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -8,6 +8,7 @@ from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, moe_graph
 from edulib.planner.inter import Plan, Stage, latency, plan
 from edulib.planner.intra import costs, evaluate
+from edulib.table import format_bytes
 
 
 def intra_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
@@ -70,7 +71,7 @@ def best_manual(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:
     found = [p for grid in grids(cluster) if (p := manual_plan(graph, cluster, *grid, microbatches))]
     if not found:
         raise ValueError(f"no (data, pipeline, tensor) grid fits {graph.name} on {cluster.nodes} x "
-                         f"{cluster.devices} devices of {cluster.memory / 2**30:.1f} GiB")
+                         f"{cluster.devices} devices of {format_bytes(cluster.memory)}")
     return min(found, key=lambda p: p.latency)
 
 

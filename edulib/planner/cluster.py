@@ -40,6 +40,14 @@ class Cluster:
             if alpha < 0 or beta < 0:
                 raise ValueError(f"{name} link (alpha, beta) must not be negative; got {(alpha, beta)}")
 
+    @classmethod
+    def from_speeds(cls, nodes: int, devices: int, tflops: float = 100.0, memory_gib: float = 16.0,
+                    intra_gbps: float = 100.0, inter_gbps: float = 12.5) -> Cluster:
+        """A cluster described as people quote it: TFLOP/s, GiB, and GB/s inside and between nodes
+        (each link keeps its default latency)."""
+        return cls(nodes, devices, flops=tflops * 1e12, memory=memory_gib * 2**30,
+                   intra=(cls.intra[0], 1 / (intra_gbps * 1e9)), inter=(cls.inter[0], 1 / (inter_gbps * 1e9)))
+
     @property
     def size(self) -> int:
         """Number of devices."""
@@ -76,20 +84,22 @@ class Mesh:
         """Number of devices."""
         return self.shape[0] * self.shape[1]
 
+    def _collective(self, axis: int, nbytes: float, share: float) -> float:
+        """alpha + beta x `share` x bytes along `axis`; free on an axis of one device."""
+        alpha, beta = self.links[axis]
+        return 0.0 if self.shape[axis] == 1 else alpha + beta * share * nbytes
+
     def all_reduce(self, axis: int, nbytes: float) -> float:
         """alpha + 2 beta (n - 1)/n bytes: a ring's reduce-scatter then all-gather, one latency."""
         n = self.shape[axis]
-        alpha, beta = self.links[axis]
-        return 0.0 if n == 1 else alpha + 2 * beta * (n - 1) / n * nbytes
+        return self._collective(axis, nbytes, 2 * (n - 1) / n)
 
     def all_gather(self, axis: int, nbytes: float) -> float:
         """alpha + beta (n - 1)/n bytes, for `nbytes` gathered on every device (reduce-scatter too)."""
         n = self.shape[axis]
-        alpha, beta = self.links[axis]
-        return 0.0 if n == 1 else alpha + beta * (n - 1) / n * nbytes
+        return self._collective(axis, nbytes, (n - 1) / n)
 
     def all_to_all(self, axis: int, nbytes: float) -> float:
         """alpha + beta (n - 1)/n^2 bytes: each device keeps 1/n of its `nbytes` / n shard."""
         n = self.shape[axis]
-        alpha, beta = self.links[axis]
-        return 0.0 if n == 1 else alpha + beta * (n - 1) / n**2 * nbytes
+        return self._collective(axis, nbytes, (n - 1) / n**2)

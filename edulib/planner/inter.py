@@ -65,6 +65,11 @@ class StageTable:
     least: np.ndarray  # fewest bytes per device any strategy choice needs, same shape
     tables: dict[tuple[int, int], Costs] = field(repr=False)  # (submesh, logical mesh) -> costs
 
+    @property
+    def sizes(self) -> list[int]:
+        """Devices in each submesh."""
+        return [n * m for n, m in self.submeshes]
+
     def sharding(self, s: int, k: int, i: int, m: int, memory: float,
                  in_flight: int) -> tuple[Mesh, Sharding]:
         """Re-solve one stage exactly (the ILP where memory binds): its logical mesh and strategies."""
@@ -185,8 +190,7 @@ def latency_table(table: StageTable, t_max: float, devices: int,
                   trace: bool = False) -> tuple[np.ndarray, list]:
     """F(s, k, d; t_max) for every s, k, d: the least total latency of clusters k.. as s stages on
     d devices with no stage slower than t_max (inf where impossible), and the choices behind it."""
-    sizes = [n * m for n, m in table.submeshes]
-    return _program(np.where(table.time <= t_max, table.time, np.inf), sizes, devices, trace=trace)
+    return _program(np.where(table.time <= t_max, table.time, np.inf), table.sizes, devices, trace=trace)
 
 
 def inter_op(table: StageTable, devices: int, microbatches: int,
@@ -208,22 +212,20 @@ def inter_op(table: StageTable, devices: int, microbatches: int,
     if best_tmax is None:
         return np.inf, [], statistics
     program, choices = latency_table(table, best_tmax, devices, trace=True)
-    stages = _stages(program, choices, [n * m for n, m in table.submeshes], devices)
+    stages = _stages(program, choices, table.sizes, devices)
     times = [table.time[s - 1, k, i, m] for s, k, i, m in stages]
     return latency(times, microbatches), stages, statistics
 
 
 def smallest_memory(table: StageTable, devices: int) -> float:
     """The least bytes per device with which some slicing of the model fits the cluster."""
-    sizes = [n * m for n, m in table.submeshes]
-    program = _program(table.least, sizes, devices, combine=np.maximum)[0]
+    program = _program(table.least, table.sizes, devices, combine=np.maximum)[0]
     return float(program[1:, 0, devices].min())
 
 
 def exhaustive_inter_op(table: StageTable, devices: int, microbatches: int) -> float:
     """Every slicing into contiguous stages and every submesh per stage: the program's reference."""
-    count, best = len(table.ranges), np.inf
-    sizes = [n * m for n, m in table.submeshes]
+    count, best, sizes = len(table.ranges), np.inf, table.sizes
     for stages in range(1, min(count, devices) + 1):
         for cuts in itertools.combinations(range(1, count), stages - 1):
             bounds = [0, *cuts, count]

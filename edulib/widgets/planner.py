@@ -15,8 +15,8 @@ from edulib.widgets.explorer import Choice, Slider, explore
 def plan_case(nodes: int, devices: str, intra_gbps: float, inter_gbps: float, memory_gib: float,
               layers: int = 8) -> Plan:
     """Plan a `layers`-layer GPT (hidden 1024, 8 sequences of 1024 tokens) on the cluster."""
-    cluster = Cluster(int(nodes), int(devices), memory=memory_gib * 2**30,
-                      intra=(5e-6, 1 / (intra_gbps * 1e9)), inter=(20e-6, 1 / (inter_gbps * 1e9)))
+    cluster = Cluster.from_speeds(int(nodes), int(devices), memory_gib=memory_gib, intra_gbps=intra_gbps,
+                                  inter_gbps=inter_gbps)
     return plan(gpt_graph(int(layers)), cluster)
 
 
