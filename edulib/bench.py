@@ -7,7 +7,6 @@ the usual way to start ranks, `torch.multiprocessing.spawn` with the same proces
 
 from __future__ import annotations
 
-import datetime
 import platform
 import socket
 import statistics
@@ -16,17 +15,6 @@ import time
 from edulib import examples
 from edulib.launch import Pool
 from edulib.table import format_bytes, format_table
-
-
-def _spawned_rank(rank: int, world_size: int, port: int) -> None:
-    """The baseline's rank: join a gloo group as torch's own tutorials do, all_reduce once, leave."""
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
-    dist.all_reduce(torch.ones(1000))
-    dist.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -43,7 +31,7 @@ def bench_launch(world_size: int = 4, repeats: int = 3, calls: int = 50) -> str:
     spawn, cold, warm = [], [], []
     for _ in range(repeats):
         began = time.perf_counter()
-        mp.spawn(_spawned_rank, args=(world_size, _free_port()), nprocs=world_size)
+        mp.spawn(examples.spawned_rank, args=(world_size, _free_port()), nprocs=world_size)
         spawn.append(time.perf_counter() - began)
         began = time.perf_counter()
         with Pool(world_size, "gloo") as pool:
@@ -118,6 +106,48 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     measured = min((measured_timeline(schedule, pool.run(train_step, schedule, width, depth, batch))
                     for _ in range(steps)), key=lambda timeline: timeline.makespan)
     return measured, simulate(schedule, **measured_costs(measured))
+
+
+def bench_split_backward(ranks: int = 2, width: int = 512, depth: int = 8, batch: int = 512,
+                         microbatches: int = 8, steps: int = 15, backend: str = "gloo") -> str:
+    """Zero bubble's split backward against 1F1B's: median F, B, W and full-backward times, and
+    step times, the two schedules taking turns so that both see the same machine."""
+    from edulib.pp import build_schedule
+    from edulib.pp.runtime import measured_timeline, train_step
+
+    schedules = [build_schedule(name, ranks, microbatches) for name in ("1f1b", "zero_bubble")]
+    actions: dict[tuple[str, str], list[float]] = {}
+    makespans: dict[str, list[float]] = {}
+    with Pool(ranks, backend, timeout=300) as pool:
+        for step in range(steps + 1):
+            for schedule in schedules:
+                timeline = measured_timeline(schedule, pool.run(
+                    train_step, schedule, width=width, depth=depth, batch=batch))
+                if step == 0:
+                    continue  # warm-up
+                makespans.setdefault(schedule.name, []).append(timeline.makespan)
+                for event in timeline.events:
+                    actions.setdefault((schedule.name, event.action.kind), []).append(
+                        event.end - event.start)
+    median = {key: statistics.median(values) for key, values in actions.items()}
+    full = median["1f1b", "B"]
+    split = median["zero_bubble", "B"] + median["zero_bubble", "W"]
+    one_f_one_b, zero_bubble = (statistics.median(makespans[name]) for name in ("1f1b", "zero_bubble"))
+    rows = [("F (1F1B)", f"{median['1f1b', 'F'] * 1e3:.3f}", ""),
+            ("F (zero bubble: records each layer's input for W)",
+             f"{median['zero_bubble', 'F'] * 1e3:.3f}", ""),
+            ("full backward (1F1B's B): baseline", f"{full * 1e3:.3f}", "1.00x"),
+            ("B: input gradient only", f"{median['zero_bubble', 'B'] * 1e3:.3f}",
+             f"{median['zero_bubble', 'B'] / full:.2f}x"),
+            ("W: weight gradients from what B kept", f"{median['zero_bubble', 'W'] * 1e3:.3f}",
+             f"{median['zero_bubble', 'W'] / full:.2f}x"),
+            ("B + W", f"{split * 1e3:.3f}", f"{split / full:.2f}x"),
+            ("1F1B step: baseline", f"{one_f_one_b * 1e3:.2f}", "1.00x"),
+            ("zero-bubble step", f"{zero_bubble * 1e3:.2f}", f"{zero_bubble / one_f_one_b:.2f}x")]
+    return (f"split backward on {ranks} {backend} ranks ({platform.node()}), mlp(width={width}, "
+            f"depth={depth}), batch {batch} in {microbatches} micro-batches; medians over {steps} "
+            "steps of each schedule, taking turns\n\n"
+            + format_table(["action", "median (ms)", "vs baseline"], rows))
 
 
 def bench_pipeline(stages: int = 4, microbatches: int = 8, backend: str = "gloo") -> str:

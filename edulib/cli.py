@@ -84,6 +84,8 @@ def _bench_command(options: argparse.Namespace) -> int:
     elif options.what == "dp":
         print(bench.bench_data_parallel(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "pipeline":
+        print(bench.bench_split_backward(backend=options.backend))
+        print()
         print(bench.bench_pipeline(options.world_size, backend=options.backend))
     elif options.what == "plan":
         print(bench.bench_planner())

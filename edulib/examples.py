@@ -1,7 +1,12 @@
-"""Small worker functions that the tour, the notebooks and the tests run on every rank."""
+"""Small worker functions that the tour, the notebooks and the tests run on every rank.
+
+These show torch.distributed's own calls, as its tutorials write them: the one place outside
+`edulib.comm` that calls them directly.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -45,3 +50,12 @@ def unmatched_recv() -> None:
     """Rank 0 waits for a message from rank 1, which never sends one: the classic deadlock."""
     if dist.get_rank() == 0:
         dist.recv(torch.zeros(1, device=device()), src=1)
+
+
+def spawned_rank(rank: int, world_size: int, port: int) -> None:
+    """A rank as torch's tutorials start one: join a gloo group, all_reduce once, leave (the
+    launcher benchmark's baseline)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1000))
+    dist.destroy_process_group()

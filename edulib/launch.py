@@ -68,7 +68,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def call_message(fn: Callable, args: tuple) -> bytes:
+def call_message(fn: Callable, args: tuple, kwargs: dict | None = None) -> bytes:
     """Pickle a call for the ranks, or explain why a rank process could not import `fn`."""
     if not callable(fn):
         raise TypeError(f"fn must be a function; got {type(fn).__name__}")
@@ -81,7 +81,7 @@ def call_message(fn: Callable, args: tuple) -> bytes:
             "cell or a script's __main__. Put it in a module (say my_workers.py beside the "
             "notebook) and import it from there.")
     try:
-        return pickle.dumps(("call", fn, args))
+        return pickle.dumps(("call", fn, args, kwargs or {}))
     except Exception as error:  # noqa: BLE001 - any pickling failure gets the same advice
         raise ValueError(f"the arguments for {name} must be picklable to reach the ranks: "
                          f"{error}") from error
@@ -141,9 +141,9 @@ def _failure(rank: int, kind: str, message: str, traceback: str, operation: str,
 class Pool:
     """Ranks kept alive between calls, so that a notebook pays for starting them only once.
 
-    Use it as a context manager; `run(fn, *args)` runs `fn(*args)` on every rank and returns the
-    list of return values. After any failure the ranks are stopped, and the next call starts
-    fresh ones.
+    Use it as a context manager; `run(fn, *args, **kwargs)` runs `fn(*args, **kwargs)` on every
+    rank and returns the list of return values. After any failure the ranks are stopped, and the
+    next call starts fresh ones.
     """
 
     def __init__(self, world_size: int, backend: str = "auto",
@@ -185,9 +185,9 @@ class Pool:
             self.close()
             raise
 
-    def run(self, fn: Callable, *args: Any) -> list[Any]:
-        """Run fn(*args) on every rank and return their return values in rank order."""
-        message = call_message(fn, args)
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run fn(*args, **kwargs) on every rank and return their return values in rank order."""
+        message = call_message(fn, args, kwargs)
         try:
             self.start()
             for handle in self._ranks:
@@ -360,10 +360,10 @@ def _rank_environment(pool: Pool) -> dict[str, str]:
 
 
 def run(fn: Callable, world_size: int, *args: Any, backend: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
-    """Run fn(*args) on `world_size` new ranks and return each rank's return value, in rank order."""
+        timeout: float = DEFAULT_TIMEOUT, **kwargs: Any) -> list[Any]:
+    """Run fn(*args, **kwargs) on `world_size` new ranks; return each rank's return value, in rank order."""
     with Pool(world_size, backend, timeout) as pool:
-        return pool.run(fn, *args)
+        return pool.run(fn, *args, **kwargs)
 
 
 _open_pools: weakref.WeakSet[Pool] = weakref.WeakSet()

@@ -1,11 +1,37 @@
-"""The small models that every lesson splits, and the deterministic data they train on."""
+"""The small models that every lesson splits, and the deterministic data they train on.
+
+Each is built on the host from seeded generators, then moved to torch's default device (a rank's
+own GPU under NCCL), so the same seed gives the same numbers on every machine and every device.
+"""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
 
+TOKENS = 3  # sequence length of the tiny GPT's inputs: (batch, tokens, hidden)
+HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
+Built = TypeVar("Built")
 
+
+def built_on_host(build: Callable[..., Built]) -> Callable[..., Built]:
+    """Run a builder with the host as default device, then move what it made to the caller's."""
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        target = torch.get_default_device()
+        with torch.device(HOST):
+            made = build(*args, **kwargs)
+        if target == HOST:
+            return made
+        return tuple(t.to(target) for t in made) if isinstance(made, tuple) else made.to(target)
+    return wrapper
+
+
+@built_on_host
 def mlp(width: int = 32, depth: int = 8, seed: int = 0) -> nn.Sequential:
     """`depth` blocks of Linear then Tanh, `width` wide: the same weights for the same seed."""
     generator = torch.Generator().manual_seed(seed)
@@ -32,6 +58,7 @@ def split(model: nn.Sequential, parts: int) -> list[nn.Sequential]:
     return pieces
 
 
+@built_on_host
 def regression_batch(size: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets for a toy regression, the same for the same seed."""
     generator = torch.Generator().manual_seed(seed + 1)
@@ -39,10 +66,10 @@ def regression_batch(size: int, width: int, seed: int = 0) -> tuple[torch.Tensor
     return inputs, torch.sin(inputs.roll(1, dims=1))
 
 
-def reference_gradients(width: int, depth: int, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Gradients of the mean squared error of the unsplit model on the whole batch."""
-    model = mlp(width, depth, seed)
-    inputs, targets = regression_batch(batch, width, seed)
+def reference_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+                        ) -> dict[str, torch.Tensor]:
+    """Gradients of the mean squared error of an unsplit model on the whole batch, by name: what
+    every parallel version must reproduce (`edulib.compare.disagreements` checks it)."""
     nn.functional.mse_loss(model(inputs), targets).backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
@@ -72,12 +99,14 @@ class SelfAttention(nn.Module):
         return self.out(attend(q, k, v, self.heads))
 
 
+@built_on_host
 def transformer_mlp(hidden: int, seed: int = 0) -> nn.Sequential:
     """The transformer's MLP block: hidden -> 4 hidden, GELU, back to hidden."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
 
+@built_on_host
 def small_cnn(classes: int = 10, seed: int = 0, hidden: int = 128) -> nn.Sequential:
     """Convolutions (most of the compute, few parameters) then a classifier (the reverse)."""
     torch.manual_seed(seed)
@@ -88,6 +117,7 @@ def small_cnn(classes: int = 10, seed: int = 0, hidden: int = 128) -> nn.Sequent
     return nn.Sequential(features, classifier)
 
 
+@built_on_host
 def image_batch(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Small random 3 x 16 x 16 images and labels, the same for the same seed."""
     generator = torch.Generator().manual_seed(seed + 3)
@@ -108,6 +138,15 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
+@built_on_host
 def tiny_gpt(hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0) -> nn.Sequential:
     """`layers` Blocks, each seeded differently, the same for the same seed."""
     return nn.Sequential(*[Block(hidden, heads, seed + 10 * layer) for layer in range(layers)])
+
+
+@built_on_host
+def gpt_batch(batch: int, hidden: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of `batch` sequences of TOKENS vectors, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed + 5)
+    return (torch.randn(batch, TOKENS, hidden, generator=generator),
+            torch.randn(batch, TOKENS, hidden, generator=generator))

@@ -15,13 +15,13 @@ import numpy as np
 
 from edulib import examples
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
-from edulib.comm.verify import disagreements
+from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_collective
+from edulib.compare import disagreements
 from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
-from edulib.hybrid import disagreements as hybrid_disagreements
-from edulib.hybrid import hybrid_step
+from edulib.hybrid import gpt_reference, hybrid_step
 from edulib.launch import Pool, resolve_backend
-from edulib.models import reference_gradients
+from edulib.models import mlp, reference_gradients, regression_batch
 from edulib.planner.execute import layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
@@ -30,8 +30,7 @@ from edulib.pp import simulate_ratio
 from edulib.pp.runtime import train_step
 from edulib.table import format_table
 from edulib.tp.workers import LAYERS as TENSOR_LAYERS
-from edulib.tp.workers import cnn_disagreements, cnn_step, run_layer
-from edulib.tp.workers import disagreements as tensor_disagreements
+from edulib.tp.workers import cnn_reference, cnn_step, layer_reference, run_layer
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _check_algorithm(name: str) -> Callable[[Pool], str]:
     """A check that edulib's `name` all-reduce equals torch's and sends what the model counts."""
     def check(pool: Pool) -> str:
         reports = pool.run(run_collective, name, 10_007)
-        problems = disagreements(name, reports)
+        problems = collective_disagreements(name, reports)
         assert not problems, problems[0]
         most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
         return f"equal; {most:,} B/rank max, as modelled"
@@ -96,11 +95,10 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
         m, chunks = 2 * p, 2 if name == "interleaved_1f1b" else 1
         width, depth, batch = 16, 2 * p, 4 * m
         schedule = build_pipeline(name, p, m, chunks)
-        reports = pool.run(train_step, schedule, width, depth, batch)
-        got = {key: grad for report in reports for key, grad in report["gradients"].items()}
-        reference = reference_gradients(width, depth, batch)
-        worst = max(float((got[key] - reference[key]).abs().max()) for key in reference)
-        assert worst < 1e-5, f"largest gradient difference {worst:.2e}"
+        reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
+        problems = disagreements(reports, reference_gradients(mlp(width, depth),
+                                                              *regression_batch(batch, width)), atol=1e-5)
+        assert not problems, problems[0]
         bubble = simulate_ratio(schedule).bubble_fraction
         return f"equal; simulated bubble {bubble:.3f} at m={m}"
     return check
@@ -110,8 +108,8 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
     """A check that a tensor-parallel layer equals its full module, output and every gradient."""
     def check(pool: Pool) -> str:
         width, heads = 8 * pool.world_size, pool.world_size  # divisible among any rank count
-        reports = pool.run(run_layer, kind, 4, width, heads)
-        problems = tensor_disagreements(kind, 4, width, reports, heads)
+        reports = pool.run(run_layer, kind, batch=4, width=width, heads=heads)
+        problems = disagreements(reports, layer_reference(kind, 4, width, heads), rtol=1e-5, atol=1e-5)
         assert not problems, problems[0]
         sent = sum(transfer.nbytes for transfer in reports[0]["transfers"])
         return f"equal; {sent:,} B/rank in collectives"
@@ -121,7 +119,7 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
 def _check_cnn(pool: Pool) -> str:
     """The CNN recipe (data-parallel convolutions, tensor-parallel classifier) trains like one process."""
     batch, hidden = 2 * pool.world_size, 32 * pool.world_size
-    problems = cnn_disagreements(batch, pool.run(cnn_step, batch, 0, hidden), 0, hidden)
+    problems = disagreements(pool.run(cnn_step, batch, hidden=hidden), cnn_reference(batch, hidden=hidden))
     assert not problems, problems[0]
     return f"equal on a batch of {batch}"
 
@@ -135,13 +133,13 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
         batch = 4 * (ranks - 1 if method == "parameter server" else ranks)  # 4 per worker
         reference, _ = single_process(steps, batch=batch)
         if method == "parameter server":
-            reports = [r["parameters"] for r in pool.run(parameter_server, steps, 0.1, 1, 0, 16, 2,
-                                                          batch) if r["role"] == "worker"]
+            reports = [r["parameters"] for r in pool.run(parameter_server, steps, batch=batch)
+                       if r["role"] == "worker"]
         elif method == "DistributedDataParallel":
-            reports = pool.run(torch_ddp, steps, 0.1, 16, 2, batch)
+            reports = pool.run(torch_ddp, steps, batch=batch)
         else:
-            reports = [r["parameters"] for r in pool.run(data_parallel, steps, 0.1, 256, True, 16,
-                                                          2, batch)]
+            reports = [r["parameters"] for r in pool.run(data_parallel, steps, bucket_bytes=256,
+                                                          batch=batch, algorithm="ring")]
         worst = max(float((p - reference).abs().max()) for p in reports)
         assert worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}"
         return f"equal after {steps} SGD steps"
@@ -154,9 +152,9 @@ def _check_hybrid(pool: Pool) -> str:
     tp = 2 if ranks % 2 == 0 else 1
     pp = 2 if (ranks // tp) % 2 == 0 else 1
     dp = ranks // (tp * pp)
-    model = {"batch": 4 * dp, "hidden": 16, "heads": 4, "layers": 2 * pp, "seed": 0}
-    reports = pool.run(hybrid_step, dp, pp, tp, model["batch"], 2, 16, 4, model["layers"])
-    problems = hybrid_disagreements(reports, **model)
+    batch, layers = 4 * dp, 2 * pp
+    reports = pool.run(hybrid_step, dp, pp, tp, batch=batch, layers=layers, algorithm="ring")
+    problems = disagreements(reports, gpt_reference(batch=batch, layers=layers))
     assert not problems, problems[0]
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
@@ -166,8 +164,7 @@ def _check_planner(pool: Pool) -> str:
     ranks = pool.world_size
     cluster = local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=320e3 / ranks)
     stages = layouts(plan(tiny_gpt_graph(), cluster))
-    problems = hybrid_disagreements(pool.run(plan_step, stages), batch=8, hidden=16, heads=4, layers=4,
-                                    seed=0)
+    problems = disagreements(pool.run(plan_step, stages), gpt_reference())
     assert not problems, problems[0]
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"
@@ -180,7 +177,7 @@ STEPS: list[Step] = [
     Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
     *(Step(f"data parallel: {method}", "single-process training, whole batch",
            _check_data_parallel(method))
-      for method in ("parameter server", "buckets and overlap", "DistributedDataParallel")),
+      for method in ("parameter server", "buckets and overlap (ring)", "DistributedDataParallel")),
     *(Step(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
       for name in ALGORITHMS),
     *(Step(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
@@ -188,7 +185,7 @@ STEPS: list[Step] = [
     *(Step(f"tensor parallel: {kind}", "full module's output and gradients",
            _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
     Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
-    Step("hybrid: data x pipeline x tensor", "unsplit model's gradients", _check_hybrid),
+    Step("hybrid: data x pipeline x tensor (ring)", "unsplit model's gradients", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
 ]
 

@@ -69,3 +69,83 @@ def mark_then_sleep(folder: str, seconds: float) -> None:
     """Create a file named after this rank in `folder` (so a test knows the call began), then sleep."""
     open(os.path.join(folder, f"rank{dist.get_rank()}"), "w").close()
     time.sleep(seconds)
+
+
+def every_collective(partition: list[list[int]], lengths: list[int]) -> list[dict]:
+    """Run every collective with every algorithm (torch's own too) on this rank's group of
+    `partition`, through edulib.comm; report inputs, outputs and the ledger's bytes, on the CPU."""
+    from edulib import comm
+    from edulib.comm.workers import rank_tensor
+
+    group = comm.subgroup(partition)
+    n = dist.get_world_size(group)
+    reports = []
+    for collective, algorithms in comm.FOR_COLLECTIVE.items():
+        for algorithm in ["builtin", *algorithms]:
+            for length in lengths:
+                x = rank_tensor(length * (n if collective == "all_to_all" else 1), "int64",
+                                seed=length)
+                with comm.count_communication() as ledger:
+                    if collective in ("all_reduce", "broadcast", "reduce"):
+                        root = {} if collective == "all_reduce" else {"root": n - 1}
+                        out = getattr(comm, collective)(x.clone(), algorithm=algorithm, group=group,
+                                                        **root)
+                    else:
+                        out = getattr(comm, collective)(x, algorithm=algorithm, group=group)
+                reports.append({"collective": collective, "algorithm": algorithm, "length": length,
+                                "input": x.cpu(), "output": out.cpu(),
+                                "group": dist.get_process_group_ranks(group),
+                                "sent": [(t.operation, t.nbytes, t.size, t.algorithm) for t in ledger]})
+    return reports
+
+
+def uneven_all_to_all(algorithm: str) -> dict:
+    """Rank r sends (r + j) % 3 rows of two numbers to rank j (so receives as many from j)."""
+    from edulib import comm
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    splits = [(rank + j) % 3 for j in range(n)]
+    rows = torch.arange(sum(splits) * 2, dtype=torch.float32).reshape(-1, 2) + 100 * rank
+    with comm.count_communication() as ledger:
+        out = comm.all_to_all(rows, algorithm, output_splits=splits, input_splits=splits)
+    return {"input": rows, "splits": splits, "output": out, "sent": sum(t.nbytes for t in ledger)}
+
+
+def launched_calls_are_counted() -> list[tuple[str, str, int]]:
+    """A call handed to the communication thread is counted where it was launched, with its label."""
+    from edulib import comm
+
+    with comm.count_communication() as ledger, comm.labelled("gradients"):
+        comm.launch(comm.all_reduce, torch.ones(8), "ring").result()
+    return [(t.direction, t.operation, t.nbytes) for t in ledger]
+
+
+def accumulate(microbatches: int, algorithm: str, batch: int = 24) -> dict:
+    """Gradient accumulation with `no_sync`: this rank's share in k micro-batches, one reduction."""
+    from torch import nn
+
+    from edulib import comm
+    from edulib.dp import GradientBuckets
+    from edulib.dp.server import worker_batch
+    from edulib.models import mlp
+
+    model = mlp(16, 2)
+    buckets = GradientBuckets(model, bucket_bytes=600, algorithm=algorithm)
+    inputs, targets = worker_batch(0, dist.get_rank(), dist.get_world_size(), batch, 16, 0)
+    pieces = list(zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True))
+    with comm.count_communication() as ledger:
+        for index, (x, y) in enumerate(pieces):
+            loss = nn.functional.mse_loss(model(x), y) / microbatches
+            if index < microbatches - 1:
+                with buckets.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+        buckets.finish()
+    return {"gradients": {name: p.grad for name, p in model.named_parameters()},
+            "reductions": len(ledger), "buckets": len(buckets.buckets)}
+
+
+def echo_keywords(first: object, *, second: object = None, third: object = None) -> tuple:
+    """Return this rank and the arguments it received, by name."""
+    return (dist.get_rank(), first, second, third)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edulib import comm
 from edulib.comm import SCHEDULES, build_schedule
-from edulib.comm.runtime import allreduce, run_schedule
-from edulib.comm.verify import disagreements
+from edulib.comm.runtime import run_schedule
+from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_many
 from edulib.launch import Pool, RankError
 
@@ -22,7 +23,7 @@ def test_every_schedule_on_real_ranks(world_size):
     cases = list(zip(*per_rank, strict=True))
     assert len(cases) == len(SCHEDULES) * len(lengths) * 2
     problems = [problem for reports in cases
-                for problem in disagreements(reports[0]["name"], list(reports))]
+                for problem in collective_disagreements(reports[0]["name"], list(reports))]
     assert not problems, "\n".join(problems[:20])
 
 
@@ -35,13 +36,13 @@ def _not_contiguous() -> None:
 
 
 def _unknown_algorithm() -> None:
-    allreduce(torch.ones(4), "rng")
+    comm.all_reduce(torch.ones(4), "rng")
 
 
 @pytest.mark.parametrize("fn, message", [
     (_wrong_size, "built for 3 ranks, but this group has 2"),
     (_not_contiguous, "must be contiguous"),
-    (_unknown_algorithm, "unknown algorithm 'rng'; choose one of naive"),
+    (_unknown_algorithm, "'rng' is not an algorithm for all_reduce; all_reduce offers 'builtin', 'naive'"),
 ])
 def test_bad_input_on_a_rank_is_a_clear_error(fn, message):
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match=message):

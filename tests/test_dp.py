@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edulib import comm
 from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
 from edulib.dp.bandwidth import (
     allreduce_bandwidth,
@@ -12,6 +13,8 @@ from edulib.dp.bandwidth import (
     workers_until_server_saturates,
 )
 from edulib.launch import Pool, RankError
+from edulib.models import mlp, reference_gradients
+from tests import ranks
 
 STEPS, BATCH = 5, 24  # 24 splits evenly among 1, 2, 3 or 4 workers
 
@@ -26,24 +29,64 @@ def test_every_method_holds_the_weights_of_single_process_training(ranks):
     problems = []
     with Pool(ranks, backend="gloo", timeout=30) as pool:
         for shards in (1, 2) if ranks == 4 else (1,):
-            for report in pool.run(parameter_server, STEPS, 0.1, shards, 0, 16, 2, BATCH):
+            for report in pool.run(parameter_server, STEPS, shards=shards, batch=BATCH):
                 if report["role"] == "worker" and not _close(report["parameters"], reference):
                     problems.append(f"synchronous parameter server, {shards} shards")
         for overlap, bucket in ((True, 1 << 20), (True, 256), (False, 256)):
-            for report in pool.run(data_parallel, STEPS, 0.1, bucket, overlap, 16, 2, BATCH):
+            for report in pool.run(data_parallel, STEPS, bucket_bytes=bucket, overlap=overlap, batch=BATCH):
                 if not _close(report["parameters"], reference):
                     problems.append(f"data parallel, overlap {overlap}, buckets of {bucket} B")
-        for parameters in pool.run(torch_ddp, STEPS, 0.1, 16, 2, BATCH):
+        for parameters in pool.run(torch_ddp, STEPS, batch=BATCH):
             if not _close(parameters, reference):
                 problems.append("DistributedDataParallel")
     assert not problems, problems
+
+
+@pytest.mark.parametrize("ranks_", [2, 4])
+def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_):
+    reference, _ = single_process(STEPS, batch=BATCH)
+    problems = []
+    with Pool(ranks_, backend="gloo", timeout=30) as pool:
+        for algorithm in ["builtin", *comm.ALGORITHMS]:
+            reports = pool.run(data_parallel, STEPS, bucket_bytes=600, batch=BATCH, algorithm=algorithm)
+            for rank, report in enumerate(reports):
+                if not _close(report["parameters"], reference):
+                    problems.append(f"{algorithm}: rank {rank}'s weights differ from one process's")
+                schedule = comm.schedule_for("all_reduce", algorithm, ranks_)
+                counted = STEPS * sum(comm.bytes_sent(schedule, 4 * size, 4)[rank]
+                                      for size in report["bucket_sizes"])
+                if report["bytes_sent"] != counted or not counted:
+                    problems.append(f"{algorithm}: rank {rank} sent {report['bytes_sent']} bytes, "
+                                    f"its buckets' schedules count {counted}")
+            assert len(reports[0]["bucket_sizes"]) > 1  # several buckets, uneven ones
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("algorithm", ["builtin", "ring"])
+def test_no_sync_accumulates_micro_batches_and_reduces_once(pool4, algorithm):
+    from edulib.dp.server import worker_batch
+
+    reports = pool4.run(ranks.accumulate, 3, algorithm)
+    inputs, targets = worker_batch(0, 0, 1, 24, 16, 0)
+    reference = reference_gradients(mlp(16, 2), inputs, targets)
+    for report in reports:
+        assert report["reductions"] == report["buckets"] > 1  # one all-reduce per bucket, not per micro-batch
+        for name, grad in report["gradients"].items():
+            assert torch.allclose(grad, reference[name], atol=1e-6), name
+
+
+def test_the_server_keeps_only_the_versions_staleness_needs():
+    with Pool(3, backend="gloo", timeout=30) as pool:
+        for staleness in (0, 1, 3):
+            server = pool.run(parameter_server, 6, staleness=staleness, batch=8)[0]
+            assert server["role"] == "server" and server["versions_kept"] == staleness + 1
 
 
 def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
     steps = 30
     reference, _ = single_process(steps, batch=BATCH)
     with Pool(4, backend="gloo", timeout=30) as pool:
-        workers = [r for r in pool.run(parameter_server, steps, 0.1, 1, 2, 16, 2, BATCH)
+        workers = [r for r in pool.run(parameter_server, steps, staleness=2, batch=BATCH)
                    if r["role"] == "worker"]
     assert [w["ages"][:4] for w in workers] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2]]
     assert not _close(workers[0]["parameters"], reference)
@@ -54,8 +97,8 @@ def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
 
 def test_small_buckets_make_more_buckets():
     with Pool(2, backend="gloo", timeout=30) as pool:
-        assert pool.run(data_parallel, 1, 0.1, 1 << 20)[0]["buckets"] == 1
-        assert pool.run(data_parallel, 1, 0.1, 256)[0]["buckets"] == 4  # one per parameter here
+        assert pool.run(data_parallel, 1, bucket_bytes=1 << 20)[0]["buckets"] == 1
+        assert pool.run(data_parallel, 1, bucket_bytes=256)[0]["buckets"] == 4  # one per parameter here
 
 
 def _differing_replicas() -> None:
@@ -67,15 +110,17 @@ def _differing_replicas() -> None:
     GradientBuckets(mlp(4, 1, seed=dist.get_rank()))
 
 
-@pytest.mark.parametrize("fn, args, message", [
-    (parameter_server, (1, 0.1, 5000), "shards must be between 1 and the number of parameters"),
-    (parameter_server, (1, 0.1, 1, -1), "staleness must be 0 \\(synchronous\\) or more"),
-    (data_parallel, (1, 0.1, 0), "bucket_bytes must be a positive whole number of bytes"),
-    (_differing_replicas, (), "parameters differ across ranks"),
+@pytest.mark.parametrize("fn, kwargs, message", [
+    (parameter_server, {"shards": 5000}, "shards must be between 1 and the number of parameters"),
+    (parameter_server, {"staleness": -1}, "staleness must be 0 \\(synchronous\\) or more"),
+    (data_parallel, {"bucket_bytes": 0}, "bucket_bytes must be a positive whole number of bytes"),
+    (data_parallel, {"algorithm": "rng"}, "'rng' is not an algorithm for all_reduce; all_reduce offers"),
+    (data_parallel, {"algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
+    (_differing_replicas, {}, "parameters differ across ranks"),
 ])
-def test_bad_setups_are_refused_clearly(fn, args, message):
+def test_bad_setups_are_refused_clearly(fn, kwargs, message):
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match=message):
-        pool.run(fn, *args)
+        pool.run(fn, *([1] if fn is not _differing_replicas else []), **kwargs)
 
 
 def test_the_lectures_resnet50_example_needs_73_gb_per_second_at_the_server():

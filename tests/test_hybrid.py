@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from edulib.hybrid import Grid, disagreements, hybrid_step
+from edulib.comm import Grid
+from edulib.compare import disagreements
+from edulib.hybrid import gpt_reference, hybrid_step
 from edulib.launch import Pool, RankError
 
 
@@ -17,13 +19,26 @@ def test_every_group_comes_from_one_grid():
     assert grid.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     for axis in ("dp", "pp", "tp"):  # each axis partitions the ranks
         assert sorted(r for group in grid.groups(axis) for r in group) == list(range(8))
+    assert Grid(dp=2, cp=2).groups("cp") == [[0, 1], [2, 3]]  # room for context parallelism
+    with pytest.raises(ValueError, match="grid size tp must be a whole number, 1 or more; got 0"):
+        Grid(tp=0)
+    with pytest.raises(ValueError, match="unknown grid axis 'xp'"):
+        grid.groups("xp")
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 2, 2), (2, 1, 2)])
-def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape):
+@pytest.mark.parametrize("shape, algorithm, schedule", [
+    ((2, 2, 2), "builtin", "gpipe"), ((2, 2, 2), "ring", "1f1b"), ((1, 2, 2), "tree", "zero_bubble"),
+    ((2, 1, 2), "halving_doubling", "gpipe"), ((2, 2, 1), "butterfly", "1f1b")])
+def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape, algorithm, schedule):
     with Pool(shape[0] * shape[1] * shape[2], backend="gloo", timeout=60) as pool:
-        reports = pool.run(hybrid_step, *shape)
-    assert not disagreements(reports, batch=8, hidden=16, heads=4, layers=4, seed=0)
+        reports = pool.run(hybrid_step, *shape, algorithm=algorithm, schedule=schedule)
+    assert not disagreements(reports, gpt_reference())
+    assert disagreements(reports, gpt_reference(seed=1))  # the check can fail
+
+
+def test_process_groups_are_made_once_however_often_a_step_runs(pool4):
+    counts = [pool4.run(hybrid_step, 1, 2, 2)[0]["process_groups"] for _ in range(50)]
+    assert counts == [counts[0]] * 50, counts
 
 
 def test_a_grid_that_does_not_match_the_ranks_is_refused():

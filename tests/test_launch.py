@@ -207,3 +207,9 @@ def test_ranks_end_when_their_parent_is_killed():
     script.kill()
     script.wait()
     assert not wait_until_gone(pids)
+
+
+def test_keyword_arguments_reach_every_rank(pool4):
+    assert pool4.run(ranks.echo_keywords, 1, third="c") == [(rank, 1, None, "c") for rank in range(4)]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fourth'"):
+        ranks.echo_keywords(1, fourth=4)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
-from edulib.models import reference_gradients, split
+from edulib.models import mlp, reference_gradients, regression_batch, split
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
 from edulib.pp.runtime import measured_timeline, train_step
 
@@ -24,11 +24,11 @@ def _schedules(p: int) -> list:
 
 @pytest.mark.parametrize("p", [2, 4])
 def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
-    reference = reference_gradients(WIDTH, DEPTH, BATCH)
+    reference = reference_gradients(mlp(WIDTH, DEPTH), *regression_batch(BATCH, WIDTH))
     problems = []
     with Pool(p, backend="gloo", timeout=30) as pool:
         for schedule in _schedules(p):
-            reports = pool.run(train_step, schedule, WIDTH, DEPTH, BATCH)
+            reports = pool.run(train_step, schedule, width=WIDTH, depth=DEPTH, batch=BATCH)
             got = {name: grad for report in reports for name, grad in report["gradients"].items()}
             if set(got) != set(reference):
                 problems.append(f"{schedule.name}: gradients for {sorted(got)}")

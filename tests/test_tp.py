@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edulib.comm import formula
+from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
-from edulib.tp.cost import LAYOUTS, Traffic, linear_traffic, mlp_traffic
+from edulib.models import TOKENS
+from edulib.tp.cost import LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
 from edulib.tp.workers import (
     LAYERS,
-    TOKENS,
     case,
-    cnn_disagreements,
+    cnn_reference,
     cnn_step,
     data_parallel_linear,
-    disagreements,
+    layer_reference,
     run_layer,
 )
 
@@ -28,44 +30,48 @@ def _counted(transfers) -> Traffic:
     return Traffic(**by)
 
 
-def _expected(kind: str, ranks: int) -> Traffic:
+def _expected(kind: str, ranks: int, algorithm: str) -> Traffic:
+    def all_reduce(elements: int) -> float:
+        return formula(algorithm, ranks, elements * 4).max_bytes_per_rank
     if kind == "column":
-        return linear_traffic("partition_output", BATCH, WIDTH, 2 * WIDTH, ranks)
+        return linear_traffic("partition_output", BATCH, WIDTH, 2 * WIDTH, ranks, algorithm=algorithm)
     if kind == "row":
-        return linear_traffic("reduce_output", BATCH, 2 * WIDTH, WIDTH, ranks)
+        return linear_traffic("reduce_output", BATCH, 2 * WIDTH, WIDTH, ranks, algorithm=algorithm)
     if kind == "column_split":  # the output stays split: nothing to gather forward
-        return Traffic(0, BATCH * WIDTH * 4, 0)
+        return Traffic(0, all_reduce(BATCH * WIDTH), 0)
     if kind == "row_split":  # the input arrives split: nothing to gather backward
-        return Traffic(BATCH * WIDTH * 4, 0, 0)
+        return Traffic(all_reduce(BATCH * WIDTH), 0, 0)
     if kind == "mlp":
-        return mlp_traffic(True, BATCH, WIDTH)
-    return mlp_traffic(True, BATCH * TOKENS, WIDTH)  # attention: one all-reduce each way too
+        return mlp_traffic(True, BATCH, WIDTH, ranks, algorithm=algorithm)
+    # attention: one all-reduce each way too
+    return mlp_traffic(True, BATCH * TOKENS, WIDTH, ranks, algorithm=algorithm)
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_every_layer_equals_its_full_module_and_sends_what_the_table_says(ranks):
+@pytest.mark.parametrize("ranks, algorithm", [(1, "builtin"), (2, "builtin"), (4, "builtin"),
+                                              (2, "ring"), (4, "halving_doubling")])
+def test_every_layer_equals_its_full_module_and_sends_what_the_table_says(ranks, algorithm):
     problems = []
     with Pool(ranks, backend="gloo", timeout=30) as pool:
         for kind in LAYERS:
-            reports = pool.run(run_layer, kind, BATCH, WIDTH)
-            problems += disagreements(kind, BATCH, WIDTH, reports)
+            reports = pool.run(run_layer, kind, BATCH, WIDTH, algorithm=algorithm)
+            problems += [f"{kind}: {p}" for p in disagreements(reports, layer_reference(kind, BATCH, WIDTH),
+                                                               rtol=1e-5, atol=1e-5)]
             for rank, report in enumerate(reports):
-                if _counted(report["transfers"]) != _expected(kind, ranks):
+                if _counted(report["transfers"]) != _expected(kind, ranks, algorithm):
                     problems.append(f"{kind}: rank {rank} sent {_counted(report['transfers'])}, "
-                                    f"the table says {_expected(kind, ranks)}")
+                                    f"the formulas say {_expected(kind, ranks, algorithm)}")
         for kind in ("column", "row"):
-            reports = pool.run(data_parallel_linear, kind, BATCH, WIDTH)
+            reports = pool.run(data_parallel_linear, kind, BATCH, WIDTH, algorithm=algorithm)
             full, x, probe = case(kind, BATCH, WIDTH)
             (full(x) * probe).sum().backward()
             c_in, c_out = full.in_features, full.out_features
+            problems += disagreements(reports, dict(full.named_parameters()) | {
+                name: p.grad for name, p in full.named_parameters()}, atol=1e-5)
             for rank, report in enumerate(reports):
-                if _counted(report["transfers"]) != linear_traffic("data_parallel", BATCH, c_in,
-                                                                   c_out, ranks):
+                if _counted(report["transfers"]) != linear_traffic("data_parallel", BATCH, c_in, c_out,
+                                                                   ranks, algorithm=algorithm):
                     problems.append(f"data parallel {kind}: rank {rank} sent the wrong amount")
-                for name, parameter in full.named_parameters():
-                    if not torch.allclose(report["grads"][name], parameter.grad, atol=1e-5):
-                        problems.append(f"data parallel {kind}: rank {rank}'s {name} differs")
-        problems += cnn_disagreements(BATCH, pool.run(cnn_step, BATCH))
+        problems += disagreements(pool.run(cnn_step, BATCH), cnn_reference(BATCH), atol=1e-6)
     assert not problems, "\n".join(problems)
 
 
@@ -91,12 +97,21 @@ def test_sizes_that_do_not_divide_among_the_ranks_are_refused(fn, message):
         pool.run(fn)
 
 
-@pytest.mark.parametrize("batch, width", [(8, 1024), (65536, 64), (512, 512)])
+@pytest.mark.parametrize("batch, width", [(8, 1024), (65536, 64), (512, 512), (600, 1024)])
 def test_the_cheaper_layout_follows_batch_size_and_width(batch, width):
     data = linear_traffic("data_parallel", batch, width, width, 4).total
     tensor = linear_traffic("reduce_output", batch, width, width, 4).total
-    # Tensor parallelism moves activations (B x width), data parallelism weights (width^2).
-    assert (tensor < data) == (batch * (width + width // 4) < width * width + width)
+    # Tensor parallelism moves activations (B x width), data parallelism weights (width^2). A ring
+    # all-reduce sends 2(z-1)/z of a tensor and a ring all-gather (z-1)/z, so z drops out.
+    assert (tensor < data) == (3 * batch * width < 2 * (width * width + width))
+
+
+def test_the_lecture_table_and_bytes_sent_are_one_formula_apart():
+    lecture = lecture_traffic("partition_output", 64, 256, 512, 8)
+    sent = linear_traffic("partition_output", 64, 256, 512, 8)
+    assert lecture == Traffic(64 * 512 / 8 * 4, 64 * 256 * 4, 0)  # B Cout / z forward, B Cin backward
+    assert sent.forward == 7 * lecture.forward  # a ring all-gather sends the other z-1 pieces
+    assert sent.backward == 2 * 7 / 8 * lecture.backward  # a ring all-reduce sends 2(z-1)/z of it
 
 
 def test_unknown_layout_lists_the_known_ones():

@@ -1,10 +1,39 @@
-"""Collectives as data: schedules, their cost model, a simulator and the real runtime."""
+"""The one communication layer: collectives as schedules (cost model, simulator, runtime), the
+calls every parallelism makes (`all_reduce`, ..., `all_to_all`, `send`), the ledger that counts
+what leaves each rank, and the process groups of a `Grid`, made once."""
 
-from edulib.comm.algorithms import ALGORITHMS, FURTHER, SCHEDULES, build_schedule, hierarchical
+from edulib.comm.algorithms import (
+    ALGORITHMS,
+    FOR_COLLECTIVE,
+    FURTHER,
+    SCHEDULES,
+    build_schedule,
+    hierarchical,
+    schedule_for,
+)
+from edulib.comm.collectives import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    barrier,
+    broadcast,
+    irecv,
+    isend,
+    launch,
+    recv,
+    reduce,
+    reduce_scatter,
+    send,
+)
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, two_level_link
+from edulib.comm.groups import Grid, subgroup
+from edulib.comm.ledger import Transfer, count_communication, labelled
 from edulib.comm.schedule import COLLECTIVES, Message, Schedule, chunk_bounds
 from edulib.comm.simulate import expected, simulate
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "FURTHER", "SCHEDULES", "Cost", "Message", "Schedule",
-           "build_schedule", "bytes_sent", "chunk_bounds", "cost", "expected", "formula",
-           "hierarchical", "simulate", "two_level_link"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "FOR_COLLECTIVE", "FURTHER", "SCHEDULES", "Cost", "Grid",
+           "Message", "Schedule", "Transfer", "all_gather", "all_reduce", "all_to_all", "barrier",
+           "broadcast", "build_schedule", "bytes_sent", "chunk_bounds", "cost", "count_communication",
+           "expected", "formula", "hierarchical", "irecv", "isend", "labelled", "launch", "recv",
+           "reduce", "reduce_scatter", "schedule_for", "send", "simulate", "subgroup",
+           "two_level_link"]

@@ -1,4 +1,5 @@
-"""Every all-reduce of the lectures, and reduce-scatter, all-gather, broadcast and reduce, as schedules.
+"""Every all-reduce of the lectures, and reduce-scatter, all-gather, broadcast, reduce and
+all-to-all, as schedules.
 
 Conventions shared by all builders: rank 0 is the root of trees and the parameter server; after a
 ring reduce-scatter rank r owns chunk r, which is where a ring all-gather expects it. Recursive
@@ -140,6 +141,27 @@ def reduce(n: int) -> Schedule:
     return Schedule("reduce", "reduce", n, 1, tuple(binomial_reduce_rounds(n)))
 
 
+def pairwise_all_to_all(n: int) -> Schedule:
+    """All-to-all as pairwise swaps: in each round every rank swaps one chunk with one partner.
+
+    Partners are r XOR s for a power of two (N-1 rounds), else s - r mod N (N rounds, a rank
+    paired with itself sits out), as in MPICH. Swapping keeps it in place: the chunk a rank
+    receives into is the one it sends away in the same round, so nothing is overwritten early.
+    """
+    power = n & (n - 1) == 0
+    rounds = []
+    for s in range(1, n) if power else range(n):
+        pairs = [(r, r ^ s if power else (s - r) % n) for r in range(n)]
+        rounds.append(tuple(Message(r, p, p, p + 1, "copy", at=r) for r, p in pairs if p != r))
+    return Schedule("pairwise", "all_to_all", n, n, tuple(r for r in rounds if r))
+
+
+def naive_all_to_all(n: int) -> Schedule:
+    """All-to-all in one round: every rank sends chunk j to rank j, all at once."""
+    rounds = [tuple(Message(r, d, d, d + 1, "copy", at=r) for r in range(n) for d in range(n) if d != r)]
+    return Schedule("naive", "all_to_all", n, n, tuple(r for r in rounds if r))
+
+
 def _binary_tree(ranks: list[int], parent: int | None, depth: int,
                  edges: list[tuple[int, int, int]]) -> None:
     """Collect (child, parent, depth) for a balanced binary tree whose in-order walk is `ranks`."""
@@ -208,11 +230,40 @@ FURTHER: dict[str, Callable[[int], Schedule]] = {
 }
 SCHEDULES: dict[str, Callable[[int], Schedule]] = {
     **ALGORITHMS, **FURTHER, "reduce_scatter": reduce_scatter, "all_gather": all_gather,
-    "broadcast": broadcast, "reduce": reduce,
+    "broadcast": broadcast, "reduce": reduce, "all_to_all": pairwise_all_to_all,
 }
+# The algorithms edulib has for each collective, by the name `algorithm=` takes.
+FOR_COLLECTIVE: dict[str, dict[str, Callable[[int], Schedule]]] = {
+    "all_reduce": {**ALGORITHMS, **FURTHER},
+    "reduce_scatter": {"ring": reduce_scatter},
+    "all_gather": {"ring": all_gather},
+    "broadcast": {"tree": broadcast},
+    "reduce": {"tree": reduce},
+    "all_to_all": {"pairwise": pairwise_all_to_all, "naive": naive_all_to_all},
+}
+# What "builtin" is counted as: torch.distributed does not say what it sends, so the ledger
+# charges it the bytes of the textbook algorithm for that collective.
+BUILTIN_COUNTED_AS = {"all_reduce": "ring", "reduce_scatter": "ring", "all_gather": "ring",
+                      "broadcast": "tree", "reduce": "tree", "all_to_all": "pairwise"}
 
 
 @lru_cache(maxsize=256)
 def build_schedule(name: str, world_size: int) -> Schedule:
     """The schedule of a named all-reduce algorithm (or other collective) on `world_size` ranks."""
     return SCHEDULES[check_choice(name, SCHEDULES, "algorithm")](check_world_size(world_size))
+
+
+@lru_cache(maxsize=256)
+def schedule_for(collective: str, algorithm: str, world_size: int) -> Schedule:
+    """The schedule that `algorithm` runs for `collective` on `world_size` ranks ("builtin" is
+    counted as BUILTIN_COUNTED_AS); a clear error for a name that does not implement it."""
+    check_choice(collective, FOR_COLLECTIVE, "collective")
+    offered = FOR_COLLECTIVE[collective]
+    if algorithm == "builtin":
+        algorithm = BUILTIN_COUNTED_AS[collective]
+    if algorithm not in offered:
+        known = any(algorithm in names for names in FOR_COLLECTIVE.values())
+        why = "does not implement" if known else "is not an algorithm for"
+        raise ValueError(f"{algorithm!r} {why} {collective}; {collective} offers "
+                         + ", ".join(["'builtin'", *map(repr, offered)]))
+    return offered[algorithm](check_world_size(world_size))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edulib.checks import check_choice
-from edulib.comm.algorithms import ALGORITHMS
+from edulib.comm.algorithms import ALGORITHMS, FOR_COLLECTIVE
 from edulib.comm.schedule import Schedule, chunk_bounds
 
 Link = Callable[[int, int], tuple[float, float]]  # (src, dst) -> (alpha, beta) of that link
@@ -75,16 +75,31 @@ def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float
 
 
 def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
-            beta: float = 0.0) -> Cost:
-    """The closed form of an all-reduce's cost (exact when every chunk has the same size).
+            beta: float = 0.0, collective: str = "all_reduce") -> Cost:
+    """The closed form of a collective's cost (exact when every chunk has the same size).
 
-    N ranks, M bytes; p is the largest power of two <= N and rem = N - p, the ranks that the
-    recursive algorithms fold in with one extra round before and one after.
+    N ranks, M bytes (the whole tensor; for all-to-all, each rank's whole input); p is the
+    largest power of two <= N and rem = N - p, the ranks that the recursive algorithms fold in
+    with one extra round before and one after.
     """
-    check_choice(name, ALGORITHMS, "algorithm")
+    check_choice(collective, FOR_COLLECTIVE, "collective")
+    closed = ALGORITHMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
+    check_choice(name, ["builtin", *closed], f"{collective} algorithm with a closed form")
     n, m = world_size, nbytes
     if n == 1:
         return Cost(0, 0, 0, 0.0)
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
+        # ring: N-1 rounds of M/N; pairwise swaps: N-1 rounds for a power of two, else N with
+        # one rank idle; naive all-to-all: one round, N-1 messages of M/N each, sent one by one
+        rounds = n - 1
+        if collective == "all_to_all":
+            rounds = 1 if name == "naive" else n - 1 if n & (n - 1) == 0 else n
+        return Cost(rounds, (n - 1) * m / n, (n - 1) * m,
+                    max(rounds, n - 1) * (alpha + beta * m / n))
+    if collective in ("broadcast", "reduce"):  # a binomial tree: the root talks log2 N times
+        depth = math.ceil(math.log2(n))
+        most = depth * m if collective == "broadcast" else m  # a reduce's root only receives
+        return Cost(depth, most, (n - 1) * m, depth * (alpha + beta * m))
     p = 1 << (n.bit_length() - 1)
     rem, steps = n - p, p.bit_length() - 1
     fold_rounds = 2 if rem else 0
@@ -93,7 +108,7 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
         return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (alpha + beta * m))
     if name == "parameter_server":  # the server takes N-1 messages of M in, then sends N-1 out
         return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * (n - 1) * (alpha + beta * m))
-    if name == "ring":  # 2(N-1) rounds of M/N
+    if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N
         return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
                     2 * (n - 1) * (alpha + beta * m / n))
     if name == "tree":  # every non-root sends M up and receives M down; the root sends log2 N times

@@ -12,33 +12,42 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from edulib.checks import check_choice
-from edulib.comm.algorithms import ALGORITHMS, build_schedule
-from edulib.comm.schedule import Schedule, chunk_bounds
+from edulib.comm.schedule import Message, Schedule, chunk_bounds
 
 
-def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None
-                 ) -> int:
-    """Execute this rank's part of `schedule` on `tensor` in place; return the bytes it sent."""
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+                 root: int = 0) -> int:
+    """Execute this rank's part of `schedule` on `tensor` in place; return the bytes it sent.
+
+    Schedules are rooted at rank 0; `root` renumbers the ranks so that another rank is the root.
+    """
+    world_size = dist.get_world_size(group)
     if world_size != schedule.world_size:
         raise ValueError(f"{schedule.name} was built for {schedule.world_size} ranks, but this "
                          f"group has {world_size}")
+    if not 0 <= root < world_size:
+        raise ValueError(f"root must be a rank of the group, 0 to {world_size - 1}; got {root!r}")
     if not tensor.is_contiguous():
         raise ValueError("the tensor must be contiguous (call .contiguous() first)")
+    rank = (dist.get_rank(group) - root) % world_size
     flat = tensor.view(-1)
+    if schedule.collective == "all_to_all" and flat.numel() % world_size:
+        raise ValueError(f"all-to-all on {world_size} ranks needs a length that divides into "
+                         f"{world_size} equal chunks; got {flat.numel()} (pass split sizes instead)")
     bounds = chunk_bounds(flat.numel(), schedule.chunks)
 
-    def size(message) -> int:
+    def size(message: Message) -> int:
         return bounds[message.hi] - bounds[message.lo]
 
-    def peer(group_rank: int) -> int:
+    def peer(virtual: int) -> int:
+        group_rank = (virtual + root) % world_size
         return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
-    def direct(message, messages) -> bool:
+    def direct(message: Message, messages: tuple[Message, ...]) -> bool:
         """A copy can land in place when this rank sends nothing from those chunks this round."""
-        return message.op == "copy" and not any(
-            m.src == rank and m.lo < message.hi and message.lo < m.hi for m in messages)
+        lo, hi = message.landing
+        return message.op == "copy" and not any(m.src == rank and m.lo < hi and lo < m.hi
+                                                for m in messages)
 
     incoming = [sum(size(m) for m in messages if m.dst == rank and not direct(m, messages))
                 for messages in schedule.rounds]
@@ -47,31 +56,25 @@ def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGr
     for messages in schedule.rounds:
         pending, arrivals, offset = [], [], 0
         for message in messages:
-            piece = slice(bounds[message.lo], bounds[message.hi])
             if size(message) == 0:
                 continue
+            landing = slice(bounds[message.landing[0]], bounds[message.landing[1]])
             if message.src == rank:
-                pending.append(dist.isend(flat[piece], peer(message.dst), group=group))
+                pending.append(dist.isend(flat[bounds[message.lo]:bounds[message.hi]],
+                                          peer(message.dst), group=group))
                 sent += size(message) * flat.element_size()
             elif message.dst == rank and direct(message, messages):
-                pending.append(dist.irecv(flat[piece], peer(message.src), group=group))
+                pending.append(dist.irecv(flat[landing], peer(message.src), group=group))
             elif message.dst == rank:
                 buffer = scratch[offset:offset + size(message)]
                 offset += size(message)
                 pending.append(dist.irecv(buffer, peer(message.src), group=group))
-                arrivals.append((message, piece, buffer))
+                arrivals.append((message, landing, buffer))
         for work in pending:
             work.wait()
-        for message, piece, buffer in arrivals:
+        for message, landing, buffer in arrivals:
             if message.op == "reduce":
-                flat[piece] += buffer
+                flat[landing] += buffer
             else:
-                flat[piece].copy_(buffer)
+                flat[landing].copy_(buffer)
     return sent
-
-
-def allreduce(tensor: torch.Tensor, algorithm: str = "ring",
-              group: dist.ProcessGroup | None = None) -> int:
-    """Sum `tensor` across the group in place with a named algorithm; return the bytes this rank sent."""
-    check_choice(algorithm, ALGORITHMS, "algorithm")
-    return run_schedule(build_schedule(algorithm, dist.get_world_size(group)), tensor, group)

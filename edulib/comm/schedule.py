@@ -3,6 +3,8 @@
 The tensor is cut into `chunks` nearly equal pieces (the first `length % chunks` pieces are one
 element longer, so any length works, 0 included). A `Message` moves chunks [lo, hi) from `src` to
 `dst`, and the receiver either adds them to its own (`reduce`) or overwrites its own (`copy`).
+The receiver puts them where they came from, unless `at` names another first chunk: all-to-all
+moves rank j's chunk i into rank i's chunk j.
 All messages of a round happen at once: every sender sends what it held before the round began.
 The cost model, the simulator and the runtime all read these objects and nothing else.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Op = Literal["reduce", "copy"]
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,19 @@ class Message:
     lo: int
     hi: int
     op: Op
+    at: int | None = None  # the receiver's first chunk, when it is not `lo`
+
+    @property
+    def landing(self) -> tuple[int, int]:
+        """The chunks [lo, hi) of the receiver that this message fills."""
+        start = self.lo if self.at is None else self.at
+        return start, start + self.hi - self.lo
 
     def __str__(self) -> str:
-        chunks = f"chunk {self.lo}" if self.hi == self.lo + 1 else f"chunks {self.lo}-{self.hi - 1}"
-        return f"{self.src}->{self.dst} {chunks} ({self.op})"
+        def name(lo: int, hi: int) -> str:
+            return f"chunk {lo}" if hi == lo + 1 else f"chunks {lo}-{hi - 1}"
+        where = "" if self.at is None else f" into {name(*self.landing)}"
+        return f"{self.src}->{self.dst} {name(self.lo, self.hi)}{where} ({self.op})"
 
 
 @dataclass(frozen=True)

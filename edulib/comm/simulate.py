@@ -17,6 +17,10 @@ def check_buffers(schedule: Schedule, buffers: Sequence) -> int:
     sizes = [int(np.size(buffer)) for buffer in buffers]
     if len(set(sizes)) > 1:
         raise ValueError(f"every rank's buffer must have the same length; got lengths {sizes}")
+    if schedule.collective == "all_to_all" and sizes and sizes[0] % schedule.world_size:
+        raise ValueError(f"all-to-all on {schedule.world_size} ranks needs a length that divides into "
+                         f"{schedule.world_size} equal chunks; got {sizes[0]} (uneven splits go "
+                         "through edulib.comm.all_to_all's split sizes)")
     return sizes[0]
 
 
@@ -29,7 +33,8 @@ def simulate(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarr
         # Everything sent in a round is what the sender held when the round began.
         payloads = [state[m.src][bounds[m.lo]:bounds[m.hi]].copy() for m in messages]
         for message, payload in zip(messages, payloads, strict=True):
-            target = state[message.dst][bounds[message.lo]:bounds[message.hi]]
+            lo, hi = message.landing
+            target = state[message.dst][bounds[lo]:bounds[hi]]
             if message.op == "reduce":
                 target += payload
             else:
@@ -55,6 +60,8 @@ def expected(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarr
                 result[piece] = flat[schedule.root][piece]
             elif schedule.collective == "all_gather":
                 result[piece] = flat[chunk][piece]
+            elif schedule.collective == "all_to_all":  # my chunk j is rank j's chunk `rank`
+                result[piece] = flat[chunk][bounds[rank]:bounds[rank + 1]]
             else:
                 result[piece] = total[piece]
         results.append(result.reshape(np.shape(buffers[rank])))

@@ -10,7 +10,7 @@ from edulib.comm.schedule import chunk_bounds
 from edulib.comm.simulate import expected
 
 
-def disagreements(name: str, reports: list[dict]) -> list[str]:
+def collective_disagreements(name: str, reports: list[dict]) -> list[str]:
     """Every way the per-rank reports of `workers.run_collective` differ from the references.
 
     Checked: the chunks each rank must hold against a NumPy computation from all inputs; the

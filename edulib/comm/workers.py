@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from edulib.comm.algorithms import build_schedule
-from edulib.comm.runtime import allreduce, run_schedule
+from edulib.comm.collectives import all_reduce, barrier, irecv, isend
+from edulib.comm.runtime import run_schedule
 from edulib.rank import device
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
@@ -19,27 +20,29 @@ def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
     """This rank's deterministic input: small integers (exact in any order) or normal floats."""
     generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
     if dtype == "int64":
-        values = torch.randint(-1000, 1000, (length,), generator=generator)
+        values = torch.randint(-1000, 1000, (length,), generator=generator, device=generator.device)
     else:
-        values = torch.randn(length, generator=generator)
+        values = torch.randn(length, generator=generator, device=generator.device)
     return values.to(DTYPES[dtype]).to(device())
 
 
 def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0) -> dict:
     """Run a named schedule on this rank's input; for all-reduce also torch's own all_reduce.
 
+    All-to-all needs a length that divides into equal pieces, so it rounds `length` down to that.
+
     Returns this rank's input, output, the built-in result (all-reduce only, else None) and the
     bytes it sent, all on the CPU so the caller can compare them with NumPy.
     """
     schedule = build_schedule(name, dist.get_world_size())
+    if schedule.collective == "all_to_all":  # equal pieces for every rank: a multiple of N
+        length -= length % schedule.world_size
     tensor = rank_tensor(length, dtype, seed)
     output = tensor.clone()
     sent = run_schedule(schedule, output)
     builtin = None
     if schedule.collective == "all_reduce":
-        builtin = tensor.clone()
-        dist.all_reduce(builtin)
-        builtin = builtin.cpu()
+        builtin = all_reduce(tensor.clone(), "builtin").cpu()
     return {"input": tensor.cpu(), "output": output.cpu(), "builtin": builtin, "sent": sent}
 
 
@@ -62,12 +65,9 @@ def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int) -> dic
             samples = []
             for _ in range(repeats):
                 work = tensor.clone()
-                dist.barrier()
+                barrier()
                 began = time.perf_counter()
-                if name == "builtin":
-                    dist.all_reduce(work)
-                else:
-                    allreduce(work, name)
+                all_reduce(work, name)
                 if work.is_cuda:
                     torch.cuda.synchronize()
                 samples.append(time.perf_counter() - began)
@@ -88,10 +88,10 @@ def ping_pong(sizes: list[int], repeats: int) -> dict[int, float]:
         incoming = torch.empty_like(outgoing)
         samples = []
         for _ in range(repeats):
-            dist.barrier()
+            barrier()
             began = time.perf_counter()
             if partner is not None:
-                for work in (dist.isend(outgoing, partner), dist.irecv(incoming, partner)):
+                for work in (isend(outgoing, partner), irecv(incoming, partner)):
                     work.wait()
             samples.append(time.perf_counter() - began)
         swap[nbytes] = statistics.median(samples)

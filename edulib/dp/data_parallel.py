@@ -2,20 +2,25 @@
 and gradients are averaged in buckets that are all-reduced while the backward pass continues.
 
 A hook on each parameter fires when its gradient is ready (last layers first). When every
-gradient of a bucket is ready, the bucket is flattened and its all-reduce launched without
-waiting, so communication overlaps the rest of the backward pass; `overlap=False` launches them
-all after the backward pass instead, for comparison. Times are recorded for the timeline.
+gradient of a bucket is ready, the bucket is flattened and its all-reduce launched on the
+communication thread without waiting, so communication overlaps the rest of the backward pass;
+`overlap=False` launches them all after the backward pass instead, for comparison. The
+all-reduce is any of edulib's (`algorithm=`) or torch's own. Inside `no_sync()` gradients only
+accumulate, so k micro-batches cost one reduction. Times are recorded for the timeline.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
+from edulib import comm
 from edulib.dp.server import worker_batch
 from edulib.models import mlp
 
@@ -23,10 +28,9 @@ from edulib.models import mlp
 def check_replicas(model: nn.Module, group=None) -> None:
     """Refuse to start if the ranks' parameters differ (each must start from the same model)."""
     flat = parameters_to_vector(model.parameters()).detach()
-    high, low = flat.clone(), flat.clone()
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-    if not torch.equal(high, low):
+    first = comm.broadcast(flat.clone(), root=0, group=group)
+    differs = comm.all_reduce(torch.tensor([float(not torch.equal(first, flat))]), group=group)
+    if differs.item():
         raise ValueError("the model's parameters differ across ranks; build it from the same seed "
                          "on every rank, or broadcast rank 0's parameters before training")
 
@@ -35,11 +39,14 @@ class GradientBuckets:
     """Average a model's gradients across ranks in buckets launched from backward hooks."""
 
     def __init__(self, model: nn.Module, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                 group=None) -> None:
+                 group=None, algorithm: str = "builtin") -> None:
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be a positive whole number of bytes; got {bucket_bytes!r}")
+        comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # refuse a bad name now
         check_replicas(model, group)
-        self.overlap, self.group = overlap, group
+        self.overlap, self.group, self.algorithm = overlap, group, algorithm
+        self._syncing = True
+        self.bytes_sent = 0  # by this rank, over every step so far
         self.buckets: list[list[nn.Parameter]] = [[]]
         size = 0
         for parameter in reversed([p for p in model.parameters() if p.requires_grad]):
@@ -57,12 +64,23 @@ class GradientBuckets:
 
     def _reset(self) -> None:
         self._waiting = [len(bucket) for bucket in self.buckets]
-        self._launched: list[tuple[int, torch.Tensor, object]] = []
+        self._launched: dict[int, tuple[torch.Tensor, object]] = {}
         self.ready_times: list[float] = []  # when each gradient became ready, this step
         self.reduce_times: dict[int, list[float]] = {}  # bucket -> [launched, finished]
 
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients; the next one outside reduces them all."""
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
     def _ready(self, parameter: nn.Parameter) -> None:
         """A gradient is ready: count it, and launch its bucket once the bucket is full."""
+        if not self._syncing:
+            return
         self.ready_times.append(time.perf_counter())
         index = self._bucket_of[id(parameter)]
         self._waiting[index] -= 1
@@ -70,12 +88,16 @@ class GradientBuckets:
             self._launch(index)
 
     def _launch(self, index: int) -> None:
-        """Start the all-reduce of one bucket without waiting for it."""
+        """Start the all-reduce of one bucket on the communication thread, without waiting for it."""
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
         times = self.reduce_times[index] = [time.perf_counter()]
-        work = dist.all_reduce(flat, group=self.group, async_op=True)
-        work.get_future().then(lambda _: times.append(time.perf_counter()))
-        self._launched.append((index, flat, work))
+
+        def reduce() -> int:
+            with comm.labelled("gradients"), comm.count_communication() as sent:
+                comm.all_reduce(flat, self.algorithm, self.group)
+            times.append(time.perf_counter())
+            return sum(transfer.nbytes for transfer in sent)
+        self._launched[index] = (flat, comm.launch(reduce))
 
     def finish(self) -> tuple[list[float], dict[int, list[float]]]:
         """After backward: launch what is left, wait for everything, install the averages.
@@ -83,12 +105,12 @@ class GradientBuckets:
         Returns this step's timestamps: when each gradient became ready, and each bucket's
         all-reduce [launched, finished].
         """
-        if not self.overlap:
-            for index in range(len(self.buckets)):
+        for index in range(len(self.buckets)):
+            if index not in self._launched:
                 self._launch(index)
         ranks = dist.get_world_size(self.group)
-        for index, flat, work in self._launched:
-            work.wait()
+        for index, (flat, work) in sorted(self._launched.items()):
+            self.bytes_sent += work.result()
             offset = 0
             for parameter in self.buckets[index]:
                 count = parameter.numel()
@@ -100,11 +122,13 @@ class GradientBuckets:
 
 
 def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                  width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
-    """Train `mlp(width, depth, seed)` data-parallel on this rank's share of each mini-batch."""
+                  width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0,
+                  algorithm: str = "builtin") -> dict:
+    """Train `mlp(width, depth, seed)` data-parallel on this rank's share of each mini-batch,
+    averaging gradients with `algorithm`'s all-reduce; also returns the bytes this rank sent."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = mlp(width, depth, seed)
-    buckets = GradientBuckets(model, bucket_bytes, overlap)
+    buckets = GradientBuckets(model, bucket_bytes, overlap, algorithm=algorithm)
     losses, durations = [], []
     for step in range(steps):
         began = time.perf_counter()
@@ -120,7 +144,8 @@ def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, over
         durations.append(time.perf_counter() - began)
         losses.append(loss.item())
     return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
-            "durations": durations, "buckets": len(buckets.buckets),
+            "durations": durations, "buckets": len(buckets.buckets), "bytes_sent": buckets.bytes_sent,
+            "bucket_sizes": [sum(p.numel() for p in bucket) for bucket in buckets.buckets],
             "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
 
 

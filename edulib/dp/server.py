@@ -11,11 +11,14 @@ fixed pattern, so a run is reproducible; each gradient's age is recorded, not hi
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from edulib import comm
 from edulib.comm.schedule import chunk_bounds
 from edulib.models import mlp, regression_batch
 
@@ -54,27 +57,23 @@ def parameter_server(steps: int, lr: float = 0.1, shards: int = 1, staleness: in
     if batch % workers:
         raise ValueError(f"the batch ({batch}) must split evenly among {workers} workers")
     bounds = chunk_bounds(flat.numel(), shards)
-    if rank < shards:  # a server: keep every version its workers may still ask for
-        history = [flat[bounds[rank]:bounds[rank + 1]].clone()]
-        for step in range(steps):
+    if rank < shards:  # a server: keep the versions a worker may still ask for, no older
+        history = deque([flat[bounds[rank]:bounds[rank + 1]].clone()], maxlen=staleness + 1)
+        for step in range(steps):  # history holds versions step - len + 1 .. step
             for worker in range(workers):
-                version = max(0, step - min(worker, staleness))
-                dist.send(history[version], shards + worker)
+                age = step - max(0, step - min(worker, staleness))
+                comm.send(history[-1 - age], shards + worker)
             total = torch.zeros_like(history[-1])
             for worker in range(workers):
-                gradient = torch.empty_like(total)
-                dist.recv(gradient, shards + worker)
-                total += gradient
+                total += comm.recv(torch.empty_like(total), shards + worker)
             history.append(history[-1] - lr * total / workers)
         for worker in range(workers):
-            dist.send(history[-1], shards + worker)
-        return {"role": "server", "slice": history[-1]}
+            comm.send(history[-1], shards + worker)
+        return {"role": "server", "slice": history[-1], "versions_kept": len(history)}
     worker, losses, ages = rank - shards, [], []
 
     def pull() -> None:
-        pieces = [torch.empty(bounds[s + 1] - bounds[s]) for s in range(shards)]
-        for server, piece in enumerate(pieces):
-            dist.recv(piece, server)
+        pieces = [comm.recv(torch.empty(bounds[s + 1] - bounds[s]), s) for s in range(shards)]
         vector_to_parameters(torch.cat(pieces), model.parameters())
 
     for step in range(steps):
@@ -87,7 +86,7 @@ def parameter_server(steps: int, lr: float = 0.1, shards: int = 1, staleness: in
         losses.append(loss.item())
         gradient = parameters_to_vector(p.grad for p in model.parameters())
         for server in range(shards):
-            dist.send(gradient[bounds[server]:bounds[server + 1]].contiguous(), server)
+            comm.send(gradient[bounds[server]:bounds[server + 1]], server)
     pull()
     return {"role": "worker", "losses": losses, "ages": ages,
             "parameters": parameters_to_vector(model.parameters()).detach()}

@@ -8,7 +8,8 @@ each half (attention, MLP) uses, per mesh axis, one mode read from the plan's st
 Between halves whose batch layouts differ, the activation is resharded (edulib.tp's gather and
 split, which carry gradients back the other way). A stage hands its output on whole: rank j of
 the next stage receives from rank j mod (this stage's size), Alpa's cross-mesh resharding at its
-simplest. Every stage follows its row of edulib.pp's 1F1B schedule.
+simplest. Every stage runs its row of edulib.pp's 1F1B schedule on the one pipeline executor,
+and every collective goes through edulib.comm, on process groups made once per process.
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from edulib import comm
 from edulib.comm.cost import fit_alpha_beta
 from edulib.comm.workers import ping_pong
-from edulib.hybrid import TOKENS, disagreements, gpt_batch
+from edulib.compare import disagreements
+from edulib.hybrid import gpt_reference
 from edulib.launch import Pool
-from edulib.models import tiny_gpt
+from edulib.models import TOKENS, gpt_batch, tiny_gpt
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, gpt_graph
 from edulib.planner.inter import Plan, plan
 from edulib.pp import build_schedule
+from edulib.pp.executor import Links, execute
 from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
 from edulib.tp.ops import gather, split
 
@@ -132,36 +136,15 @@ class _Stage(nn.Module):
         return _reshard(x, have, ("-", "-"), self.groups)
 
 
-def _run_actions(actions, stage: nn.Module, inputs, targets, p: int, local: int, sizes: list[int],
-                 offsets: np.ndarray, scale: float) -> None:
-    """This stage's row of the 1F1B schedule: receive, compute and send each F and B in order."""
-    last, saved, sends = len(sizes) - 1, {}, []
-    for action in actions:
-        mb = action.microbatch
-        if action.kind == "F":
-            x = inputs[mb].clone()
-            if p > 0:
-                dist.recv(x, int(offsets[p - 1] + local % sizes[p - 1]), tag=mb)
-            x.requires_grad_()
-            out = stage(x)
-            if p == last:
-                out = ((out - targets[mb]) ** 2).sum() * scale  # a share of the whole batch's mean
-            else:
-                sends += [dist.isend(out.detach(), int(offsets[p + 1] + j), tag=mb)
-                          for j in range(sizes[p + 1]) if j % sizes[p] == local]
-            saved[mb] = (x, out)
-        else:
-            x, out = saved.pop(mb)
-            grad = None
-            if p < last:
-                grad = torch.empty_like(out)
-                dist.recv(grad, int(offsets[p + 1] + local % sizes[p + 1]), tag=mb)
-            torch.autograd.backward(out, grad)
-            if p > 0:
-                sends += [dist.isend(x.grad, int(offsets[p - 1] + i), tag=mb)
-                          for i in range(sizes[p - 1]) if i % sizes[p] == local]
-    for request in sends:
-        request.wait()
+def _links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Links:
+    """Cross-mesh messages of stage p's rank `local`: it feeds every rank of a neighbouring stage
+    whose index is `local` modulo its own size, and hears from rank `local` modulo theirs."""
+    send, recv = {}, {}
+    for q in (p - 1, p + 1):
+        if 0 <= q < len(sizes):
+            send[q] = [int(offsets[q] + j) for j in range(sizes[q]) if j % sizes[p] == local]
+            recv[q] = int(offsets[q] + local % sizes[q])
+    return Links(send, recv)
 
 
 def _synchronised_gradients(stage: _Stage) -> tuple[dict, dict]:
@@ -175,7 +158,7 @@ def _synchronised_gradients(stage: _Stage) -> tuple[dict, dict]:
             grad = half.get_parameter(param).grad
             for axis in (0, 1):
                 if mode[axis] == "b":  # data parallel along this axis: add up the batch's parts
-                    dist.all_reduce(grad, group=stage.groups[axis])
+                    comm.all_reduce(grad, group=stage.groups[axis])
             gradients[f"{layer}.{name}.{param}"] = grad
             sources[f"{layer}.{name}.{param}"] = (f"{layer}.{name}.{full}", where)
     return gradients, sources
@@ -193,25 +176,23 @@ def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, 
     p = int(np.searchsorted(offsets, rank, side="right")) - 1
     local, layout = rank - offsets[p], stages[p]
     a, b = layout.mesh
-    groups: list = [None, None]
-    for q, stage in enumerate(stages):  # every rank creates every group, in the same order
+    partitions: list[list[list[int]]] = [[], []]  # every stage's mesh columns, then its rows
+    for q, stage in enumerate(stages):
         rows, cols = stage.mesh
-        for axis, members in ((0, [[offsets[q] + i * cols + j for i in range(rows)] for j in range(cols)]),
-                              (1, [[offsets[q] + i * cols + j for j in range(cols)] for i in range(rows)])):
-            for group in members:
-                handle = dist.new_group(group)
-                if rank in group:
-                    groups[axis] = handle
+        partitions[0] += [[int(offsets[q]) + i * cols + j for i in range(rows)] for j in range(cols)]
+        partitions[1] += [[int(offsets[q]) + i * cols + j for j in range(cols)] for i in range(rows)]
+    groups = [comm.subgroup(partition) for partition in partitions]
     stage = _Stage(layout, tiny_gpt(hidden, heads, layers, seed), groups)
     inputs, targets = (t.chunk(microbatches) for t in gpt_batch(batch, hidden, seed))
     schedule = build_schedule("1f1b", stages=len(stages), microbatches=microbatches)
+    scale = 1.0 / (batch * TOKENS * hidden)  # each micro-batch's share of the whole batch's mean
     seconds = []
     for _ in range(repeats):
         stage.zero_grad(set_to_none=True)
-        dist.barrier()
+        comm.barrier()
         began = time.perf_counter()
-        _run_actions(schedule.actions[p], stage, inputs, targets, p, local, sizes, offsets,
-                     1.0 / (batch * TOKENS * hidden))
+        execute(schedule, p, {p: stage}, lambda out, target: ((out - target) ** 2).sum() * scale,
+                inputs, targets, shape=inputs[0].shape, links=_links(p, int(local), sizes, offsets))
         gradients, sources = _synchronised_gradients(stage)
         seconds.append(time.perf_counter() - began)
     return {"coordinates": (p, local // b, local % b), "gradients": gradients, "sources": sources,
@@ -245,8 +226,9 @@ def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microb
     sizes = [2**k for k in range(8, 17, 2)]
     alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
     found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
-    reports = pool.run(plan_step, layouts(found), batch, microbatches, hidden, heads, layers, 0, 5)
-    model = {"batch": batch, "hidden": hidden, "heads": heads, "layers": layers, "seed": 0}
-    return {"plan": found, "problems": disagreements(reports, **model),
+    reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
+                       heads=heads, layers=layers, repeats=5)
+    reference = gpt_reference(batch=batch, hidden=hidden, heads=heads, layers=layers)
+    return {"plan": found, "problems": disagreements(reports, reference),
             "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
             "flops": flops, "alpha": alpha, "beta": beta}

@@ -24,10 +24,12 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
+from edulib.footprint import training_footprint
 from edulib.planner.cluster import Mesh
-from edulib.planner.graph import LOOPS, Graph, Operator
+from edulib.planner.graph import BYTES, LOOPS, Graph, Operator
 
-STATE = 8  # bytes of training state per byte of fp16 parameters: weights, gradients, fp32 Adam
+# bytes of training state per byte of fp16 parameters: weights, gradients, fp32 master and Adam
+STATE = training_footprint(1, "fp16", "adam").bytes_per_parameter / BYTES
 
 
 def device_bytes(weight: float | np.ndarray, activation: float | np.ndarray,

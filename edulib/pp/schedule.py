@@ -4,6 +4,11 @@ An action is F (forward), B (backward; with W present, only the gradient for the
 (the gradient for the weights) of one stage on one micro-batch. It prints as "F3" (micro-batch 3)
 and, when a device holds several stages, as "F3@5" (stage 5). Stage s lives on device s mod p, so
 device d holds stages d, d + p, d + 2p, ... (Megatron's interleaved layout).
+
+A lowered schedule (`edulib.pp.lower`) also has the messages, as torch.distributed.pipelining
+writes them: SEND_F3 (this stage sends micro-batch 3's activation on), RECV_F3 (this stage
+receives it), SEND_B3 and RECV_B3 (the input gradient going back). Messages between two devices
+pair up by order alone: the k-th send from a to b is the k-th receive at b from a.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("F", "B", "W")
-_TOKEN = re.compile(r"^([FBW])(\d+)(?:@(\d+))?$")
+MESSAGES = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+_TOKEN = re.compile(r"^(SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(\d+)(?:@(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,20 @@ class Action:
         """'F3' where the device holds one stage, 'F3@5' where it holds several."""
         return f"{self.kind}{self.microbatch}" if stages_per_device == 1 else str(self)
 
+    @property
+    def is_message(self) -> bool:
+        """Whether this is a send or a receive rather than computation."""
+        return self.kind in MESSAGES
+
+    def peer_stage(self) -> int:
+        """For a message: the stage at the other end (activations go up a stage, gradients down)."""
+        return self.stage + (1 if self.kind in ("SEND_F", "RECV_B") else -1)
+
+    def partner(self) -> Action:
+        """For a message: the action at the other end that pairs with it."""
+        other = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}
+        return Action(other[self.kind], self.peer_stage(), self.microbatch)
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -45,6 +65,11 @@ class Schedule:
     def stages(self) -> int:
         """Model stages in all (devices x chunks)."""
         return self.devices * self.chunks
+
+    @property
+    def lowered(self) -> bool:
+        """Whether the rows spell out their sends and receives."""
+        return any(action.is_message for row in self.actions for action in row)
 
     @property
     def split_backward(self) -> bool:
@@ -108,8 +133,9 @@ def parse_actions(rows: list[list[str] | str], microbatches: int, chunks: int = 
         for token in tokens:
             match = _TOKEN.match(token.strip())
             if match is None:
-                raise ValueError(f"device {device}: cannot read action {token!r}; write F, B or W, "
-                                 "the micro-batch and, if needed, @stage, as in 'F3' or 'B0@5'")
+                raise ValueError(f"device {device}: cannot read action {token!r}; write F, B, W, "
+                                 "SEND_F, RECV_F, SEND_B or RECV_B, the micro-batch and, if needed, "
+                                 "@stage, as in 'F3', 'B0@5' or 'SEND_F3'")
             kind, microbatch, stage = match.group(1), int(match.group(2)), match.group(3)
             if stage is None and chunks > 1:
                 raise ValueError(f"device {device}: {token!r} needs @stage, because each device "
@@ -117,3 +143,56 @@ def parse_actions(rows: list[list[str] | str], microbatches: int, chunks: int = 
             actions.append(Action(kind, device if stage is None else int(stage), microbatch))
         parsed.append(tuple(actions))
     return Schedule(name, devices, microbatches, chunks, tuple(parsed))
+
+
+def check_messages(schedule: Schedule) -> None:
+    """Refuse a lowered schedule whose sends and receives do not pair, saying which and where.
+
+    Each message must be sent after the action that computes it and received before the action
+    that uses it, on the devices holding those stages; between two devices, the k-th send must be
+    the k-th receive, since messages match by order alone.
+    """
+    sent: dict[tuple[int, int], list[Action]] = {}
+    received: dict[tuple[int, int], list[Action]] = {}
+    for device, row in enumerate(schedule.actions):
+        done: set[tuple[str, int, int]] = set()
+        arrived: set[tuple[int, int, str]] = set()
+        for action in row:
+            if action.is_message:
+                peer = action.peer_stage()
+                if not 0 <= peer < schedule.stages:
+                    raise ValueError(f"device {device}: {action} talks to stage {peer}, which is not "
+                                     f"in the pipeline (stages 0-{schedule.stages - 1})")
+                if schedule.device_of(peer) == device:
+                    raise ValueError(f"device {device}: {action} talks to stage {peer}, which is on "
+                                     "this device: a stage hands its result to a stage on the same "
+                                     "device without a message")
+                other = schedule.device_of(peer)
+                if action.kind.startswith("SEND"):
+                    if (action.kind[-1], action.stage, action.microbatch) not in done:
+                        raise ValueError(f"device {device}: {action} comes before "
+                                         f"{action.kind[-1]}{action.microbatch}@{action.stage} computes it")
+                    sent.setdefault((device, other), []).append(action)
+                else:
+                    arrived.add((action.stage, action.microbatch, action.kind[-1]))
+                    received.setdefault((other, device), []).append(action.partner())
+                continue
+            done.add((action.kind, action.stage, action.microbatch))
+            source = {"F": action.stage - 1, "B": action.stage + 1}.get(action.kind)
+            if (source is not None and 0 <= source < schedule.stages
+                    and schedule.device_of(source) != device
+                    and (action.stage, action.microbatch, action.kind) not in arrived):
+                raise ValueError(f"device {device}: {action} runs before RECV_{action.kind}"
+                                 f"{action.microbatch}@{action.stage} brings its input from device "
+                                 f"{schedule.device_of(source)}")
+    for pair in sorted(set(sent) | set(received)):
+        sends, receives = sent.get(pair, []), received.get(pair, [])
+        for index in range(max(len(sends), len(receives))):
+            send = sends[index] if index < len(sends) else None
+            want = receives[index] if index < len(receives) else None
+            if send != want:
+                raise ValueError(
+                    f"sends and receives do not pair: message {index + 1} from device {pair[0]} to "
+                    f"device {pair[1]} is {send or 'missing'} on the sender but "
+                    f"{want.partner() if want else 'missing'} on the receiver; messages between "
+                    "two devices match by order, so both must list them in the same order")

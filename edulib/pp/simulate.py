@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edulib.pp.schedule import Action, Schedule, action_of, dependencies, key_of, needs
+from edulib.pp.schedule import Action, Schedule, action_of, check_messages, dependencies, key_of, needs
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ def _keys(schedule: Schedule) -> list[list[int]]:
     for device, row in enumerate(schedule.actions):
         keys = []
         for action in row:
+            if action.is_message:
+                continue
             if action.kind not in kinds or not (0 <= action.stage < stages
                                                 and 0 <= action.microbatch < m):
                 raise ValueError(f"device {device}: {action} is not part of this pipeline "
@@ -176,8 +178,11 @@ def simulate_ratio(schedule: Schedule, backward: float = 2.0) -> Timeline:
 
 
 def validate(schedule: Schedule) -> Schedule:
-    """Check any schedule, a student's included; return it, or raise saying which action is wrong."""
+    """Check any schedule, a student's included, lowered or not; return it, or raise saying
+    which action is wrong (or, lowered, which send and receive do not pair)."""
     simulate(schedule, 1.0, 1.0, 1.0 if schedule.split_backward else 0.0)
+    if schedule.lowered:
+        check_messages(schedule)
     return schedule
 
 

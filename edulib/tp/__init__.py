@@ -7,8 +7,7 @@ from edulib.tp.layers import (
     ParallelSelfAttention,
     RowParallelLinear,
 )
-from edulib.tp.ops import Transfer, count_communication, f, g, gather, split, sync_gradients
+from edulib.tp.ops import f, g, gather, split, sync_gradients
 
 __all__ = ["ColumnParallelLinear", "ParallelMLP", "ParallelModule", "ParallelSelfAttention",
-           "RowParallelLinear", "Transfer", "count_communication", "f", "g", "gather", "split",
-           "sync_gradients"]
+           "RowParallelLinear", "f", "g", "gather", "split", "sync_gradients"]

@@ -57,34 +57,34 @@ class ColumnParallelLinear(ParallelModule):
     """Output features split across ranks: y_i = x W_i^T, optionally all-gathered into y."""
 
     def __init__(self, full: nn.Linear, gather_output: bool = True, group=None,
-                 rows: list[int] | None = None, name: str = "") -> None:
+                 rows: list[int] | None = None, name: str = "", algorithm: str = "builtin") -> None:
         super().__init__()
         rows = list(_share(full.out_features, group, "the output features")) if rows is None else rows
-        self.group, self.gather_output = group, gather_output
+        self.group, self.gather_output, self.algorithm = group, gather_output, algorithm
         self._take("weight", full.weight, name + "weight", (rows,))
         self._take("bias", full.bias, name + "bias", (rows,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(f(x, self.group), self.weight, self.bias)
-        return gather(y, -1, self.group) if self.gather_output else y
+        y = F.linear(f(x, self.group, self.algorithm), self.weight, self.bias)
+        return gather(y, -1, self.group, self.algorithm) if self.gather_output else y
 
 
 class RowParallelLinear(ParallelModule):
     """Input features split across ranks: y = sum_i x_i W_i^T, then the bias once."""
 
     def __init__(self, full: nn.Linear, input_is_split: bool = False, group=None,
-                 name: str = "") -> None:
+                 name: str = "", algorithm: str = "builtin") -> None:
         super().__init__()
         columns = _share(full.in_features, group, "the input features")
-        self.group, self.input_is_split = group, input_is_split
+        self.group, self.input_is_split, self.algorithm = group, input_is_split, algorithm
         self._take("weight", full.weight, name + "weight",
                    (slice(None), slice(columns.start, columns.stop)))
         self._take("bias", full.bias, name + "bias", (slice(None),))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_split:
-            x = split(x, -1, self.group)
-        y = g(F.linear(x, self.weight), self.group)
+            x = split(x, -1, self.group, self.algorithm)
+        y = g(F.linear(x, self.weight), self.group, self.algorithm)
         return y if self.bias is None else y + self.bias
 
 
@@ -94,12 +94,14 @@ class ParallelMLP(ParallelModule):
     One all-reduce forward (g, after the second layer) and one backward (f, before the first).
     """
 
-    def __init__(self, full: nn.Sequential, group=None) -> None:
+    def __init__(self, full: nn.Sequential, group=None, algorithm: str = "builtin") -> None:
         super().__init__()
         up, activation, down = full
-        self.up = ColumnParallelLinear(up, gather_output=False, group=group, name="0.")
+        self.up = ColumnParallelLinear(up, gather_output=False, group=group, name="0.",
+                                       algorithm=algorithm)
         self.activation = activation
-        self.down = RowParallelLinear(down, input_is_split=True, group=group, name="2.")
+        self.down = RowParallelLinear(down, input_is_split=True, group=group, name="2.",
+                                      algorithm=algorithm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.activation(self.up(x)))
@@ -109,7 +111,7 @@ class ParallelSelfAttention(ParallelModule):
     """Heads split across ranks: the fused QKV projection column-parallel (each rank's heads'
     rows of Q, K and V), attention local to each rank, the output projection row-parallel."""
 
-    def __init__(self, full: SelfAttention, group=None) -> None:
+    def __init__(self, full: SelfAttention, group=None, algorithm: str = "builtin") -> None:
         super().__init__()
         hidden = full.out.in_features
         heads = _share(full.heads, group, "the attention heads")
@@ -118,8 +120,9 @@ class ParallelSelfAttention(ParallelModule):
         rows = [part * hidden + column for part in range(3) for column in columns]
         self.heads = len(heads)
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
-                                        name="qkv.")
-        self.out = RowParallelLinear(full.out, input_is_split=True, group=group, name="out.")
+                                        name="qkv.", algorithm=algorithm)
+        self.out = RowParallelLinear(full.out, input_is_split=True, group=group, name="out.",
+                                     algorithm=algorithm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)

@@ -51,8 +51,8 @@ def traffic_rows(batch: int, hidden: int, ranks: int) -> list[tuple[str, float, 
     cases = [(f"linear: {layout.replace('_', ' ')}", linear_traffic(layout, batch, hidden, hidden,
                                                                    ranks))
              for layout in ("data_parallel", "partition_output", "reduce_output")]
-    cases += [("MLP: data parallel", mlp_traffic(False, batch, hidden)),
-              ("MLP: Megatron tensor parallel", mlp_traffic(True, batch, hidden))]
+    cases += [("MLP: data parallel", mlp_traffic(False, batch, hidden, ranks)),
+              ("MLP: Megatron tensor parallel", mlp_traffic(True, batch, hidden, ranks))]
     return [(name, t.forward / 1e6, t.backward / 1e6, t.gradients / 1e6) for name, t in cases]
 
 

@@ -1,0 +1,205 @@
+"""The one communication layer: every collective and message edulib sends goes through here.
+
+Each collective takes `algorithm=`: "builtin" runs torch.distributed's own; any other name runs
+that edulib schedule (lesson 02's) for the collective asked, on any process group, sub-groups
+included. Either way the ledger writes down what left this rank. Ranks inside a group are
+numbered as in the group (`root`); point-to-point peers are global ranks, as in torch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from edulib.comm.algorithms import schedule_for
+from edulib.comm.cost import bytes_sent
+from edulib.comm.ledger import note
+from edulib.comm.runtime import run_schedule
+from edulib.comm.schedule import Schedule, chunk_bounds
+
+Group = dist.ProcessGroup | None
+
+
+def _sizes(tensor: torch.Tensor) -> tuple[int, int]:
+    """(bytes, element size) of a tensor."""
+    return tensor.numel() * tensor.element_size(), tensor.element_size()
+
+
+def _counted(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, root: int = 0
+             ) -> tuple[Schedule, int]:
+    """The schedule for the call (its bytes are what "builtin" is charged) and this rank's place in it."""
+    n = dist.get_world_size(group)
+    return schedule_for(collective, algorithm, n), (dist.get_rank(group) - root) % n
+
+
+def _run(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, root: int,
+         builtin: Callable[[], object], handed: int | None = None) -> int:
+    """Run a collective in place on `tensor` (builtin or schedule); record and return the bytes
+    sent. `handed` is the size of the caller's tensor when it is not `tensor` (an all-gather's piece)."""
+    schedule, place = _counted(collective, algorithm, tensor, group, root)
+    nbytes, itemsize = _sizes(tensor)
+    if algorithm == "builtin":
+        builtin()
+        sent = bytes_sent(schedule, nbytes, itemsize)[place]
+    else:
+        sent = run_schedule(schedule, tensor, group, root)
+    return note(collective, sent, nbytes if handed is None else handed, algorithm)
+
+
+def _global(group: Group, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def all_reduce(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None) -> torch.Tensor:
+    """Sum `tensor` over the group, in place; returns it."""
+    _run("all_reduce", algorithm, tensor.view(-1), group, 0,
+         lambda: dist.all_reduce(tensor, group=group))
+    return tensor
+
+
+def broadcast(tensor: torch.Tensor, root: int = 0, algorithm: str = "builtin",
+              group: Group = None) -> torch.Tensor:
+    """Give every rank of the group the tensor of group rank `root`, in place; returns it."""
+    _run("broadcast", algorithm, tensor.view(-1), group, root,
+         lambda: dist.broadcast(tensor, _global(group, root), group=group))
+    return tensor
+
+
+def reduce(tensor: torch.Tensor, root: int = 0, algorithm: str = "builtin",
+           group: Group = None) -> torch.Tensor:
+    """Sum `tensor` over the group onto group rank `root` (other ranks' tensors are scratch)."""
+    _run("reduce", algorithm, tensor.view(-1), group, root,
+         lambda: dist.reduce(tensor, _global(group, root), group=group))
+    return tensor
+
+
+def reduce_scatter(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None
+                   ) -> torch.Tensor:
+    """This rank's chunk of the group's sum of `tensor`, flat: chunk r of N nearly equal chunks
+    (the first length % N are one element longer), so any length works."""
+    flat = tensor.reshape(-1)
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    bounds = chunk_bounds(flat.numel(), n)
+    work = flat.clone()
+    mine = work[bounds[rank]:bounds[rank + 1]]
+
+    def builtin() -> None:
+        sizes = [bounds[r + 1] - bounds[r] for r in range(n)]
+        dist.reduce_scatter(mine, list(flat.split(sizes)), group=group)
+    _run("reduce_scatter", algorithm, work, group, 0, builtin)
+    return mine
+
+
+def all_gather(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None) -> torch.Tensor:
+    """Every rank's `tensor` (all of one shape), stacked in group-rank order: shape (N, *shape)."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    result = tensor.new_empty((n, *tensor.shape))
+    result[rank] = tensor
+    flat = result.view(-1)
+    _run("all_gather", algorithm, flat, group, 0,
+         lambda: _gather_into(flat, tensor.contiguous().view(-1), group=group), _sizes(tensor)[0])
+    return result
+
+
+# torch renamed all_gather_into_tensor to all_gather_single; either works
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _offsets(splits: Sequence[int], n: int, what: str, rows: int | None = None) -> list[int]:
+    """Row offsets of per-rank pieces, checked against the group (and the tensor's rows)."""
+    splits = [int(s) for s in splits]
+    if len(splits) != n or any(s < 0 for s in splits) or rows not in (None, sum(splits)):
+        total = "" if rows is None else f", adding up to the tensor's {rows} rows"
+        raise ValueError(f"{what} must give one size of 0 or more per rank of the group ({n}){total}; "
+                         f"got {splits}")
+    return [0, *torch.tensor(splits, dtype=torch.long).cumsum(0).tolist()]
+
+
+def all_to_all(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None,
+               output_splits: Sequence[int] | None = None,
+               input_splits: Sequence[int] | None = None) -> torch.Tensor:
+    """Rank i's output piece j is rank j's input piece i (pieces are rows of dimension 0).
+
+    Without split sizes every piece has the same number of rows; with them, `input_splits[j]`
+    rows go to rank j and `output_splits[j]` rows come from rank j, as expert parallelism needs.
+    """
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    tensor = tensor.contiguous()
+    if (input_splits is None) != (output_splits is None):
+        raise ValueError("give both input_splits and output_splits, or neither")
+    if input_splits is None:
+        if tensor.shape[0] % n:
+            raise ValueError(f"all-to-all on {n} ranks needs a first dimension that divides into {n} "
+                             f"equal pieces; got {tensor.shape[0]} (or pass split sizes)")
+        input_splits = output_splits = [tensor.shape[0] // n] * n
+    source = _offsets(input_splits, n, "input_splits", tensor.shape[0])
+    target = _offsets(output_splits, n, "output_splits")
+    output = tensor.new_empty((target[-1], *tensor.shape[1:]))
+    row = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
+    schedule = schedule_for("all_to_all", algorithm, n)
+    sent = sum(source[j + 1] - source[j] for j in range(n) if j != rank) * row
+    if algorithm == "builtin":
+        dist.all_to_all_single(output, tensor, [int(s) for s in output_splits],
+                               [int(s) for s in input_splits], group=group)
+    else:
+        output[target[rank]:target[rank + 1]] = tensor[source[rank]:source[rank + 1]]
+        for messages in schedule.rounds:
+            pending = []
+            for m in messages:
+                if m.src == rank and source[m.hi] > source[m.lo]:
+                    pending.append(dist.isend(tensor[source[m.lo]:source[m.hi]], _global(group, m.dst),
+                                              group=group))
+                elif m.dst == rank and target[m.landing[1]] > target[m.landing[0]]:
+                    pending.append(dist.irecv(output[target[m.landing[0]]:target[m.landing[1]]],
+                                              _global(group, m.src), group=group))
+            for work in pending:
+                work.wait()
+    note("all_to_all", sent, tensor.numel() * tensor.element_size(), algorithm)
+    return output
+
+
+def send(tensor: torch.Tensor, peer: int) -> None:
+    """Send `tensor` to global rank `peer` and wait until it has left."""
+    isend(tensor, peer).wait()
+
+
+def recv(tensor: torch.Tensor, peer: int) -> torch.Tensor:
+    """Receive into `tensor` from global rank `peer`; returns it."""
+    irecv(tensor, peer).wait()
+    return tensor
+
+
+def isend(tensor: torch.Tensor, peer: int) -> dist.Work:
+    """Start sending `tensor` to global rank `peer`. Messages between two ranks match in order."""
+    nbytes = _sizes(tensor)[0]
+    note("send", nbytes, nbytes, "p2p")
+    return dist.isend(tensor.contiguous(), peer)
+
+
+def irecv(tensor: torch.Tensor, peer: int) -> dist.Work:
+    """Start receiving into `tensor` (contiguous) from global rank `peer`."""
+    return dist.irecv(tensor, peer)
+
+
+def barrier(group: Group = None) -> None:
+    """Wait until every rank of the group is here."""
+    dist.barrier(group=group)
+
+
+_stream: ThreadPoolExecutor | None = None
+
+
+def launch(fn: Callable[..., object], *args: object, **kwargs: object) -> Future:
+    """Run a communication call on this rank's one communication thread, in launch order.
+
+    It plays the part of a GPU's communication stream: the caller goes on computing, and since
+    every rank launches the same calls in the same order, they pair up across ranks.
+    """
+    global _stream
+    if _stream is None:
+        _stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edulib-comm")
+    return _stream.submit(contextvars.copy_context().run, fn, *args, **kwargs)

@@ -1,0 +1,94 @@
+"""Process groups, made once per process: the one cache that every parallelism asks.
+
+`torch.distributed.new_group` is collective: every rank must create every group, in the same
+order. So a caller hands over a whole partition of the ranks (every group of one kind); each
+rank creates the groups it has not made before and gets back the one it belongs to. The same
+partition asked again costs nothing and creates nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch.distributed as dist
+
+from edulib.checks import check_choice
+
+_made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
+    """This rank's group among `partition`, a list of disjoint rank lists every rank passes alike."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    seen = sorted(r for members in partition for r in members)
+    if seen != list(range(world)):
+        raise ValueError(f"a partition must name every rank 0-{world - 1} exactly once; got "
+                         f"{[list(members) for members in partition]}")
+    mine = None
+    for members in partition:
+        key = tuple(int(r) for r in members)
+        if key == tuple(range(world)):
+            _made[key] = dist.group.WORLD
+        elif key not in _made:
+            _made[key] = dist.new_group(list(key))
+        if rank in key:
+            mine = _made[key]
+    return mine
+
+
+AXES = ("dp", "pp", "cp", "ep", "tp")  # outermost first: tensor-parallel neighbours are adjacent ranks
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The (data, pipeline, context, expert, tensor) shape of the ranks; rank = row-major index.
+
+    Every process group derives from it and is made once per process (`group`).
+    """
+
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    shape: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            size = getattr(self, axis)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"grid size {axis} must be a whole number, 1 or more; got {size!r}")
+        object.__setattr__(self, "shape", tuple(getattr(self, axis) for axis in AXES))
+
+    @property
+    def size(self) -> int:
+        """Ranks the grid needs."""
+        return int(np.prod(self.shape))
+
+    def where(self, rank: int) -> dict[str, int]:
+        """A rank's coordinate along every axis."""
+        return dict(zip(AXES, map(int, np.unravel_index(rank, self.shape)), strict=True))
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(d, p, t) of a rank."""
+        place = self.where(rank)
+        return place["dp"], place["pp"], place["tp"]
+
+    def rank(self, d: int = 0, p: int = 0, t: int = 0, c: int = 0, e: int = 0) -> int:
+        """The rank at (d, p, t) (and c, e along the context and expert axes)."""
+        return int(np.ravel_multi_index((d, p, c, e, t), self.shape))
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """Every group of ranks that differ only along `axis`."""
+        check_choice(axis, AXES, "grid axis")
+        ranks = np.moveaxis(np.arange(self.size).reshape(self.shape), AXES.index(axis), -1)
+        return ranks.reshape(-1, getattr(self, axis)).tolist()
+
+    def group(self, axis: str) -> dist.ProcessGroup:
+        """This rank's process group along `axis`, made on first use and kept for the process's life."""
+        if dist.get_world_size() != self.size:
+            raise ValueError(f"a grid of {' x '.join(map(str, self.shape))} needs {self.size} ranks; "
+                             f"{dist.get_world_size()} are running")
+        return subgroup(self.groups(axis))

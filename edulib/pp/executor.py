@@ -1,0 +1,126 @@
+"""The one pipeline executor: it interprets a lowered schedule's row for one device.
+
+Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.runtime.train_step`), the 3D
+hybrid and the planner's plans. It takes any stages (modules) and a loss function. RECV posts a
+receive at once and the action that needs it waits for it; SEND starts a send and moves on; so
+messages match by order alone, as lowering arranged, and no tag is needed. A schedule with W
+actions runs the split backward of `edulib.pp.backward`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from edulib import comm
+from edulib.pp.backward import Kept, backward_input, backward_weight, recording
+from edulib.pp.lower import consumer, lower
+from edulib.pp.schedule import Action, Schedule
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Links:
+    """The global ranks behind each pipeline device, for this rank: whom it sends to, whom it hears.
+
+    The default is one rank per device (device d is rank d). A stage spread over several ranks
+    sends to each rank of the next stage that it feeds, and hears from one.
+    """
+
+    send: dict[int, list[int]] = field(default_factory=dict)
+    recv: dict[int, int] = field(default_factory=dict)
+
+    def send_to(self, device: int) -> list[int]:
+        return self.send.get(device, [device])
+
+    def receive_from(self, device: int) -> int:
+        return self.recv.get(device, device)
+
+
+Event = tuple[Action, float, float]
+
+
+def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
+            inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
+            shape: Sequence[int] = (), links: Links | None = None) -> list[Event]:
+    """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`.
+
+    `stages` maps each stage this device holds to its module; `inputs` are the first stage's
+    micro-batches and `targets` the last stage's; `loss(output, target)` gives a micro-batch's
+    share of the loss. `shape` is a message's shape. Returns (action, start, end) of each
+    computation, in seconds of the monotonic clock.
+    """
+    program = lower(schedule)
+    links = links or Links()
+    last = schedule.stages - 1
+    mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # arrived or local, by (kind, stage, mb)
+    arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}
+    outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
+    saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list]] = {}
+    kept: dict[tuple[int, int], Kept] = {}
+    sends, events = [], []
+
+    def take(kind: str, stage: int, mb: int) -> torch.Tensor:
+        key = (kind, stage, mb)
+        if key in arriving:
+            buffer, work = arriving.pop(key)
+            work.wait()
+            return buffer
+        return mailbox.pop(key)
+
+    def hand_on(action: Action, tensor: torch.Tensor) -> None:
+        """Keep a result for the stage that needs it: in the mailbox if it is here, else for SEND."""
+        target = consumer(action, schedule.stages)
+        if target is None:
+            return
+        if schedule.device_of(target) == device:
+            mailbox[action.kind, target, action.microbatch] = tensor
+        else:
+            outgoing[action.kind, action.stage, action.microbatch] = tensor
+
+    for action in program.actions[device]:
+        stage, mb = action.stage, action.microbatch
+        if action.kind in ("RECV_F", "RECV_B"):
+            buffer = torch.empty(tuple(shape))
+            peer = links.receive_from(schedule.device_of(action.peer_stage()))
+            arriving[action.kind[-1], stage, mb] = (buffer, comm.irecv(buffer, peer))
+            continue
+        if action.kind in ("SEND_F", "SEND_B"):
+            tensor = outgoing.pop((action.kind[-1], stage, mb))
+            sends += [comm.isend(tensor, peer)
+                      for peer in links.send_to(schedule.device_of(action.peer_stage()))]
+            continue
+        if action.kind == "F":
+            x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
+            began = time.perf_counter()
+            with recording(stages[stage]) if schedule.split_backward else nullcontext([]) as outputs:
+                y = stages[stage](x)
+            if stage == last:
+                y = loss(y, targets[mb])
+            else:
+                hand_on(action, y.detach())
+            saved[stage, mb] = (x, y, outputs)
+        elif action.kind == "B":
+            x, y, outputs = saved.pop((stage, mb))
+            grad = None if stage == last else take("B", stage, mb)
+            began = time.perf_counter()
+            if schedule.split_backward:
+                x_grad, kept[stage, mb] = backward_input(y, grad, x, outputs)
+            else:
+                torch.autograd.backward(y, grad)
+                x_grad = x.grad
+            if stage > 0:
+                hand_on(action, x_grad)
+        else:
+            began = time.perf_counter()
+            backward_weight(kept.pop((stage, mb)))
+        events.append((action, began, time.perf_counter()))
+    for work in sends:
+        work.wait()
+    return events

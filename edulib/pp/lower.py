@@ -1,0 +1,48 @@
+"""Lowering: a pipeline schedule becomes per-device instructions with explicit sends and receives.
+
+The devices' compute actions are stepped through together, each as soon as its inputs exist (the
+way torch.distributed.pipelining adds its SEND and RECV actions). When an action's result is
+needed on another device, the sender's row gets SEND right after it and the receiver's row gets
+the matching RECV at that same moment. So between any two devices the sends and the receives come
+in the same order, which is all that order-matched messages (NCCL's, and gloo's without tags) need.
+"""
+
+from __future__ import annotations
+
+from edulib.pp.schedule import Action, Schedule, key_of, needs
+from edulib.pp.simulate import validate
+
+
+def consumer(action: Action, stages: int) -> int | None:
+    """The stage that needs an action's result: F feeds the next stage, B the previous one."""
+    target = {"F": action.stage + 1, "B": action.stage - 1}.get(action.kind)
+    return target if target is not None and 0 <= target < stages else None
+
+
+def lower(schedule: Schedule) -> Schedule:
+    """The schedule with SEND_F/RECV_F/SEND_B/RECV_B actions added; a lowered one comes back as it is."""
+    validate(schedule)
+    if schedule.lowered:
+        return schedule
+    stages, m = schedule.stages, schedule.microbatches
+    rows: list[list[Action]] = [[] for _ in range(schedule.devices)]
+    position = [0] * schedule.devices
+    done: set[int] = set()
+    while any(position[d] < len(row) for d, row in enumerate(schedule.actions)):
+        for device, row in enumerate(schedule.actions):
+            if position[device] == len(row):
+                continue
+            action = row[position[device]]
+            key = key_of(action, stages, m)
+            if not all(needed in done for needed in needs(key, stages, m)):
+                continue  # `validate` proved that some device can always go on
+            rows[device].append(action)
+            done.add(key)
+            position[device] += 1
+            target = consumer(action, stages)
+            if target is not None and schedule.device_of(target) != device:
+                send = Action(f"SEND_{action.kind}", action.stage, action.microbatch)
+                rows[device].append(send)
+                rows[schedule.device_of(target)].append(send.partner())
+    return Schedule(schedule.name, schedule.devices, m, schedule.chunks,
+                    tuple(tuple(row) for row in rows))
