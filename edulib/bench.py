@@ -102,9 +102,11 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     from edulib.pp import measured_costs, simulate
     from edulib.pp.runtime import measured_timeline, train_step
 
-    pool.run(train_step, schedule, width, depth, batch)
-    measured = min((measured_timeline(schedule, pool.run(train_step, schedule, width, depth, batch))
-                    for _ in range(steps)), key=lambda timeline: timeline.makespan)
+    def step():
+        return pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
+    step()
+    measured = min((measured_timeline(schedule, step()) for _ in range(steps)),
+                   key=lambda timeline: timeline.makespan)
     return measured, simulate(schedule, **measured_costs(measured))
 
 
@@ -179,7 +181,8 @@ def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024
         batch = 32 * ranks
         with Pool(ranks, backend, timeout=600) as pool:
             def step_time(bucket: int, overlap: bool, batch: int = batch) -> float:
-                reports = pool.run(data_parallel, steps, 0.01, bucket, overlap, width, depth, batch)
+                reports = pool.run(data_parallel, steps, lr=0.01, bucket_bytes=bucket, overlap=overlap,
+                                   width=width, depth=depth, batch=batch)
                 # the slowest rank's median step, leaving out the first (warm-up) step
                 return max(statistics.median(r["durations"][1:]) for r in reports)
             whole = 1 << 30  # one bucket for everything: nothing can overlap

@@ -48,13 +48,13 @@ def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
 
 def test_a_schedule_for_another_world_size_is_refused():
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="for 4 devices"):
-        pool.run(train_step, build_schedule("1f1b", 4, 4), WIDTH, DEPTH, BATCH)
+        pool.run(train_step, build_schedule("1f1b", 4, 4), width=WIDTH, depth=DEPTH, batch=BATCH)
 
 
 def test_an_invalid_schedule_is_refused_before_any_message_is_sent():
     deadlock = parse_actions(["F0 B0 F1 B1", "B0 F0 F1 B1"], 2)
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="deadlocks"):
-        pool.run(train_step, deadlock, WIDTH, DEPTH, BATCH)
+        pool.run(train_step, deadlock, width=WIDTH, depth=DEPTH, batch=BATCH)
 
 
 def test_split_cuts_into_nearly_equal_consecutive_pieces():

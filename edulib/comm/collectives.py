@@ -9,6 +9,7 @@ numbered as in the group (`root`); point-to-point peers are global ranks, as in 
 from __future__ import annotations
 
 import contextvars
+import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -116,7 +117,7 @@ def _offsets(splits: Sequence[int], n: int, what: str, rows: int | None = None) 
         total = "" if rows is None else f", adding up to the tensor's {rows} rows"
         raise ValueError(f"{what} must give one size of 0 or more per rank of the group ({n}){total}; "
                          f"got {splits}")
-    return [0, *torch.tensor(splits, dtype=torch.long).cumsum(0).tolist()]
+    return list(itertools.accumulate(splits, initial=0))
 
 
 def all_to_all(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None,
