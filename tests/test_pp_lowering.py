@@ -81,3 +81,14 @@ def test_b_then_w_gives_the_full_backward_with_the_same_arithmetic():
     # B + W do exactly the matrix products of one backward: W recomputes nothing
     assert b_pass.get_total_flops() + w_pass.get_total_flops() == full.get_total_flops()
     assert 0 < w_pass.get_total_flops() < full.get_total_flops()
+
+
+def test_the_executor_refuses_stages_that_are_not_the_devices():
+    from edulib.pp.executor import execute
+
+    interleaved = build_schedule("interleaved_1f1b", 2, 2, chunks=2)
+    with pytest.raises(ValueError, match=r"device 0 of 2 holds stages \[0, 2\]; `stages` must map "
+                                         r"exactly those to modules, got stages \[0\]"):
+        execute(interleaved, 0, {0: nn.Identity()}, nn.functional.mse_loss)
+    with pytest.raises(ValueError, match=r"device 5 of 2 holds stages \[\]"):
+        execute(interleaved, 5, {}, nn.functional.mse_loss)

@@ -19,11 +19,11 @@ from edulib.comm.collectives import (
     broadcast,
     irecv,
     isend,
-    launch,
     recv,
     reduce,
     reduce_scatter,
     send,
+    submit,
 )
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, two_level_link
 from edulib.comm.groups import Grid, subgroup
@@ -34,6 +34,6 @@ from edulib.comm.simulate import expected, simulate
 __all__ = ["ALGORITHMS", "COLLECTIVES", "FOR_COLLECTIVE", "FURTHER", "SCHEDULES", "Cost", "Grid",
            "Message", "Schedule", "Transfer", "all_gather", "all_reduce", "all_to_all", "barrier",
            "broadcast", "build_schedule", "bytes_sent", "chunk_bounds", "cost", "count_communication",
-           "expected", "formula", "hierarchical", "irecv", "isend", "labelled", "launch", "recv",
-           "reduce", "reduce_scatter", "schedule_for", "send", "simulate", "subgroup",
+           "expected", "formula", "hierarchical", "irecv", "isend", "labelled", "recv",
+           "reduce", "reduce_scatter", "schedule_for", "send", "simulate", "subgroup", "submit",
            "two_level_link"]

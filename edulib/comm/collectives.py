@@ -194,13 +194,21 @@ def barrier(group: Group = None) -> None:
 _stream: ThreadPoolExecutor | None = None
 
 
-def launch(fn: Callable[..., object], *args: object, **kwargs: object) -> Future:
-    """Run a communication call on this rank's one communication thread, in launch order.
+def _follow(device: torch.device) -> None:
+    """Make the communication thread compute on the rank's device, as its main thread does."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.set_default_device(device)
+
+
+def submit(fn: Callable[..., object], *args: object, **kwargs: object) -> Future:
+    """Run a communication call on this rank's one communication thread, in the order submitted.
 
     It plays the part of a GPU's communication stream: the caller goes on computing, and since
-    every rank launches the same calls in the same order, they pair up across ranks.
+    every rank submits the same calls in the same order, they pair up across ranks.
     """
     global _stream
     if _stream is None:
-        _stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edulib-comm")
+        _stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edulib-comm",
+                                     initializer=_follow, initargs=(torch.get_default_device(),))
     return _stream.submit(contextvars.copy_context().run, fn, *args, **kwargs)

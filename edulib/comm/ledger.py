@@ -25,7 +25,7 @@ class Transfer:
     algorithm: str = ""
 
 
-# The open counters and the label belong to a context, so a call that `comm.launch` hands to the
+# The open counters and the label belong to a context, so a call that `comm.submit` hands to the
 # communication thread is counted by the counters open where it was launched.
 _records: contextvars.ContextVar[tuple[list[Transfer], ...]] = contextvars.ContextVar("records", default=())
 _label: contextvars.ContextVar[str] = contextvars.ContextVar("label", default="")

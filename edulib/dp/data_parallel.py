@@ -97,7 +97,7 @@ class GradientBuckets:
                 comm.all_reduce(flat, self.algorithm, self.group)
             times.append(time.perf_counter())
             return sum(transfer.nbytes for transfer in sent)
-        self._launched[index] = (flat, comm.launch(reduce))
+        self._launched[index] = (flat, comm.submit(reduce))
 
     def finish(self) -> tuple[list[float], dict[int, list[float]]]:
         """After backward: launch what is left, wait for everything, install the averages.

@@ -1,6 +1,8 @@
-"""Pipeline parallelism as data: schedules, their simulator and checker, and the real runtime."""
+"""Pipeline parallelism as data: schedules, their lowering to sends and receives, their simulator
+and checker, and the one executor that runs them on real ranks."""
 
-from edulib.pp.schedule import KINDS, Action, Schedule, parse_actions
+from edulib.pp.lower import lower
+from edulib.pp.schedule import KINDS, MESSAGES, Action, Schedule, parse_actions
 from edulib.pp.schedules import SCHEDULES, build_schedule
 from edulib.pp.simulate import (
     Event,
@@ -11,5 +13,5 @@ from edulib.pp.simulate import (
     validate,
 )
 
-__all__ = ["KINDS", "SCHEDULES", "Action", "Event", "Schedule", "Timeline", "build_schedule",
-           "measured_costs", "parse_actions", "simulate", "simulate_ratio", "validate"]
+__all__ = ["KINDS", "MESSAGES", "SCHEDULES", "Action", "Event", "Schedule", "Timeline", "build_schedule",
+           "lower", "measured_costs", "parse_actions", "simulate", "simulate_ratio", "validate"]

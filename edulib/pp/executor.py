@@ -37,9 +37,11 @@ class Links:
     recv: dict[int, int] = field(default_factory=dict)
 
     def send_to(self, device: int) -> list[int]:
+        """The ranks this rank sends to when its stage talks to pipeline device `device`."""
         return self.send.get(device, [device])
 
     def receive_from(self, device: int) -> int:
+        """The rank this rank hears from when pipeline device `device` talks to its stage."""
         return self.recv.get(device, device)
 
 
@@ -57,16 +59,21 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     computation, in seconds of the monotonic clock.
     """
     program = lower(schedule)
+    held = list(range(device, schedule.stages, schedule.devices)) if 0 <= device < schedule.devices else []
+    if not held or sorted(stages) != held:
+        raise ValueError(f"device {device} of {schedule.devices} holds stages {held}; `stages` must map "
+                         f"exactly those to modules, got stages {sorted(stages)}")
     links = links or Links()
     last = schedule.stages - 1
-    mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # arrived or local, by (kind, stage, mb)
-    arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}
+    mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # from a stage on this device
+    arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}  # posted receives
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list]] = {}
     kept: dict[tuple[int, int], Kept] = {}
     sends, events = [], []
 
     def take(kind: str, stage: int, mb: int) -> torch.Tensor:
+        """The input that `kind` of (stage, mb) needs: wait for its receive, or take it from here."""
         key = (kind, stage, mb)
         if key in arriving:
             buffer, work = arriving.pop(key)
@@ -99,19 +106,19 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         if action.kind == "F":
             x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
             began = time.perf_counter()
-            with recording(stages[stage]) if schedule.split_backward else nullcontext([]) as outputs:
+            with recording(stages[stage]) if schedule.split_backward else nullcontext([]) as layers:
                 y = stages[stage](x)
             if stage == last:
                 y = loss(y, targets[mb])
             else:
                 hand_on(action, y.detach())
-            saved[stage, mb] = (x, y, outputs)
+            saved[stage, mb] = (x, y, layers)
         elif action.kind == "B":
-            x, y, outputs = saved.pop((stage, mb))
+            x, y, layers = saved.pop((stage, mb))
             grad = None if stage == last else take("B", stage, mb)
             began = time.perf_counter()
             if schedule.split_backward:
-                x_grad, kept[stage, mb] = backward_input(y, grad, x, outputs)
+                x_grad, kept[stage, mb] = backward_input(y, grad, x, layers)
             else:
                 torch.autograd.backward(y, grad)
                 x_grad = x.grad
