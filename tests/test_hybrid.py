@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+from edulib import comm
 from edulib.comm import Grid
 from edulib.compare import disagreements
 from edulib.hybrid import gpt_reference, hybrid_step
@@ -34,6 +37,16 @@ def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape, algorithm, 
         reports = pool.run(hybrid_step, *shape, algorithm=algorithm, schedule=schedule)
     assert not disagreements(reports, gpt_reference())
     assert disagreements(reports, gpt_reference(seed=1))  # the check can fail
+
+
+@pytest.mark.parametrize("world, shapes", [(2, [(2, 1, 1), (1, 1, 2)]), (4, [(2, 1, 2), (1, 2, 2)])])
+def test_every_all_reduce_trains_the_hybrid_like_one_process(world, shapes, pool4):
+    reference = gpt_reference()
+    with Pool(2, backend="gloo", timeout=60) if world == 2 else contextlib.nullcontext(pool4) as pool:
+        for shape in shapes:
+            for algorithm in comm.ALGORITHMS:
+                problems = disagreements(pool.run(hybrid_step, *shape, algorithm=algorithm), reference)
+                assert not problems, (shape, algorithm, problems[:2])
 
 
 def test_process_groups_are_made_once_however_often_a_step_runs(pool4):
