@@ -55,11 +55,32 @@ def _global(group: Group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def all_reduce(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None) -> torch.Tensor:
-    """Sum `tensor` over the group, in place; returns it."""
+def all_reduce(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = None,
+               async_op: bool = False) -> torch.Tensor | Future:
+    """Sum `tensor` over the group, in place; returns it.
+
+    With `async_op`, starts the sum and returns a Future of the tensor instead: torch's own runs
+    in its backend's threads, an edulib schedule on the communication thread (`submit`).
+    """
+    if not async_op:
+        _run("all_reduce", algorithm, tensor.view(-1), group, 0,
+             lambda: dist.all_reduce(tensor, group=group))
+        return tensor
+    if algorithm != "builtin":
+        schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails here
+        return submit(all_reduce, tensor, algorithm, group)
+    done: Future = Future()
+
+    def settle(finished: torch.futures.Future) -> None:
+        try:
+            finished.value()
+        except Exception as error:  # noqa: BLE001 - a failed sum fails the Future, whatever it was
+            done.set_exception(error)
+        else:
+            done.set_result(tensor)
     _run("all_reduce", algorithm, tensor.view(-1), group, 0,
-         lambda: dist.all_reduce(tensor, group=group))
-    return tensor
+         lambda: dist.all_reduce(tensor, group=group, async_op=True).get_future().then(settle))
+    return done
 
 
 def broadcast(tensor: torch.Tensor, root: int = 0, algorithm: str = "builtin",

@@ -2,8 +2,9 @@
 and gradients are averaged in buckets that are all-reduced while the backward pass continues.
 
 A hook on each parameter fires when its gradient is ready (last layers first). When every
-gradient of a bucket is ready, the bucket is flattened and its all-reduce launched on the
-communication thread without waiting, so communication overlaps the rest of the backward pass;
+gradient of a bucket is ready, the bucket is flattened and its all-reduce launched without
+waiting (torch's own in its backend, an edulib schedule on the communication thread), so
+communication overlaps the rest of the backward pass;
 `overlap=False` launches them all after the backward pass instead, for comparison. The
 all-reduce is any of edulib's (`algorithm=`) or torch's own. Inside `no_sync()` gradients only
 accumulate, so k micro-batches cost one reduction. Times are recorded for the timeline.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 
 import torch
@@ -64,7 +66,7 @@ class GradientBuckets:
 
     def _reset(self) -> None:
         self._waiting = [len(bucket) for bucket in self.buckets]
-        self._launched: dict[int, tuple[torch.Tensor, object]] = {}
+        self._launched: dict[int, tuple[torch.Tensor, Future, list]] = {}
         self.ready_times: list[float] = []  # when each gradient became ready, this step
         self.reduce_times: dict[int, list[float]] = {}  # bucket -> [launched, finished]
 
@@ -88,16 +90,13 @@ class GradientBuckets:
             self._launch(index)
 
     def _launch(self, index: int) -> None:
-        """Start the all-reduce of one bucket on the communication thread, without waiting for it."""
+        """Start the all-reduce of one bucket without waiting for it."""
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
         times = self.reduce_times[index] = [time.perf_counter()]
-
-        def reduce() -> int:
-            with comm.labelled("gradients"), comm.count_communication() as sent:
-                comm.all_reduce(flat, self.algorithm, self.group)
-            times.append(time.perf_counter())
-            return sum(transfer.nbytes for transfer in sent)
-        self._launched[index] = (flat, comm.submit(reduce))
+        with comm.labelled("gradients"), comm.count_communication() as sent:
+            done = comm.all_reduce(flat, self.algorithm, self.group, async_op=True)
+        done.add_done_callback(lambda _: times.append(time.perf_counter()))
+        self._launched[index] = (flat, done, sent)
 
     def finish(self) -> tuple[list[float], dict[int, list[float]]]:
         """After backward: launch what is left, wait for everything, install the averages.
@@ -109,8 +108,9 @@ class GradientBuckets:
             if index not in self._launched:
                 self._launch(index)
         ranks = dist.get_world_size(self.group)
-        for index, (flat, work) in sorted(self._launched.items()):
-            self.bytes_sent += work.result()
+        for index, (flat, done, sent) in sorted(self._launched.items()):
+            done.result()
+            self.bytes_sent += sum(transfer.nbytes for transfer in sent)
             offset = 0
             for parameter in self.buckets[index]:
                 count = parameter.numel()
