@@ -20,7 +20,7 @@ from edulib.comm.algorithms import schedule_for
 from edulib.comm.cost import bytes_sent
 from edulib.comm.ledger import note
 from edulib.comm.runtime import run_schedule
-from edulib.comm.schedule import Schedule, chunk_bounds
+from edulib.comm.schedule import chunk_bounds
 
 Group = dist.ProcessGroup | None
 
@@ -30,28 +30,24 @@ def _sizes(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.numel() * tensor.element_size(), tensor.element_size()
 
 
-def _counted(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, root: int = 0
-             ) -> tuple[Schedule, int]:
-    """The schedule for the call (its bytes are what "builtin" is charged) and this rank's place in it."""
-    n = dist.get_world_size(group)
-    return schedule_for(collective, algorithm, n), (dist.get_rank(group) - root) % n
-
-
 def _run(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, root: int,
          builtin: Callable[[], object], handed: int | None = None) -> int:
     """Run a collective in place on `tensor` (builtin or schedule); record and return the bytes
-    sent. `handed` is the size of the caller's tensor when it is not `tensor` (an all-gather's piece)."""
-    schedule, place = _counted(collective, algorithm, tensor, group, root)
+    sent. "builtin" is charged what the collective's textbook schedule sends from this rank.
+    `handed` is the size of the caller's tensor when it is not `tensor` (an all-gather's piece)."""
+    n = dist.get_world_size(group)
+    schedule = schedule_for(collective, algorithm, n)
     nbytes, itemsize = _sizes(tensor)
     if algorithm == "builtin":
         builtin()
-        sent = bytes_sent(schedule, nbytes, itemsize)[place]
+        sent = bytes_sent(schedule, nbytes, itemsize)[(dist.get_rank(group) - root) % n]
     else:
         sent = run_schedule(schedule, tensor, group, root)
     return note(collective, sent, nbytes if handed is None else handed, algorithm)
 
 
 def _global(group: Group, group_rank: int) -> int:
+    """The global rank of a rank of the group."""
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
