@@ -10,7 +10,7 @@ def check_choice(value: Any, allowed: Iterable[str], what: str) -> Any:
     """Return `value` if it is one of `allowed`; otherwise say which names exist."""
     allowed = list(allowed)
     if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(allowed)}")
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(map(str, allowed))}")
     return value
 
 

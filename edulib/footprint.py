@@ -81,3 +81,29 @@ LECTURE_MODELS = [
     LectureModel("Turing-NLG", 17.2e9, 78, 4256, 275),
     LectureModel("GPT-3", 175e9, 96, 12288, 2800),
 ]
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def sharded_bytes(parameters: float, ranks: int, stage: int, precision: str = "fp16",
+                  optimizer: str = "adam") -> Footprint:
+    """Bytes per device under ZeRO stage 0 (plain data parallelism) to 3 on `ranks` devices.
+
+    Stage 1 shards the optimizer state (with its fp32 master weights), stage 2 the gradients too,
+    stage 3 the weights too: with mixed-precision Adam (K = 12) that is 16Ψ, 4Ψ + 12Ψ/N,
+    2Ψ + 14Ψ/N and 16Ψ/N bytes, the ZeRO paper's counts.
+    """
+    check_choice(stage, ZERO_STAGES, "ZeRO stage")
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ranks must be a whole number, 1 or more; got {ranks!r}")
+    whole = training_footprint(parameters, precision, optimizer)
+    return Footprint(parameters, whole.weights / (ranks if stage >= 3 else 1),
+                     whole.gradients / (ranks if stage >= 2 else 1),
+                     whole.optimizer / (ranks if stage >= 1 else 1))
+
+
+def largest_model(device_memory: float, ranks: int, stage: int, precision: str = "fp16",
+                  optimizer: str = "adam") -> float:
+    """The most parameters whose training state fits `device_memory` bytes per device."""
+    return device_memory / sharded_bytes(1, ranks, stage, precision, optimizer).total

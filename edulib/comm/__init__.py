@@ -7,12 +7,14 @@ from edulib.comm.algorithms import (
     FOR_COLLECTIVE,
     FURTHER,
     SCHEDULES,
+    algorithm_for,
     build_schedule,
     hierarchical,
     schedule_for,
 )
 from edulib.comm.collectives import (
     all_gather,
+    all_gather_chunks,
     all_reduce,
     all_to_all,
     barrier,
@@ -31,9 +33,9 @@ from edulib.comm.ledger import Transfer, count_communication, labelled
 from edulib.comm.schedule import COLLECTIVES, Message, Schedule, chunk_bounds
 from edulib.comm.simulate import expected, simulate
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "FOR_COLLECTIVE", "FURTHER", "SCHEDULES", "Cost", "Grid",
-           "Message", "Schedule", "Transfer", "all_gather", "all_reduce", "all_to_all", "barrier",
-           "broadcast", "build_schedule", "bytes_sent", "chunk_bounds", "cost", "count_communication",
-           "expected", "formula", "hierarchical", "irecv", "isend", "labelled", "recv",
-           "reduce", "reduce_scatter", "schedule_for", "send", "simulate", "subgroup", "submit",
-           "two_level_link"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Cost", "FOR_COLLECTIVE", "FURTHER", "Grid", "Message",
+           "SCHEDULES", "Schedule", "Transfer", "algorithm_for", "all_gather", "all_gather_chunks",
+           "all_reduce", "all_to_all", "barrier", "broadcast", "build_schedule", "bytes_sent",
+           "chunk_bounds", "cost", "count_communication", "expected", "formula", "hierarchical",
+           "irecv", "isend", "labelled", "recv", "reduce", "reduce_scatter", "schedule_for", "send",
+           "simulate", "subgroup", "submit", "two_level_link"]

@@ -267,3 +267,13 @@ def schedule_for(collective: str, algorithm: str, world_size: int) -> Schedule:
         raise ValueError(f"{algorithm!r} {why} {collective}; {collective} offers "
                          + ", ".join(["'builtin'", *map(repr, offered)]))
     return offered[algorithm](check_world_size(world_size))
+
+
+def algorithm_for(collective: str, algorithm: str) -> str:
+    """What to run for `collective` when a caller names one algorithm for all its calls (usually
+    an all-reduce's): that name where the collective offers it, torch's own for "builtin", and
+    otherwise the collective's textbook schedule (the ring for reduce-scatter and all-gather)."""
+    check_choice(collective, FOR_COLLECTIVE, "collective")
+    if algorithm == "builtin" or algorithm in FOR_COLLECTIVE[collective]:
+        return algorithm
+    return BUILTIN_COUNTED_AS[collective]

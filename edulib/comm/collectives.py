@@ -123,6 +123,29 @@ def all_gather(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
     return result
 
 
+def all_gather_chunks(chunk: torch.Tensor, length: int, algorithm: str = "builtin",
+                      group: Group = None) -> torch.Tensor:
+    """The inverse of `reduce_scatter`: a flat vector of `length` whose chunk r (of N nearly equal
+    chunks, some maybe empty) comes from group rank r, which passes it as `chunk`."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    bounds = chunk_bounds(length, n)
+    if chunk.numel() != bounds[rank + 1] - bounds[rank]:
+        raise ValueError(f"group rank {rank} must hand chunk {rank} of a vector of {length} over {n} ranks, "
+                         f"{bounds[rank + 1] - bounds[rank]} elements; got {chunk.numel()}")
+    flat = chunk.new_empty(length)
+    flat[bounds[rank]:bounds[rank + 1]] = chunk.reshape(-1)
+
+    def builtin() -> None:  # torch's own needs equal pieces: pad each chunk to the longest
+        widest = bounds[1] - bounds[0]
+        mine, gathered = chunk.new_zeros(widest), chunk.new_empty(n * widest)
+        mine[:chunk.numel()] = chunk.reshape(-1)
+        _gather_into(gathered, mine, group=group)
+        for r in range(n):
+            flat[bounds[r]:bounds[r + 1]] = gathered[r * widest:r * widest + bounds[r + 1] - bounds[r]]
+    _run("all_gather", algorithm, flat, group, 0, builtin, _sizes(chunk)[0])
+    return flat
+
+
 # torch renamed all_gather_into_tensor to all_gather_single; either works
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

@@ -1,8 +1,10 @@
-"""Data parallelism: a parameter server (synchronous, sharded, bounded-staleness) and
-data-parallel training from scratch with bucketed, overlapped gradient all-reduces."""
+"""Data parallelism: a parameter server (synchronous, sharded, bounded-staleness), data-parallel
+training from scratch with bucketed, overlapped gradient all-reduces, and ZeRO stages 1-3
+(fully sharded data parallelism) in mixed precision."""
 
 from edulib.dp.data_parallel import GradientBuckets, check_replicas, data_parallel, single_process, torch_ddp
 from edulib.dp.server import parameter_server
+from edulib.dp.zero import ZeroDataParallel, sharded_data_parallel, single_process_adam
 
-__all__ = ["GradientBuckets", "check_replicas", "data_parallel", "parameter_server",
-           "single_process", "torch_ddp"]
+__all__ = ["GradientBuckets", "ZeroDataParallel", "check_replicas", "data_parallel", "parameter_server",
+           "sharded_data_parallel", "single_process", "single_process_adam", "torch_ddp"]

@@ -23,14 +23,11 @@ def _all_reduce(tensor: torch.Tensor, direction: str, group, algorithm: str) -> 
 
 
 def _all_gather(tensor: torch.Tensor, direction: str, group, dim: int, algorithm: str) -> torch.Tensor:
-    """Concatenate every rank's tensor along `dim`, labelled with the step's part.
-
-    `algorithm` names the layer's all-reduce; edulib's all-gather is the ring one whichever
-    all-reduce that is, and torch's own goes with torch's own.
-    """
-    gather_with = "builtin" if algorithm == "builtin" else "ring"
+    """Concatenate every rank's tensor along `dim`, labelled with the step's part (`algorithm`
+    names the layer's all-reduce; `comm.algorithm_for` picks the all-gather that goes with it)."""
     with comm.labelled(direction):
-        return torch.cat(comm.all_gather(tensor.contiguous(), gather_with, group).unbind(0), dim=dim)
+        gathered = comm.all_gather(tensor.contiguous(), comm.algorithm_for("all_gather", algorithm), group)
+        return torch.cat(gathered.unbind(0), dim=dim)
 
 
 def _own_slice(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:

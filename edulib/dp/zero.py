@@ -1,0 +1,282 @@
+"""ZeRO from scratch: data parallelism that shards the training state instead of replicating it.
+
+Every rank still trains a full model on its share of the batch, in mixed precision: it computes
+in 16 bits (bf16, or fp16 with a loss scale) and keeps the fp32 master weights and the optimizer
+state that updates them. What it keeps between steps depends on the stage (Ψ parameters, N ranks,
+K = 12 bytes of fp32 master weights and Adam moments per parameter):
+
+- stage 0, plain data parallelism: everything, 2Ψ + 2Ψ + KΨ = 16Ψ; gradients are all-reduced;
+- stage 1 shards the optimizer state: gradients are reduce-scattered, each rank updates its
+  shard of the master weights, and the new 16-bit weights are all-gathered: 4Ψ + KΨ/N;
+- stage 2 also keeps only its shard of the gradients, reduce-scattered as soon as a unit's
+  backward is done: 2Ψ + (2 + K)Ψ/N;
+- stage 3 (fully sharded data parallelism) also shards the 16-bit weights: each unit (a layer
+  of the model) all-gathers its weights just before its forward and again before its backward,
+  and frees them after: (2 + 2 + K)Ψ/N, plus the unit being gathered.
+
+The parameters are cut per unit into N nearly equal chunks (`chunk_bounds`), so any count works
+and a rank may own nothing. Every message goes through `edulib.comm`, on any `algorithm=`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from edulib import comm
+from edulib.checks import check_choice
+from edulib.comm.schedule import chunk_bounds
+from edulib.dp.data_parallel import check_replicas
+from edulib.dp.server import worker_batch
+from edulib.footprint import ZERO_STAGES
+from edulib.models import mlp
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes the tensors hold (None and empty ones hold nothing)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class _Unit:
+    """One unit's parameters as a flat vector cut into N chunks; this rank owns chunk `rank`."""
+
+    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool) -> None:
+        self.module = module
+        self.parameters = [p for p in module.parameters() if p.requires_grad]
+        self.shapes = [p.shape for p in self.parameters]  # kept: stage 3 empties the parameters
+        self.length = sum(p.numel() for p in self.parameters)
+        bounds = chunk_bounds(self.length, ranks)
+        self.lo, self.hi = (bounds[rank], bounds[rank + 1]) if shard else (0, self.length)
+        self.ready = 0  # gradients accumulated in this backward pass
+
+    def flat(self) -> torch.Tensor:
+        """The unit's parameters as one vector."""
+        return parameters_to_vector(self.parameters)
+
+    def flat_grad(self) -> torch.Tensor:
+        """The unit's gradients as one vector (zeros where a parameter got none)."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.parameters])
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Point every parameter at its piece of a full flat vector."""
+        offset = 0
+        for parameter, shape in zip(self.parameters, self.shapes, strict=True):
+            parameter.data = flat[offset:offset + shape.numel()].view(shape)
+            offset += shape.numel()
+
+    def release(self) -> None:
+        """Free the full parameters and gradients (stage 3 between uses)."""
+        for parameter in self.parameters:
+            parameter.data = parameter.data.new_empty(0)
+            parameter.grad = None
+
+
+class ZeroDataParallel:
+    """Train `model` data-parallel under ZeRO `stage`, updating with `optimizer` (AdamW by default).
+
+    Call `backward(loss)` for each micro-batch, then `step()`. `units` are the modules whose
+    weights stage 3 gathers together (default: the model's children).
+    """
+
+    def __init__(self, model: nn.Module, stage: int, optimizer: Optimizer | None = None,
+                 precision: str = "bf16", algorithm: str = "builtin", group=None,
+                 units: list[nn.Module] | None = None, loss_scale: float | None = None) -> None:
+        check_choice(stage, ZERO_STAGES, "ZeRO stage")
+        self.dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
+        if any(p.dtype != torch.float32 for p in model.parameters()):
+            raise ValueError("the model must arrive in fp32: its weights become the fp32 master "
+                             "weights, and the 16-bit copy is made here")
+        comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails now
+        check_replicas(model, group)
+        self.model, self.stage, self.algorithm, self.group = model, stage, algorithm, group
+        self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+        units = list(model.children()) if units is None else units
+        owned = {id(p) for unit in units for p in unit.parameters()}
+        missing = [name for name, p in model.named_parameters() if id(p) not in owned]
+        if missing:
+            raise ValueError(f"every parameter must be in one unit; {missing[:3]} are in none")
+        self.units = [_Unit(unit, self.ranks, rank, shard=stage >= 1) for unit in units]
+        self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
+        # fp32 master weights: this rank's chunk of each unit (all of it at stage 0)
+        self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in self.units]
+        make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
+        self.optimizer = make(self.master)
+        self.grad_shards: list[torch.Tensor | None] = [None] * len(self.units)
+        self.peak = 0
+        for unit in self.units:
+            unit.load(unit.flat().detach().to(self.dtype))
+            if stage >= 2:
+                for parameter in unit.parameters:
+                    parameter.register_post_accumulate_grad_hook(lambda _, unit=unit: self._accumulated(unit))
+        if stage == 3:
+            self.shards = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in self.units]
+            for index, unit in enumerate(self.units):
+                unit.release()
+                unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index))
+                unit.module.register_forward_hook(
+                    lambda _, __, out, index=index: self._after_forward(index, out))
+        self._measure()
+
+    def _for(self, collective: str) -> str:
+        """The algorithm this run uses for `collective` (`algorithm` names its all-reduce)."""
+        return comm.algorithm_for(collective, self.algorithm)
+
+    def _all_gather(self, chunk: torch.Tensor, unit: _Unit) -> torch.Tensor:
+        """A unit's full flat vector from every rank's chunk of it."""
+        return comm.all_gather_chunks(chunk, unit.length, self._for("all_gather"), self.group)
+
+    # --- stage 3: gather a unit's weights just in time, free them after ---
+    def _gather(self, index: int) -> None:
+        self.units[index].load(self._all_gather(self.shards[index], self.units[index]))
+        self._measure()
+
+    def _after_forward(self, index: int, out: torch.Tensor) -> torch.Tensor:
+        self.units[index].release()
+        if out.requires_grad:  # just before this unit's backward runs, gather its weights again
+            out.register_hook(lambda grad: (self._gather(index), grad)[1])
+        return out
+
+    # --- stages 2 and 3: reduce-scatter a unit's gradients as soon as its backward is done ---
+    def _accumulated(self, unit: _Unit) -> None:
+        unit.ready += 1
+        if unit.ready < len(unit.parameters):
+            return
+        unit.ready = 0
+        self._measure()
+        index = self.units.index(unit)
+        chunk = comm.reduce_scatter(unit.flat_grad(), self._for("reduce_scatter"), self.group)
+        held = self.grad_shards[index]
+        self.grad_shards[index] = chunk if held is None else held + chunk
+        if self.stage == 3:
+            unit.release()
+        else:
+            for parameter in unit.parameters:
+                parameter.grad = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward pass of one micro-batch's loss (scaled, for fp16); gradients accumulate."""
+        (loss * self.loss_scale).backward()
+
+    def step(self) -> None:
+        """Average the gradients over the ranks, update this rank's master weights, and share the
+        new 16-bit weights as the stage needs; then zero the gradients for the next step."""
+        for index, unit in enumerate(self.units):
+            if self.stage == 0:
+                grad = comm.all_reduce(unit.flat_grad(), self.algorithm, self.group)
+            elif self.stage == 1:
+                grad = comm.reduce_scatter(unit.flat_grad(), self._for("reduce_scatter"), self.group)
+            else:
+                grad = self.grad_shards[index]
+                if grad is None:
+                    grad = torch.zeros(unit.hi - unit.lo, dtype=self.dtype)
+            self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
+        finite = torch.tensor([float(all(torch.isfinite(m.grad).all() for m in self.master))])
+        if self.loss_scale != 1.0 and comm.all_reduce(finite, group=self.group).item() < self.ranks:
+            self.loss_scale /= 2  # an overflow somewhere: skip this step, scale less
+        else:
+            self.optimizer.step()
+        for index, unit in enumerate(self.units):
+            new = self.master[index].detach().to(self.dtype)
+            if self.stage == 0:
+                unit.load(new)
+            elif self.stage in (1, 2):
+                unit.load(self._all_gather(new, unit))
+            else:
+                self.shards[index] = new
+            self.master[index].grad = None
+            if self.stage <= 1:
+                for parameter in unit.parameters:
+                    parameter.grad = torch.zeros_like(parameter)  # DDP-style: kept between steps
+            self.grad_shards[index] = (torch.zeros(unit.hi - unit.lo, dtype=self.dtype)
+                                       if self.stage >= 2 else None)
+        self._measure()
+
+    def held(self) -> dict[str, int]:
+        """Bytes this rank holds now, counted from the tensors: 16-bit parameters, gradients, and
+        the optimizer's (fp32 master weights and the optimizer's per-element state)."""
+        parameters = [p for unit in self.units for p in unit.parameters]
+        state = [t for s in self.optimizer.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor) and t.dim() > 0]  # Adam's step counter is a scalar
+        return {"parameters": _bytes([p.data for p in parameters])
+                + (_bytes(self.shards) if self.stage == 3 else 0),
+                "gradients": _bytes([p.grad for p in parameters]) + _bytes(self.grad_shards),
+                "optimizer": _bytes([m.data for m in self.master]) + _bytes(state)}
+
+    def _measure(self) -> None:
+        """Note the most bytes held at any moment so far."""
+        self.peak = max(self.peak, sum(self.held().values()))
+
+    def full_parameters(self) -> torch.Tensor:
+        """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""
+        if self.stage == 0:
+            return torch.cat([m.detach() for m in self.master])
+        return torch.cat([self._all_gather(m.detach(), unit)
+                          for m, unit in zip(self.master, self.units, strict=True)])
+
+
+def _batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, tokens: int) -> torch.Tensor:
+    """A micro-batch's share of the mean squared error, normalized by the whole batch's elements."""
+    return nn.functional.mse_loss(model(inputs), targets, reduction="sum") / tokens
+
+
+def sharded_data_parallel(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "builtin",
+                          precision: str = "fp32", microbatches: int = 1, width: int = 16,
+                          depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
+    """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
+    batch, in `microbatches` pieces; return the full parameters after training, the bytes this
+    rank holds between steps, its peak during a step, the bytes it sent, and the losses."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = mlp(width, depth, seed)
+    zero = ZeroDataParallel(model, stage, lambda params: torch.optim.AdamW(params, lr=lr),
+                            precision=precision, algorithm=algorithm)
+    between = zero.held()
+    losses, peaks = [], []
+    with comm.count_communication() as ledger:
+        for step in range(steps):
+            inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
+            total = 0.0
+            zero.peak = 0
+            for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True):
+                loss = _batch_loss(model, x.to(zero.dtype), y.to(zero.dtype), targets.numel())
+                zero.backward(loss)
+                total += loss.item()
+            zero.step()
+            losses.append(total)
+            peaks.append(zero.peak)
+            between = zero.held()
+    return {"parameters": zero.full_parameters(), "bytes_held": between, "peak": max(peaks),
+            "bytes_sent": sum(t.nbytes for t in ledger), "losses": losses,
+            "units": [unit.length for unit in zero.units]}
+
+
+def single_process_adam(steps: int, lr: float = 1e-3, precision: str = "fp32", width: int = 16,
+                        depth: int = 2, batch: int = 16, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+    """The reference: one process, the whole batch, AdamW on fp32 master weights of a model that
+    computes in `precision`; the final parameters and the losses."""
+    dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
+    model = mlp(width, depth, seed)
+    master = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    optimizer = torch.optim.AdamW(master, lr=lr)
+    model.to(dtype)
+    losses = []
+    for step in range(steps):
+        inputs, targets = worker_batch(step, 0, 1, batch, width, seed)
+        loss = _batch_loss(model, inputs.to(dtype), targets.to(dtype), targets.numel())
+        model.zero_grad()
+        loss.backward()
+        losses.append(loss.item())
+        for weights, parameter in zip(master, model.parameters(), strict=True):
+            weights.grad = parameter.grad.float()
+        optimizer.step()
+        with torch.no_grad():
+            for weights, parameter in zip(master, model.parameters(), strict=True):
+                parameter.copy_(weights)
+    return torch.cat([m.detach().reshape(-1) for m in master]), losses

@@ -1,0 +1,119 @@
+"""ZeRO stages 0-3 on 1-4 gloo ranks: equal to one process's AdamW, holding and sending exactly what
+the ZeRO paper's formulas say; the paper's figure from those formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edulib import comm
+from edulib.dp import sharded_data_parallel, single_process_adam
+from edulib.footprint import GB, largest_model, sharded_bytes
+from edulib.launch import Pool, RankError
+
+STEPS, BATCH = 5, 24
+PSI = 2 * (16 * 16 + 16)  # parameters of mlp(16, 2): two units of 272
+
+
+def test_the_zero_papers_figure_comes_from_the_formulas():
+    per_gpu = [sharded_bytes(7.5e9, 64, stage).total / GB for stage in range(4)]
+    assert [round(gb, 1) for gb in per_gpu] == [120.0, 31.4, 16.6, 1.9]
+    psi, n = 1e9, 8
+    assert sharded_bytes(psi, n, 0).total == 16 * psi
+    assert sharded_bytes(psi, n, 1).total == pytest.approx(4 * psi + 12 * psi / n)
+    assert sharded_bytes(psi, n, 2).total == pytest.approx(2 * psi + 14 * psi / n)
+    assert sharded_bytes(psi, n, 3).total == pytest.approx(16 * psi / n)
+    # GPT-3 on 80 GB H100s: stage 3 fits on 35 of them, not 34; plain data parallelism never fits
+    assert sharded_bytes(175e9, 35, 3).total <= 80 * GB < sharded_bytes(175e9, 34, 3).total
+    assert largest_model(80 * GB, 1024, 0) == 5e9  # 80 GB / 16 bytes, however many GPUs
+    assert largest_model(80 * GB, 1024, 3) == pytest.approx(80 * GB * 1024 / 16)
+    with pytest.raises(ValueError, match="unknown ZeRO stage 4; choose one of 0, 1, 2, 3"):
+        sharded_bytes(1, 2, 4)
+
+
+def _pool(ranks: int, pool4):
+    return pool4 if ranks == 4 else Pool(ranks, backend="gloo", timeout=60)
+
+
+@pytest.mark.parametrize("ranks, algorithm", [(1, "builtin"), (2, "ring"), (3, "halving_doubling"),
+                                              (4, "builtin")])
+def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ranks, algorithm, pool4):
+    reference, _ = single_process_adam(STEPS, batch=BATCH)
+    pool = _pool(ranks, pool4)
+    try:
+        for stage in range(4):
+            for report in pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, algorithm=algorithm):
+                worst = (report["parameters"] - reference).abs().max().item()
+                assert worst < 1e-6, (stage, worst)
+            accumulated = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, microbatches=3)
+            assert (accumulated[0]["parameters"] - reference).abs().max().item() < 1e-6, stage
+            if ranks in (2, 4):  # Ψ divides: every rank holds exactly the formula's bytes
+                mixed = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, precision="bf16",
+                                 algorithm=algorithm)
+                want = sharded_bytes(PSI, ranks, stage, "bf16")
+                for report in mixed:
+                    held = report["bytes_held"]
+                    assert (held["parameters"], held["gradients"], held["optimizer"]) == (
+                        want.weights, want.gradients, want.optimizer), (stage, held)
+                    # one all-reduce's worth at stages 0-2, one and a half at stage 3, in bf16
+                    elements = (3 if stage == 3 else 2) * PSI * (ranks - 1) / ranks
+                    assert report["bytes_sent"] == STEPS * 2 * elements, (stage, report["bytes_sent"])
+                    if stage == 3:  # the peak adds one unit's weights and gradients, gathered
+                        assert report["peak"] == sum(held.values()) + 2 * 2 * max(report["units"])
+    finally:
+        if pool is not pool4:
+            pool.close()
+
+
+def test_a_rank_that_owns_nothing_still_trains():
+    reference, _ = single_process_adam(STEPS, batch=BATCH, width=1, depth=1)  # 2 parameters
+    with Pool(3, backend="gloo", timeout=30) as pool:
+        for stage in (1, 2, 3):
+            reports = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, width=1, depth=1)
+            assert reports[2]["bytes_held"]["optimizer"] == 0  # rank 2's shard is empty
+            for report in reports:
+                assert torch.allclose(report["parameters"], reference, atol=1e-6)
+
+
+def test_mixed_precision_keeps_16_bytes_per_parameter_and_stays_close_to_fp32(pool4):
+    bf16, _ = single_process_adam(STEPS, batch=BATCH, precision="bf16")
+    fp32, _ = single_process_adam(STEPS, batch=BATCH)
+    [report, *_] = pool4.run(sharded_data_parallel, 0, STEPS, batch=BATCH, precision="bf16")
+    assert sum(report["bytes_held"].values()) == 16 * PSI  # 2 + 2 + 12
+    assert (report["parameters"] - bf16).abs().max() < 1e-4  # the same mixed-precision arithmetic
+    assert 0 < (bf16 - fp32).abs().max() < 1e-2  # 16-bit compute: close to fp32, not equal
+    fp16 = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH, precision="fp16")[0]["parameters"]
+    assert (fp16 - fp32).abs().max() < 1e-2
+
+
+def _bad(**kwargs):
+    from edulib.dp import ZeroDataParallel
+    from edulib.models import mlp
+
+    model = kwargs.pop("model", None) or mlp(4, 1)
+    ZeroDataParallel(model, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"stage": 4}, "unknown ZeRO stage 4; choose one of 0, 1, 2, 3"),
+    ({"stage": 1, "precision": "int8"}, "unknown precision 'int8'; choose one of fp32, bf16, fp16"),
+    ({"stage": 1, "algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
+    ({"stage": 1, "units": []}, r"every parameter must be in one unit; \['0.0.weight', '0.0.bias'\]"),
+])
+def test_bad_setups_say_what_is_allowed(kwargs, message, pool4):
+    with pytest.raises(RankError, match=message):
+        pool4.run(_bad, **kwargs)
+
+
+def _half_model():
+    from edulib.dp import ZeroDataParallel
+    from edulib.models import mlp
+
+    ZeroDataParallel(mlp(4, 1).to(torch.bfloat16), 1)
+
+
+def test_a_master_weight_must_be_fp32(pool4):
+    with pytest.raises(RankError, match="the model must arrive in fp32"):
+        pool4.run(_half_model)
+    assert comm.FOR_COLLECTIVE  # the shared pool is still usable afterwards
+    assert pool4.run(sharded_data_parallel, 1, 1)[0]["bytes_held"]
