@@ -149,3 +149,42 @@ def accumulate(microbatches: int, algorithm: str, batch: int = 24) -> dict:
 def echo_keywords(first: object, *, second: object = None, third: object = None) -> tuple:
     """Return this rank and the arguments it received, by name."""
     return (dist.get_rank(), first, second, third)
+
+
+def fsdp2_adam(steps: int, batch: int, lr: float = 1e-3) -> torch.Tensor:
+    """torch's own FSDP2 (`fully_shard` on each block, then the model) with AdamW, as a reference."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.utils import parameters_to_vector
+
+    from edulib.dp.server import worker_batch
+    from edulib.models import mlp
+
+    model = mlp(16, 2)
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        inputs, targets = worker_batch(step, rank, ranks, batch, 16, 0)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return parameters_to_vector(p.full_tensor() for p in model.parameters()).detach()
+
+
+def overflowing_fp16_step() -> tuple[bool, float]:
+    """An fp16 step whose scaled gradients overflow is skipped, and the loss scale halves."""
+    from torch import nn
+
+    from edulib.dp import ZeroDataParallel
+    from edulib.models import mlp, regression_batch
+
+    model = mlp(8, 1)
+    zero = ZeroDataParallel(model, 2, precision="fp16", loss_scale=2.0**40)
+    before = zero.full_parameters().clone()
+    x, y = regression_batch(4, 8)
+    zero.backward(nn.functional.mse_loss(model(x.half()), y.half()))
+    zero.step()
+    return bool(torch.equal(zero.full_parameters(), before)), zero.loss_scale

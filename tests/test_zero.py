@@ -10,6 +10,7 @@ from edulib import comm
 from edulib.dp import sharded_data_parallel, single_process_adam
 from edulib.footprint import GB, largest_model, sharded_bytes
 from edulib.launch import Pool, RankError
+from tests import ranks
 
 STEPS, BATCH = 5, 24
 PSI = 2 * (16 * 16 + 16)  # parameters of mlp(16, 2): two units of 272
@@ -117,3 +118,19 @@ def test_a_master_weight_must_be_fp32(pool4):
         pool4.run(_half_model)
     assert comm.FOR_COLLECTIVE  # the shared pool is still usable afterwards
     assert pool4.run(sharded_data_parallel, 1, 1)[0]["bytes_held"]
+
+
+def test_stage_3_equals_torchs_fsdp2_and_prefetching_changes_nothing_but_timing(pool4):
+    reference, _ = single_process_adam(STEPS, batch=BATCH)
+    fsdp2 = pool4.run(ranks.fsdp2_adam, STEPS, BATCH)
+    ours = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH)
+    early = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH, prefetch=True)
+    for theirs, mine, prefetched in zip(fsdp2, ours, early, strict=True):
+        assert (theirs - reference).abs().max() < 1e-6
+        assert (mine["parameters"] - theirs).abs().max() < 1e-6
+        assert torch.equal(prefetched["parameters"], mine["parameters"])
+        assert prefetched["bytes_sent"] == mine["bytes_sent"]
+
+
+def test_an_fp16_overflow_skips_the_step_and_halves_the_loss_scale(pool4):
+    assert pool4.run(ranks.overflowing_fp16_step) == [(True, 2.0**39)] * 4

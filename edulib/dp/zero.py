@@ -21,6 +21,7 @@ and a rank may own nothing. Every message goes through `edulib.comm`, on any `al
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -83,12 +84,15 @@ class ZeroDataParallel:
     """Train `model` data-parallel under ZeRO `stage`, updating with `optimizer` (AdamW by default).
 
     Call `backward(loss)` for each micro-batch, then `step()`. `units` are the modules whose
-    weights stage 3 gathers together (default: the model's children).
+    weights stage 3 gathers together (default: the model's children); with `prefetch`, stage 3
+    starts gathering the next unit's weights while this one computes. Every collective runs on
+    the communication thread (`comm.submit`), in the same order on every rank.
     """
 
     def __init__(self, model: nn.Module, stage: int, optimizer: Optimizer | None = None,
                  precision: str = "bf16", algorithm: str = "builtin", group=None,
-                 units: list[nn.Module] | None = None, loss_scale: float | None = None) -> None:
+                 units: list[nn.Module] | None = None, loss_scale: float | None = None,
+                 prefetch: bool = False) -> None:
         check_choice(stage, ZERO_STAGES, "ZeRO stage")
         self.dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
         if any(p.dtype != torch.float32 for p in model.parameters()):
@@ -110,6 +114,7 @@ class ZeroDataParallel:
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.units)
+        self.prefetch, self._coming = prefetch, {}  # unit -> its gather, started early
         self.peak = 0
         for unit in self.units:
             unit.load(unit.flat().detach().to(self.dtype))
@@ -120,7 +125,7 @@ class ZeroDataParallel:
             self.shards = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in self.units]
             for index, unit in enumerate(self.units):
                 unit.release()
-                unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index))
+                unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
                 unit.module.register_forward_hook(
                     lambda _, __, out, index=index: self._after_forward(index, out))
         self._measure()
@@ -129,19 +134,28 @@ class ZeroDataParallel:
         """The algorithm this run uses for `collective` (`algorithm` names its all-reduce)."""
         return comm.algorithm_for(collective, self.algorithm)
 
-    def _all_gather(self, chunk: torch.Tensor, unit: _Unit) -> torch.Tensor:
-        """A unit's full flat vector from every rank's chunk of it."""
-        return comm.all_gather_chunks(chunk, unit.length, self._for("all_gather"), self.group)
+    def _all_gather(self, chunk: torch.Tensor, unit: _Unit) -> Future:
+        """A unit's full flat vector from every rank's chunk of it, to come."""
+        return comm.submit(comm.all_gather_chunks, chunk, unit.length, self._for("all_gather"), self.group)
+
+    def _collective(self, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+        """Run a collective on the communication thread, behind any gather started early, and wait."""
+        return comm.submit(fn, *args, group=self.group).result()
 
     # --- stage 3: gather a unit's weights just in time, free them after ---
-    def _gather(self, index: int) -> None:
-        self.units[index].load(self._all_gather(self.shards[index], self.units[index]))
+    def _gather(self, index: int, ahead: int) -> None:
+        """Load a unit's full weights (gathered now, or earlier), and maybe start the next one's."""
+        coming = self._coming.pop(index, None) or self._all_gather(self.shards[index], self.units[index])
+        self.units[index].load(coming.result())
+        after = index + ahead
+        if self.prefetch and 0 <= after < len(self.units) and after not in self._coming:
+            self._coming[after] = self._all_gather(self.shards[after], self.units[after])
         self._measure()
 
     def _after_forward(self, index: int, out: torch.Tensor) -> torch.Tensor:
         self.units[index].release()
         if out.requires_grad:  # just before this unit's backward runs, gather its weights again
-            out.register_hook(lambda grad: (self._gather(index), grad)[1])
+            out.register_hook(lambda grad: (self._gather(index, -1), grad)[1])
         return out
 
     # --- stages 2 and 3: reduce-scatter a unit's gradients as soon as its backward is done ---
@@ -152,7 +166,7 @@ class ZeroDataParallel:
         unit.ready = 0
         self._measure()
         index = self.units.index(unit)
-        chunk = comm.reduce_scatter(unit.flat_grad(), self._for("reduce_scatter"), self.group)
+        chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
         held = self.grad_shards[index]
         self.grad_shards[index] = chunk if held is None else held + chunk
         if self.stage == 3:
@@ -170,16 +184,15 @@ class ZeroDataParallel:
         new 16-bit weights as the stage needs; then zero the gradients for the next step."""
         for index, unit in enumerate(self.units):
             if self.stage == 0:
-                grad = comm.all_reduce(unit.flat_grad(), self.algorithm, self.group)
+                grad = self._collective(comm.all_reduce, unit.flat_grad(), self.algorithm)
             elif self.stage == 1:
-                grad = comm.reduce_scatter(unit.flat_grad(), self._for("reduce_scatter"), self.group)
+                grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
             else:
                 grad = self.grad_shards[index]
                 if grad is None:
                     grad = torch.zeros(unit.hi - unit.lo, dtype=self.dtype)
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
-        finite = torch.tensor([float(all(torch.isfinite(m.grad).all() for m in self.master))])
-        if self.loss_scale != 1.0 and comm.all_reduce(finite, group=self.group).item() < self.ranks:
+        if self.loss_scale != 1.0 and self._overflowed():
             self.loss_scale /= 2  # an overflow somewhere: skip this step, scale less
         else:
             self.optimizer.step()
@@ -188,7 +201,7 @@ class ZeroDataParallel:
             if self.stage == 0:
                 unit.load(new)
             elif self.stage in (1, 2):
-                unit.load(self._all_gather(new, unit))
+                unit.load(self._all_gather(new, unit).result())
             else:
                 self.shards[index] = new
             self.master[index].grad = None
@@ -199,13 +212,19 @@ class ZeroDataParallel:
                                        if self.stage >= 2 else None)
         self._measure()
 
+    def _overflowed(self) -> bool:
+        """Whether any rank's scaled fp16 gradients overflowed (every rank must agree to skip)."""
+        finite = torch.tensor([float(all(torch.isfinite(m.grad).all() for m in self.master))])
+        return self._collective(comm.all_reduce, finite, "builtin").item() < self.ranks
+
     def held(self) -> dict[str, int]:
         """Bytes this rank holds now, counted from the tensors: 16-bit parameters, gradients, and
         the optimizer's (fp32 master weights and the optimizer's per-element state)."""
         parameters = [p for unit in self.units for p in unit.parameters]
         state = [t for s in self.optimizer.state.values() for t in s.values()
                  if isinstance(t, torch.Tensor) and t.dim() > 0]  # Adam's step counter is a scalar
-        return {"parameters": _bytes([p.data for p in parameters])
+        early = [f.result() for f in self._coming.values() if f.done()]  # gathered ahead of use
+        return {"parameters": _bytes([p.data for p in parameters]) + _bytes(early)
                 + (_bytes(self.shards) if self.stage == 3 else 0),
                 "gradients": _bytes([p.grad for p in parameters]) + _bytes(self.grad_shards),
                 "optimizer": _bytes([m.data for m in self.master]) + _bytes(state)}
@@ -218,7 +237,7 @@ class ZeroDataParallel:
         """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""
         if self.stage == 0:
             return torch.cat([m.detach() for m in self.master])
-        return torch.cat([self._all_gather(m.detach(), unit)
+        return torch.cat([self._all_gather(m.detach(), unit).result()
                           for m, unit in zip(self.master, self.units, strict=True)])
 
 
@@ -228,15 +247,15 @@ def _batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, t
 
 
 def sharded_data_parallel(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "builtin",
-                          precision: str = "fp32", microbatches: int = 1, width: int = 16,
-                          depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
+                          precision: str = "fp32", microbatches: int = 1, prefetch: bool = False,
+                          width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
     """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
     batch, in `microbatches` pieces; return the full parameters after training, the bytes this
     rank holds between steps, its peak during a step, the bytes it sent, and the losses."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = mlp(width, depth, seed)
     zero = ZeroDataParallel(model, stage, lambda params: torch.optim.AdamW(params, lr=lr),
-                            precision=precision, algorithm=algorithm)
+                            precision=precision, algorithm=algorithm, prefetch=prefetch)
     between = zero.held()
     losses, peaks = [], []
     with comm.count_communication() as ledger:
