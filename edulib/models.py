@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 TOKENS = 3  # sequence length of the tiny GPT's inputs: (batch, tokens, hidden)
 HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
@@ -93,9 +94,12 @@ class SelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.out = nn.Linear(hidden, hidden)
+        self.recompute = False  # selective recomputation: keep q, k, v, not the softmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if self.recompute:
+            return self.out(checkpoint(attend, q, k, v, self.heads, use_reentrant=False))
         return self.out(attend(q, k, v, self.heads))
 
 
