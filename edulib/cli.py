@@ -76,7 +76,7 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|dp|pipeline|plan`: measured against a baseline or the model."""
+    """`edulib bench launch|allreduce|dp|memory|pipeline|plan`: measured against a baseline or the model."""
     from edulib import bench
 
     if options.what == "launch":
@@ -89,6 +89,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_pipeline(options.world_size, backend=options.backend))
     elif options.what == "plan":
         print(bench.bench_planner())
+    elif options.what == "memory":
+        print(bench.bench_memory(tuple(options.world_sizes), backend=options.backend))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend))
@@ -153,11 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "dp", "pipeline", "plan"])
+    bench.add_argument("what", choices=["launch", "allreduce", "dp", "memory", "pipeline", "plan"])
     bench.add_argument("--world-size", type=int, default=4, help="launch, pipeline: ranks")
     bench.add_argument("--repeats", type=int, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],
-                       help="allreduce, dp: rank counts to measure")
+                       help="allreduce, dp, memory: rank counts to measure")
     bench.add_argument("--max-mib", type=int, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)

@@ -20,6 +20,7 @@ and a rank may own nothing. Every message goes through `edulib.comm`, on any `al
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
@@ -251,15 +252,17 @@ def sharded_data_parallel(stage: int, steps: int, lr: float = 1e-3, algorithm: s
                           width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
     """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
     batch, in `microbatches` pieces; return the full parameters after training, the bytes this
-    rank holds between steps, its peak during a step, the bytes it sent, and the losses."""
+    rank holds between steps, its peak during a step, the bytes it sent, the losses and each
+    step's duration."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = mlp(width, depth, seed)
     zero = ZeroDataParallel(model, stage, lambda params: torch.optim.AdamW(params, lr=lr),
                             precision=precision, algorithm=algorithm, prefetch=prefetch)
     between = zero.held()
-    losses, peaks = [], []
+    losses, peaks, durations = [], [], []
     with comm.count_communication() as ledger:
         for step in range(steps):
+            began = time.perf_counter()
             inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
             total = 0.0
             zero.peak = 0
@@ -268,11 +271,12 @@ def sharded_data_parallel(stage: int, steps: int, lr: float = 1e-3, algorithm: s
                 zero.backward(loss)
                 total += loss.item()
             zero.step()
+            durations.append(time.perf_counter() - began)
             losses.append(total)
             peaks.append(zero.peak)
             between = zero.held()
     return {"parameters": zero.full_parameters(), "bytes_held": between, "peak": max(peaks),
-            "bytes_sent": sum(t.nbytes for t in ledger), "losses": losses,
+            "bytes_sent": sum(t.nbytes for t in ledger), "losses": losses, "durations": durations,
             "units": [unit.length for unit in zero.units]}
 
 
