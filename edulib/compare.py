@@ -16,23 +16,24 @@ Index = tuple  # rows (and columns) of a reference tensor, as lists of ints or s
 
 
 def disagreements(reports: Sequence[dict], reference: dict[str, torch.Tensor], rtol: float = 1e-4,
-                  atol: float = 1e-6, complete: bool = True) -> list[str]:
-    """Every reported tensor that differs from its slice of the reference, and (if `complete`)
-    every reference tensor that no rank reported. Each problem names the rank."""
+                  atol: float = 1e-6, complete: bool = True, key: str = "gradients") -> list[str]:
+    """Every tensor a rank reports under `key` that differs from its slice of the reference, and
+    (if `complete`) every reference tensor that no rank reported. Each problem names the rank."""
     problems, covered = [], set()
     for rank, report in enumerate(reports):
         where = report.get("coordinates", rank)
         sources = report.get("sources", {})
-        for key, got in report["gradients"].items():
-            name, index = sources.get(key, (key, ...))
+        for label, got in report[key].items():
+            name, index = sources.get(label, (label, ...))
             covered.add(name)
             want = reference[name][index]
             if got is None or got.shape != want.shape:
-                problems.append(f"rank {where}: {key} has shape {None if got is None else tuple(got.shape)}, "
+                shape = None if got is None else tuple(got.shape)
+                problems.append(f"rank {where}: {label} has shape {shape}, "
                                 f"expected {tuple(want.shape)} ({name}{_show(index)})")
             elif not torch.allclose(got.cpu(), want, rtol=rtol, atol=atol):
                 worst = (got.cpu() - want).abs().max().item()
-                problems.append(f"rank {where}: {key} differs from {name}{_show(index)} "
+                problems.append(f"rank {where}: {label} differs from {name}{_show(index)} "
                                 f"(largest difference {worst:.2e})")
     missing = sorted(set(reference) - covered) if complete else []
     if missing:

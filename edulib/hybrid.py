@@ -6,11 +6,13 @@ p a pipeline, only in d a data-parallel group. Each pipeline stage holds consecu
 tiny GPT, tensor-parallel within its group (edulib.tp); micro-batches flow through the stages on
 the one pipeline executor (edulib.pp), any schedule; gradients accumulate over the micro-batches
 and are averaged over the data-parallel group by data parallelism's own buckets (edulib.dp),
-once per step. Every collective runs on the `algorithm` asked for. The result equals one
-process training on the whole batch.
+once per step, or, sharded, by ZeRO, which also takes the AdamW step. Every collective runs on
+the `algorithm` asked for. The result equals one process training on the whole batch.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -18,12 +20,13 @@ from torch import nn
 
 from edulib.comm.groups import Grid
 from edulib.dp.data_parallel import GradientBuckets
+from edulib.dp.zero import ZeroDataParallel
 from edulib.models import gpt_batch, reference_gradients, split, tiny_gpt
 from edulib.pp import build_schedule
 from edulib.pp.executor import Links, execute
 from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
 
-__all__ = ["Grid", "gpt_reference", "hybrid_step"]
+__all__ = ["Grid", "gpt_reference", "gpt_reference_adam", "hybrid_step"]
 
 
 class _ParallelBlock(nn.Module):
@@ -41,34 +44,64 @@ class _ParallelBlock(nn.Module):
 
 def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2,
                 hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0,
-                algorithm: str = "builtin", schedule: str = "gpipe") -> dict:
-    """One training step of tiny_gpt on the grid; this rank's gradients, named as in the full model."""
+                algorithm: str = "builtin", schedule: str = "gpipe", zero: int | None = None,
+                lr: float = 1e-3) -> dict:
+    """One training step of tiny_gpt on the grid; this rank's gradients, named as in the full model.
+
+    With `zero` (a ZeRO stage), the data-parallel dimension is sharded instead: ZeRO averages the
+    gradients and takes one AdamW step of `lr`; the report also holds the updated weights.
+    """
     grid = Grid(dp=dp, pp=pp, tp=tp)
     tensor_group, data_group = grid.group("tp"), grid.group("dp")
     d, p, t = grid.coordinates(dist.get_rank())
     pieces = split(tiny_gpt(hidden, heads, layers, seed), pp)
     offset = sum(len(piece) for piece in pieces[:p])
     stage = nn.Sequential(*[_ParallelBlock(block, tensor_group, algorithm) for block in pieces[p]])
-    buckets = GradientBuckets(stage, overlap=False, group=data_group, algorithm=algorithm)
+    if zero is None:
+        data_parallel = GradientBuckets(stage, overlap=False, group=data_group, algorithm=algorithm)
+        accumulate = data_parallel.no_sync()  # every micro-batch's gradients, then one reduction
+    else:
+        data_parallel = ZeroDataParallel(stage, zero, lambda params: torch.optim.AdamW(params, lr=lr),
+                                         precision="fp32", algorithm=algorithm, group=data_group)
+        accumulate = contextlib.nullcontext()
     inputs, targets = (tensor.chunk(dp)[d].chunk(microbatches) for tensor in gpt_batch(batch, hidden, seed))
     neighbours = {q: grid.rank(d, q, t) for q in range(pp)}
-    with buckets.no_sync():  # accumulate every micro-batch's gradients, then reduce once
+    with accumulate:
         execute(build_schedule(schedule, pp, microbatches), p, {p: stage},
                 lambda y, target: nn.functional.mse_loss(y, target) / microbatches, inputs, targets,
                 shape=inputs[0].shape, links=Links({q: [r] for q, r in neighbours.items()}, neighbours))
-    buckets.finish()
-    gradients, sources = {}, {}
+    if zero is None:
+        data_parallel.finish()
+    else:
+        data_parallel.step()
+    if zero is None:
+        weights, gradients = {}, {id(p): p.grad for p in stage.parameters()}
+    else:
+        weights, gradients = data_parallel.gathered(), data_parallel.gathered(gradients=True)
+    report: dict = {"coordinates": (d, p, t), "gradients": {}, "parameters": {}, "sources": {},
+                    "process_groups": dist.get_pg_count()}
     for index, block in enumerate(stage):
         for part, child in block.named_children():  # the same names as in the full Block
             for name, (full, where) in child.sources().items():
                 key = f"{offset + index}.{part}.{name}"
-                gradients[key] = child.get_parameter(name).grad
-                sources[key] = (f"{offset + index}.{part}.{full}", where)
-    return {"coordinates": (d, p, t), "gradients": gradients, "sources": sources,
-            "process_groups": dist.get_pg_count()}
+                parameter = child.get_parameter(name)
+                report["gradients"][key] = gradients[id(parameter)]
+                if zero is not None:
+                    report["parameters"][key] = weights[id(parameter)]
+                report["sources"][key] = (f"{offset + index}.{part}.{full}", where)
+    return report
 
 
 def gpt_reference(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int = 4,
                   seed: int = 0) -> dict[str, torch.Tensor]:
     """The unsplit tiny_gpt's gradients on the whole batch, by parameter name."""
     return reference_gradients(tiny_gpt(hidden, heads, layers, seed), *gpt_batch(batch, hidden, seed))
+
+
+def gpt_reference_adam(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int = 4,
+                       seed: int = 0, lr: float = 1e-3) -> dict[str, torch.Tensor]:
+    """The unsplit tiny_gpt's weights after one AdamW step on the whole batch, by parameter name."""
+    model = tiny_gpt(hidden, heads, layers, seed)
+    reference_gradients(model, *gpt_batch(batch, hidden, seed))
+    torch.optim.AdamW(model.parameters(), lr=lr).step()
+    return {name: parameter.detach() for name, parameter in model.named_parameters()}

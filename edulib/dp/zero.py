@@ -115,6 +115,7 @@ class ZeroDataParallel:
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.units)
+        self.last_gradients = [torch.zeros_like(m) for m in self.master]  # averaged, of the last step
         self.prefetch, self._coming = prefetch, {}  # unit -> its gather, started early
         self.peak = 0
         for unit in self.units:
@@ -205,6 +206,7 @@ class ZeroDataParallel:
                 unit.load(self._all_gather(new, unit).result())
             else:
                 self.shards[index] = new
+            self.last_gradients[index] = self.master[index].grad
             self.master[index].grad = None
             if self.stage <= 1:
                 for parameter in unit.parameters:
@@ -234,12 +236,28 @@ class ZeroDataParallel:
         """Note the most bytes held at any moment so far."""
         self.peak = max(self.peak, sum(self.held().values()))
 
+    def _whole(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each unit's full flat vector from this rank's chunk of it (at stage 0 it has them all)."""
+        if self.stage == 0:
+            return chunks
+        return [self._all_gather(chunk, unit).result()
+                for chunk, unit in zip(chunks, self.units, strict=True)]
+
     def full_parameters(self) -> torch.Tensor:
         """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""
-        if self.stage == 0:
-            return torch.cat([m.detach() for m in self.master])
-        return torch.cat([self._all_gather(m.detach(), unit).result()
-                          for m, unit in zip(self.master, self.units, strict=True)])
+        return torch.cat(self._whole([m.detach() for m in self.master]))
+
+    def gathered(self, gradients: bool = False) -> dict[int, torch.Tensor]:
+        """Every parameter's fp32 master weight (or, with `gradients`, the averaged gradient of the
+        last step), gathered from the ranks, by the parameter's id."""
+        found = {}
+        for flat, unit in zip(self._whole(self.last_gradients if gradients else
+                                          [m.detach() for m in self.master]), self.units, strict=True):
+            offset = 0
+            for parameter, shape in zip(unit.parameters, unit.shapes, strict=True):
+                found[id(parameter)] = flat[offset:offset + shape.numel()].view(shape)
+                offset += shape.numel()
+        return found
 
 
 def _batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, tokens: int) -> torch.Tensor:
