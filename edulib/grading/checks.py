@@ -127,6 +127,31 @@ def _bubble_fraction(student: ModuleType) -> str:
     return "matches the simulator"
 
 
+def _shard_bounds(student: ModuleType) -> str:
+    from edulib.comm import chunk_bounds
+
+    for length, ranks in ((10, 3), (2, 4), (0, 2), (7, 7), (16, 4), (5, 1)):
+        got, want = student.shard_bounds(length, ranks), chunk_bounds(length, ranks)
+        if list(got) != want:
+            raise Wrong(f"shard_bounds({length}, {ranks}) = {got}, expected {want}")
+    return "every shard where the lesson puts it, empty ones included"
+
+
+def _sharded_step(student: ModuleType) -> str:
+    from edulib.grading.workers import sharded_step
+    from edulib.launch import run
+
+    for length in (10, 2):  # uneven shards; with 2 elements on 3 ranks, rank 2 owns nothing
+        reports = run(sharded_step, 3, student.__name__, length, 0.5, timeout=10)
+        parameters = reports[0][0]
+        want = parameters - 0.5 * sum(gradient for _, gradient, _ in reports) / 3
+        for rank, (_, _, got) in enumerate(reports):
+            if got.shape != want.shape or not torch.allclose(got, want, atol=1e-6):
+                raise Wrong(f"length {length}, rank {rank}: got {got.tolist()[:4]}, "
+                            f"expected {want.tolist()[:4]}")
+    return "every rank holds the updated parameters, uneven and empty shards included"
+
+
 def _best_slicing(student: ModuleType) -> str:
     for costs, stages, batches in (([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)):
         best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
@@ -146,5 +171,7 @@ CHECKS: dict[str, list[Check]] = {
                                     Check("backward", 3, _tensor_parallel("backward"))],
     "lesson04_pipeline": [Check("1F1B schedule", 3, _one_f_one_b),
                           Check("bubble fraction", 2, _bubble_fraction)],
-    "lesson05_alpa": [Check("stage slicing", 3, _best_slicing)],
+    "lesson05_sharding": [Check("shard bounds", 2, _shard_bounds),
+                          Check("sharded step on 3 ranks", 3, _sharded_step)],
+    "lesson07_alpa": [Check("stage slicing", 3, _best_slicing)],
 }

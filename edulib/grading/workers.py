@@ -35,3 +35,11 @@ def tensor_parallel(module: str) -> dict:
             "row_backward": _student(module, "row_parallel_backward")(
                 grad_y, x.chunk(parts, dim=1)[rank], columns),
             "x": x, "weight": weight, "grad_y": grad_y, "rows": (rank, parts)}
+
+
+def sharded_step(module: str, length: int, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the student's sharded_sgd_step; return (parameters, this rank's gradient, result)."""
+    parameters = torch.randn(length, generator=torch.Generator().manual_seed(9))
+    gradient = torch.randn(length, generator=torch.Generator().manual_seed(dist.get_rank()))
+    result = _student(module, "sharded_sgd_step")(parameters.clone(), gradient.clone(), lr)
+    return parameters, gradient, result
