@@ -107,3 +107,15 @@ def largest_model(device_memory: float, ranks: int, stage: int, precision: str =
                   optimizer: str = "adam") -> float:
     """The most parameters whose training state fits `device_memory` bytes per device."""
     return device_memory / sharded_bytes(1, ranks, stage, precision, optimizer).total
+
+
+def devices_to_fit(parameters: float, device_memory: float, stage: int, precision: str = "fp16",
+                   optimizer: str = "adam") -> int | None:
+    """The fewest devices whose memory holds the training state under ZeRO `stage`, or None when
+    no number does (the part each device keeps whole is already too big)."""
+    one, two = (sharded_bytes(parameters, n, stage, precision, optimizer).total for n in (1, 2))
+    shared = 2 * (one - two)  # the part that N devices split: one = kept + shared, two = kept + shared / 2
+    kept = one - shared
+    if kept >= device_memory:
+        return None
+    return max(1, math.ceil(shared / (device_memory - kept)))

@@ -76,14 +76,19 @@ def saved_bytes_formula(batch: int, tokens: int, hidden: int, heads: int, mode: 
 
 
 def korthikanti_bytes(tokens: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 1,
-                      sequence_parallel: bool = False) -> float:
+                      sequence_parallel: bool = False, mode: str = "none") -> float:
     """Korthikanti et al. 2022's activation bytes per GPT layer (fp16, with LayerNorm and dropout):
     sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, (sbh/t)(34 + 5as/h) with
-    sequence parallelism too."""
+    sequence parallelism too. Selective recomputation drops the 5as/h term (the softmax and its
+    dropout); full recomputation keeps only the layer's 2sbh-byte input."""
+    check_choice(mode, MODES, "recomputation mode")
     s, b, h, a, t = tokens, batch, hidden, heads, tensor_parallel
+    attention = 0 if mode == "selective" else 5 * a * s / h
+    if mode == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
     if sequence_parallel:
-        return s * b * h / t * (34 + 5 * a * s / h)
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        return s * b * h / t * (34 + attention)
+    return s * b * h * (10 + 24 / t + attention / t)
 
 
 @built_on_host

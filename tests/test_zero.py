@@ -8,7 +8,7 @@ import torch
 
 from edulib import comm
 from edulib.dp import sharded_data_parallel, single_process_adam
-from edulib.footprint import GB, largest_model, sharded_bytes
+from edulib.footprint import GB, devices_to_fit, largest_model, sharded_bytes
 from edulib.launch import Pool, RankError
 from tests import ranks
 
@@ -28,6 +28,8 @@ def test_the_zero_papers_figure_comes_from_the_formulas():
     assert sharded_bytes(175e9, 35, 3).total <= 80 * GB < sharded_bytes(175e9, 34, 3).total
     assert largest_model(80 * GB, 1024, 0) == 5e9  # 80 GB / 16 bytes, however many GPUs
     assert largest_model(80 * GB, 1024, 3) == pytest.approx(80 * GB * 1024 / 16)
+    assert [devices_to_fit(175e9, 80 * GB, stage) for stage in range(4)] == [None, None, None, 35]
+    assert [devices_to_fit(7.5e9, 80 * GB, stage) for stage in range(4)] == [None, 2, 2, 2]
     with pytest.raises(ValueError, match="unknown ZeRO stage 4; choose one of 0, 1, 2, 3"):
         sharded_bytes(1, 2, 4)
 

@@ -4,9 +4,10 @@ from edulib.widgets.comm import comm_cost_explorer
 from edulib.widgets.dp import bandwidth_explorer
 from edulib.widgets.explorer import Choice, Slider, explore
 from edulib.widgets.footprint import footprint_explorer
+from edulib.widgets.memory import memory_explorer
 from edulib.widgets.pipeline import bubble_explorer
 from edulib.widgets.planner import plan_explorer
 from edulib.widgets.tp import traffic_explorer
 
 __all__ = ["Choice", "Slider", "bandwidth_explorer", "bubble_explorer", "comm_cost_explorer", "explore",
-           "footprint_explorer", "plan_explorer", "traffic_explorer"]
+           "footprint_explorer", "memory_explorer", "plan_explorer", "traffic_explorer"]
