@@ -12,13 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from edulib import examples
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_collective
 from edulib.compare import disagreements
-from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
+from edulib.dp import (
+    data_parallel,
+    parameter_server,
+    sharded_data_parallel,
+    single_process,
+    single_process_adam,
+    torch_ddp,
+)
+from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
@@ -28,6 +37,8 @@ from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
 from edulib.pp.runtime import train_step
+from edulib.recompute import MODES as RECOMPUTE_MODES
+from edulib.recompute import layer_step, saved_bytes_formula
 from edulib.table import format_table
 from edulib.tp.workers import LAYERS as TENSOR_LAYERS
 from edulib.tp.workers import cnn_reference, cnn_step, layer_reference, run_layer
@@ -146,6 +157,31 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
     return check
 
 
+def _check_zero(stage: int) -> Callable[[Pool], str]:
+    """A check that ZeRO `stage` trains like one process's AdamW and holds what the formula says."""
+    def check(pool: Pool) -> str:
+        ranks, steps, batch = pool.world_size, 3, 4 * pool.world_size
+        reference, _ = single_process_adam(steps, batch=batch)
+        reports = pool.run(sharded_data_parallel, stage, steps, batch=batch)
+        worst = max(float((r["parameters"] - reference).abs().max()) for r in reports)
+        assert worst < 1e-6, f"largest weight difference after {steps} AdamW steps: {worst:.2e}"
+        mixed = pool.run(sharded_data_parallel, stage, steps, batch=batch, precision="bf16")
+        held = sum(sum(r["bytes_held"].values()) for r in mixed)  # shards add up to the whole
+        want = ranks * sharded_bytes(sum(mixed[0]["units"]), ranks, stage, "bf16").total
+        assert held == want, f"the ranks hold {held} bytes in bf16, the formula says {want:.0f}"
+        return f"equal after {steps} AdamW steps; {held / ranks:,.0f} B/rank in bf16, as the formula"
+    return check
+
+
+def _check_recomputation(pool: Pool) -> str:
+    """Selective and full recomputation give the same gradients and keep the closed form's bytes."""
+    steps = {mode: layer_step(mode, 2, 8, 16, 4) for mode in RECOMPUTE_MODES}
+    for mode, step in steps.items():
+        assert all(torch.equal(g, steps["none"]["gradients"][k]) for k, g in step["gradients"].items()), mode
+        assert step["saved_bytes"] == saved_bytes_formula(2, 8, 16, 4, mode), mode
+    return ", ".join(f"{mode} {step['saved_bytes']:,} B" for mode, step in steps.items())
+
+
 def _check_hybrid(pool: Pool) -> str:
     """Data x pipeline x tensor parallelism on one grid of all the ranks trains like one process."""
     ranks = pool.world_size
@@ -185,6 +221,9 @@ STEPS: list[Step] = [
     *(Step(f"tensor parallel: {kind}", "full module's output and gradients",
            _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
     Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
+    *(Step(f"ZeRO stage {stage}" + (" (data parallel, bf16 too)" if stage == 0 else ""),
+           "one process's AdamW; the ZeRO formula", _check_zero(stage)) for stage in range(4)),
+    Step("activation recomputation", "gradients without it; closed form", _check_recomputation),
     Step("hybrid: data x pipeline x tensor (ring)", "unsplit model's gradients", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
 ]

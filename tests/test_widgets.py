@@ -12,6 +12,7 @@ from edulib.widgets import (
     comm_cost_explorer,
     explore,
     footprint_explorer,
+    memory_explorer,
 )
 
 
@@ -26,6 +27,21 @@ def test_the_footprint_explorer_falls_back_to_a_figure_of_gpt3():
     figure = footprint_explorer(static=True)
     assert isinstance(figure, Figure)
     assert figure.axes[0].get_title() == "175B parameters: 2,800 GB to train, 35 devices of 80 GB"
+
+
+def test_the_memory_explorer_falls_back_to_gpt3_on_64_devices_and_its_bars_are_the_formulas():
+    from edulib.footprint import GB, sharded_bytes
+    from edulib.viz.memory import memory_rows
+
+    figure = memory_explorer(static=True)
+    assert figure.axes[0].get_title() == "GPT-3 on 64 devices, fp16, recomputation: none"
+    for stage, weights, gradients, optimizer, activations in memory_rows("GPT-3", 64):
+        want = sharded_bytes(175e9, 64, stage)
+        assert (weights, gradients, optimizer) == tuple(
+            part / GB for part in (want.weights, want.gradients, want.optimizer))
+        assert activations == pytest.approx(96 * 2048 * 12288 * (34 + 5 * 96 * 2048 / 12288) / GB)
+    with pytest.raises(ValueError, match="unknown model 'GPT-4'; choose one of BERT-Large"):
+        memory_rows("GPT-4", 8)
 
 
 def test_moving_a_control_redraws_with_its_value():
