@@ -90,10 +90,14 @@ def test_mixed_precision_keeps_16_bytes_per_parameter_and_stays_close_to_fp32(po
 
 
 def _bad(**kwargs):
+    import torch.distributed as dist
+
     from edulib.dp import ZeroDataParallel
     from edulib.models import mlp
 
-    model = kwargs.pop("model", None) or mlp(4, 1)
+    model = mlp(4, 1, seed=dist.get_rank() if kwargs.pop("model", None) == "differing" else 0)
+    if kwargs.get("units") == "stranger":
+        kwargs["units"] = [torch.nn.Linear(4, 4)]
     ZeroDataParallel(model, **kwargs)
 
 
@@ -102,6 +106,8 @@ def _bad(**kwargs):
     ({"stage": 1, "precision": "int8"}, "unknown precision 'int8'; choose one of fp32, bf16, fp16"),
     ({"stage": 1, "algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
     ({"stage": 1, "units": []}, r"every parameter must be in one unit; \['0.0.weight', '0.0.bias'\]"),
+    ({"stage": 3, "units": "stranger"}, r"a unit must be one of the model's modules; \['Linear'\] are not"),
+    ({"stage": 2, "model": "differing"}, "the model's parameters differ across ranks"),
 ])
 def test_bad_setups_say_what_is_allowed(kwargs, message, pool4):
     with pytest.raises(RankError, match=message):

@@ -104,6 +104,10 @@ class ZeroDataParallel:
         self.model, self.stage, self.algorithm, self.group = model, stage, algorithm, group
         self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         units = list(model.children()) if units is None else units
+        inside = {id(module) for module in model.modules()}
+        strangers = [type(unit).__name__ for unit in units if id(unit) not in inside]
+        if strangers:
+            raise ValueError(f"a unit must be one of the model's modules; {strangers} are not")
         owned = {id(p) for unit in units for p in unit.parameters()}
         missing = [name for name, p in model.named_parameters() if id(p) not in owned]
         if missing:
