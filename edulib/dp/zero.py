@@ -101,7 +101,7 @@ class ZeroDataParallel:
                              "weights, and the 16-bit copy is made here")
         comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails now
         check_replicas(model, group)
-        self.model, self.stage, self.algorithm, self.group = model, stage, algorithm, group
+        self.stage, self.algorithm, self.group = stage, algorithm, group
         self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         units = list(model.children()) if units is None else units
         inside = {id(module) for module in model.modules()}
@@ -118,7 +118,9 @@ class ZeroDataParallel:
         self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in self.units]
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
-        self.grad_shards: list[torch.Tensor | None] = [None] * len(self.units)
+        # stages 2 and 3 keep only this rank's shard of the gradients, summed over micro-batches
+        self.grad_shards = [torch.zeros(unit.hi - unit.lo, dtype=self.dtype) if stage >= 2 else None
+                            for unit in self.units]
         self.last_gradients = [torch.zeros_like(m) for m in self.master]  # averaged, of the last step
         self.prefetch, self._coming = prefetch, {}  # unit -> its gather, started early
         self.peak = 0
@@ -173,8 +175,7 @@ class ZeroDataParallel:
         self._measure()
         index = self.units.index(unit)
         chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
-        held = self.grad_shards[index]
-        self.grad_shards[index] = chunk if held is None else held + chunk
+        self.grad_shards[index] += chunk
         if self.stage == 3:
             unit.release()
         else:
@@ -195,8 +196,6 @@ class ZeroDataParallel:
                 grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
             else:
                 grad = self.grad_shards[index]
-                if grad is None:
-                    grad = torch.zeros(unit.hi - unit.lo, dtype=self.dtype)
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
         if self.loss_scale != 1.0 and self._overflowed():
             self.loss_scale /= 2  # an overflow somewhere: skip this step, scale less
@@ -215,8 +214,8 @@ class ZeroDataParallel:
             if self.stage <= 1:
                 for parameter in unit.parameters:
                     parameter.grad = torch.zeros_like(parameter)  # DDP-style: kept between steps
-            self.grad_shards[index] = (torch.zeros(unit.hi - unit.lo, dtype=self.dtype)
-                                       if self.stage >= 2 else None)
+            else:
+                self.grad_shards[index].zero_()
         self._measure()
 
     def _overflowed(self) -> bool:
