@@ -14,8 +14,13 @@ def check_choice(value: Any, allowed: Iterable[str], what: str) -> Any:
     return value
 
 
+def check_count(value: Any, what: str, unit: str = "") -> int:
+    """Return `value` if it is a whole number (of `unit`), 1 or more; otherwise say what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a whole number{unit and ' of ' + unit}, 1 or more; got {value!r}")
+    return value
+
+
 def check_world_size(world_size: Any) -> int:
     """Return world_size if it is a whole number of ranks, 1 or more; otherwise say what is allowed."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}")
-    return world_size
+    return check_count(world_size, "world_size", "ranks")

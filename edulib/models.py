@@ -130,27 +130,37 @@ def image_batch(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tens
 
 
 class Block(nn.Module):
-    """A tiny GPT-like block: x + attention(x), then + MLP(that) (no normalisation, for clarity)."""
+    """A tiny GPT-like block: x + attention(x), then + MLP(that); with `norm`, each branch reads a
+    LayerNorm of its input first (GPT-2's pre-norm), the replicated part sequence parallelism splits."""
 
-    def __init__(self, hidden: int, heads: int, seed: int = 0) -> None:
+    def __init__(self, hidden: int, heads: int, seed: int = 0, norm: bool = False) -> None:
         super().__init__()
         self.attention = SelfAttention(hidden, heads, seed)
         self.mlp = transformer_mlp(hidden, seed + 1)
+        self.normalized = norm
+        if norm:
+            generator = torch.Generator().manual_seed(seed + 2)
+            self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            with torch.no_grad():  # not the default 1 and 0, so a gradient bug cannot hide
+                for p in (*self.norm1.parameters(), *self.norm2.parameters()):
+                    p.add_(torch.randn(p.shape, generator=generator) * 0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(x)
-        return x + self.mlp(x)
+        x = x + self.attention(self.norm1(x) if self.normalized else x)
+        return x + self.mlp(self.norm2(x) if self.normalized else x)
 
 
 @built_on_host
-def tiny_gpt(hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0) -> nn.Sequential:
-    """`layers` Blocks, each seeded differently, the same for the same seed."""
-    return nn.Sequential(*[Block(hidden, heads, seed + 10 * layer) for layer in range(layers)])
+def tiny_gpt(hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0, norm: bool = False
+             ) -> nn.Sequential:
+    """`layers` Blocks (with LayerNorms if `norm`), each seeded differently, the same for the same seed."""
+    return nn.Sequential(*[Block(hidden, heads, seed + 10 * layer, norm) for layer in range(layers)])
 
 
 @built_on_host
-def gpt_batch(batch: int, hidden: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets of `batch` sequences of TOKENS vectors, the same for the same seed."""
+def gpt_batch(batch: int, hidden: int, seed: int = 0, tokens: int = TOKENS
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of `batch` sequences of `tokens` vectors, the same for the same seed."""
     generator = torch.Generator().manual_seed(seed + 5)
-    return (torch.randn(batch, TOKENS, hidden, generator=generator),
-            torch.randn(batch, TOKENS, hidden, generator=generator))
+    return (torch.randn(batch, tokens, hidden, generator=generator),
+            torch.randn(batch, tokens, hidden, generator=generator))

@@ -11,7 +11,7 @@ from edulib.comm import Grid
 from edulib.compare import disagreements
 from edulib.hybrid import gpt_reference, gpt_reference_adam, hybrid_step
 from edulib.launch import Pool, RankError
-from edulib.models import tiny_gpt
+from edulib.models import TOKENS, tiny_gpt
 
 
 def test_every_group_comes_from_one_grid():
@@ -30,14 +30,18 @@ def test_every_group_comes_from_one_grid():
         grid.groups("xp")
 
 
-@pytest.mark.parametrize("shape, algorithm, schedule", [
-    ((2, 2, 2), "builtin", "gpipe"), ((2, 2, 2), "ring", "1f1b"), ((1, 2, 2), "tree", "zero_bubble"),
-    ((2, 1, 2), "halving_doubling", "gpipe"), ((2, 2, 1), "butterfly", "1f1b")])
-def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape, algorithm, schedule):
+@pytest.mark.parametrize("shape, algorithm, schedule, sequence_parallel", [
+    ((2, 2, 2), "builtin", "gpipe", False), ((2, 2, 2), "ring", "1f1b", True),
+    ((1, 2, 2), "tree", "zero_bubble", True), ((2, 1, 2), "halving_doubling", "gpipe", False),
+    ((2, 2, 1), "butterfly", "1f1b", False)])
+def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape, algorithm, schedule, sequence_parallel):
+    """With sequence parallelism too (LayerNorms, the sequence split between the blocks)."""
+    tokens = 4 if sequence_parallel else TOKENS
     with Pool(shape[0] * shape[1] * shape[2], backend="gloo", timeout=60) as pool:
-        reports = pool.run(hybrid_step, *shape, algorithm=algorithm, schedule=schedule)
-    assert not disagreements(reports, gpt_reference())
-    assert disagreements(reports, gpt_reference(seed=1))  # the check can fail
+        reports = pool.run(hybrid_step, *shape, algorithm=algorithm, schedule=schedule,
+                           sequence_parallel=sequence_parallel, tokens=tokens)
+    assert not disagreements(reports, gpt_reference(norm=sequence_parallel, tokens=tokens))
+    assert disagreements(reports, gpt_reference(seed=1, norm=sequence_parallel, tokens=tokens))
 
 
 @pytest.mark.parametrize("world, shapes", [(2, [(2, 1, 1), (1, 1, 2)]), (4, [(2, 1, 2), (1, 2, 2)])])
@@ -69,5 +73,10 @@ def test_process_groups_are_made_once_however_often_a_step_runs(pool4):
 
 
 def test_a_grid_that_does_not_match_the_ranks_is_refused():
-    with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="needs 8 ranks"):
-        pool.run(hybrid_step, 2, 2, 2)
+    with Pool(2, backend="gloo", timeout=10) as pool:
+        with pytest.raises(RankError, match="needs 8 ranks"):
+            pool.run(hybrid_step, 2, 2, 2)
+        with pytest.raises(RankError, match="splits the 3 tokens among tp=2 ranks; use a multiple of 2"):
+            pool.run(hybrid_step, 1, 1, 2, sequence_parallel=True)
+        with pytest.raises(RankError, match="use it with zero=None"):
+            pool.run(hybrid_step, 2, 1, 1, sequence_parallel=True, zero=1)

@@ -5,6 +5,12 @@ parallel splits its input features and sums the partial outputs ("reduce output"
 a column layer before a row layer so that only one all-reduce is needed each way; attention
 splits the heads. Every shard parameter remembers which slice of the full module it came from
 (`sources`), so equivalence with the full module is one comparison per parameter.
+
+With `sequence_parallel`, the activations between the blocks stay split along the sequence
+(Korthikanti et al. 2022): a column layer all-gathers its input's sequence and a row layer
+reduce-scatters its output, and the LayerNorms and biases in between run on this rank's part only.
+Those replicated weights then see only part of the sequence: `replicated()` names them, and their
+gradients must be summed over the group (`sync_gradients`).
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from edulib.models import SelfAttention, attend
-from edulib.tp.ops import f, g, gather, split
+from edulib.models import Block, SelfAttention, attend
+from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence, split
 
 Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices
 
@@ -52,19 +58,36 @@ class ParallelModule(nn.Module):
                               for name, source in child.sources().items()})
         return found
 
+    def replicated(self) -> list[nn.Parameter]:
+        """The parameters that are the whole of their full one (LayerNorms, a row layer's bias)."""
+        whole = {name for name, (_, index) in self.sources().items() if index == (slice(None),)}
+        return [p for name, p in self.named_parameters() if name in whole]
+
+
+def _no_gather(sequence_parallel: bool, gathered: bool, what: str) -> None:
+    """Sequence parallelism keeps activations split along the sequence, never along features."""
+    if sequence_parallel and gathered:
+        raise ValueError(f"with sequence_parallel, a {what} must leave its features split "
+                         "(the sequence is what is gathered)")
+
 
 class ColumnParallelLinear(ParallelModule):
     """Output features split across ranks: y_i = x W_i^T, optionally all-gathered into y."""
 
     def __init__(self, full: nn.Linear, gather_output: bool = True, group=None,
-                 rows: list[int] | None = None, name: str = "", algorithm: str = "builtin") -> None:
+                 rows: list[int] | None = None, name: str = "", algorithm: str = "builtin",
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
+        _no_gather(sequence_parallel, gather_output, "column-parallel layer's output")
         rows = list(_share(full.out_features, group, "the output features")) if rows is None else rows
         self.group, self.gather_output, self.algorithm = group, gather_output, algorithm
+        self.sequence_parallel = sequence_parallel
         self._take("weight", full.weight, name + "weight", (rows,))
         self._take("bias", full.bias, name + "bias", (rows,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:  # x is this rank's part of the sequence
+            return gathered_linear(x, self.weight, self.bias, self.group, self.algorithm)
         y = F.linear(f(x, self.group, self.algorithm), self.weight, self.bias)
         return gather(y, -1, self.group, self.algorithm) if self.gather_output else y
 
@@ -73,10 +96,12 @@ class RowParallelLinear(ParallelModule):
     """Input features split across ranks: y = sum_i x_i W_i^T, then the bias once."""
 
     def __init__(self, full: nn.Linear, input_is_split: bool = False, group=None,
-                 name: str = "", algorithm: str = "builtin") -> None:
+                 name: str = "", algorithm: str = "builtin", sequence_parallel: bool = False) -> None:
         super().__init__()
+        _no_gather(sequence_parallel, not input_is_split, "row-parallel layer's input")
         columns = _share(full.in_features, group, "the input features")
         self.group, self.input_is_split, self.algorithm = group, input_is_split, algorithm
+        self.sequence_parallel = sequence_parallel
         self._take("weight", full.weight, name + "weight",
                    (slice(None), slice(columns.start, columns.stop)))
         self._take("bias", full.bias, name + "bias", (slice(None),))
@@ -84,7 +109,8 @@ class RowParallelLinear(ParallelModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_split:
             x = split(x, -1, self.group, self.algorithm)
-        y = g(F.linear(x, self.weight), self.group, self.algorithm)
+        combine = reduce_scatter_sequence if self.sequence_parallel else g
+        y = combine(F.linear(x, self.weight), self.group, self.algorithm)
         return y if self.bias is None else y + self.bias
 
 
@@ -94,14 +120,15 @@ class ParallelMLP(ParallelModule):
     One all-reduce forward (g, after the second layer) and one backward (f, before the first).
     """
 
-    def __init__(self, full: nn.Sequential, group=None, algorithm: str = "builtin") -> None:
+    def __init__(self, full: nn.Sequential, group=None, algorithm: str = "builtin",
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         up, activation, down = full
         self.up = ColumnParallelLinear(up, gather_output=False, group=group, name="0.",
-                                       algorithm=algorithm)
+                                       algorithm=algorithm, sequence_parallel=sequence_parallel)
         self.activation = activation
         self.down = RowParallelLinear(down, input_is_split=True, group=group, name="2.",
-                                      algorithm=algorithm)
+                                      algorithm=algorithm, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.activation(self.up(x)))
@@ -111,7 +138,8 @@ class ParallelSelfAttention(ParallelModule):
     """Heads split across ranks: the fused QKV projection column-parallel (each rank's heads'
     rows of Q, K and V), attention local to each rank, the output projection row-parallel."""
 
-    def __init__(self, full: SelfAttention, group=None, algorithm: str = "builtin") -> None:
+    def __init__(self, full: SelfAttention, group=None, algorithm: str = "builtin",
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         hidden = full.out.in_features
         heads = _share(full.heads, group, "the attention heads")
@@ -120,10 +148,46 @@ class ParallelSelfAttention(ParallelModule):
         rows = [part * hidden + column for part in range(3) for column in columns]
         self.heads = len(heads)
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
-                                        name="qkv.", algorithm=algorithm)
+                                        name="qkv.", algorithm=algorithm, sequence_parallel=sequence_parallel)
         self.out = RowParallelLinear(full.out, input_is_split=True, group=group, name="out.",
-                                     algorithm=algorithm)
+                                     algorithm=algorithm, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         return self.out(attend(q, k, v, self.heads))
+
+
+class ParallelLayerNorm(ParallelModule):
+    """A LayerNorm copied whole onto every rank (it normalizes each token on its own)."""
+
+    def __init__(self, full: nn.LayerNorm) -> None:
+        super().__init__()
+        self.shape, self.eps = full.normalized_shape, full.eps
+        self._take("weight", full.weight, "weight", (slice(None),))
+        self._take("bias", full.bias, "bias", (slice(None),))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+
+
+class ParallelBlock(ParallelModule):
+    """A tiny-GPT Block with its attention and MLP tensor-parallel over `group`; with
+    `sequence_parallel`, it reads and returns this rank's part of the sequence (dim -2)."""
+
+    def __init__(self, full: Block, group=None, algorithm: str = "builtin",
+                 sequence_parallel: bool = False) -> None:
+        super().__init__()
+        self.attention = ParallelSelfAttention(full.attention, group, algorithm, sequence_parallel)
+        self.mlp = ParallelMLP(full.mlp, group, algorithm, sequence_parallel)
+        self.normalized = full.normalized
+        if full.normalized:
+            self.norm1, self.norm2 = ParallelLayerNorm(full.norm1), ParallelLayerNorm(full.norm2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x) if self.normalized else x)
+        return x + self.mlp(self.norm2(x) if self.normalized else x)
+
+    def sources(self) -> dict[str, tuple[str, Index]]:
+        """As `ParallelModule.sources`, with the full Block's names (its parts are named alike)."""
+        return {f"{part}.{name}": (f"{part}.{full}", index)
+                for part, child in self.named_children() for name, (full, index) in child.sources().items()}

@@ -2,16 +2,22 @@
 
 f is the identity going forward and an all-reduce of the gradient going backward; g is an
 all-reduce going forward and the identity going backward. Together with a gather and a split
-along one dimension they are all the communication tensor parallelism needs. Every call goes
+along one dimension they are all the communication tensor parallelism needs. Sequence
+parallelism (Korthikanti et al. 2022) swaps them for their halves: where f stood, an all-gather
+of the sequence forward and a reduce-scatter backward (`gathered_linear`); where g stood, a
+reduce-scatter forward and an all-gather backward (`reduce_scatter_sequence`). Every call goes
 through `edulib.comm` with the `algorithm=` asked for, so the ledger counts what each rank sent
 (labelled "forward", "backward" or "gradients").
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 from torch.autograd import Function
+from torch.nn import functional as F
 
 from edulib import comm
 
@@ -30,18 +36,37 @@ def _all_gather(tensor: torch.Tensor, direction: str, group, dim: int, algorithm
         return torch.cat(gathered.unbind(0), dim=dim)
 
 
-def _own_slice(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
-    """This rank's equal part of dimension `dim`."""
+def _parts(tensor: torch.Tensor, group, dim: int) -> int:
+    """The group's size, once it is known to divide dimension `dim` evenly."""
     parts = dist.get_world_size(group)
     if tensor.shape[dim] % parts:
         raise ValueError(f"dimension {dim} ({tensor.shape[dim]}) must divide evenly among {parts} "
-                         "ranks")
-    return tensor.chunk(parts, dim=dim)[dist.get_rank(group)].contiguous()
+                         f"ranks; use a multiple of {parts}")
+    return parts
 
 
-def sync_gradients(module: torch.nn.Module, group=None, algorithm: str = "builtin") -> None:
-    """Data parallelism's step: sum every parameter's gradient over the group."""
-    for parameter in module.parameters():
+def _own_slice(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """This rank's equal part of dimension `dim`."""
+    return tensor.chunk(_parts(tensor, group, dim), dim=dim)[dist.get_rank(group)].contiguous()
+
+
+def _reduce_scatter(tensor: torch.Tensor, direction: str, group, dim: int, algorithm: str) -> torch.Tensor:
+    """This rank's equal part of dimension `dim` of the group's sum of `tensor`, labelled."""
+    parts = _parts(tensor, group, dim)
+    moved = tensor.movedim(dim, 0).contiguous()  # each rank's part is now one flat chunk
+    with comm.labelled(direction):
+        mine = comm.reduce_scatter(moved, comm.algorithm_for("reduce_scatter", algorithm), group)
+    return mine.view(moved.shape[0] // parts, *moved.shape[1:]).movedim(0, dim)
+
+
+def sync_gradients(parameters: torch.nn.Module | Iterable[torch.nn.Parameter], group=None,
+                   algorithm: str = "builtin") -> None:
+    """Data parallelism's step: sum every parameter's gradient (of a module, or those given) over
+    the group. Sequence parallelism needs it too, for the replicated weights each rank saw only
+    part of the sequence through."""
+    if isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    for parameter in parameters:
         if parameter.grad is not None:
             parameter.grad = _all_reduce(parameter.grad, "gradients", group, algorithm)
 
@@ -89,6 +114,36 @@ class _Split(Function):
         return _all_gather(grad, "backward", ctx.group, ctx.dim, ctx.algorithm), None, None, None
 
 
+class _ReduceScatter(Function):
+    @staticmethod
+    def forward(ctx, x, group, dim, algorithm):
+        ctx.group, ctx.dim, ctx.algorithm = group, dim, algorithm
+        return _reduce_scatter(x, "forward", group, dim, algorithm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, "backward", ctx.group, ctx.dim, ctx.algorithm), None, None, None
+
+
+class _GatheredLinear(Function):
+    """y = all-gather(x) W^T + b, keeping only this rank's part of x for backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, dim, algorithm):
+        ctx.group, ctx.dim, ctx.algorithm = group, dim, algorithm
+        ctx.save_for_backward(x, weight)
+        return F.linear(_all_gather(x, "forward", group, dim, algorithm), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        whole = _all_gather(x, "recompute", ctx.group, ctx.dim, ctx.algorithm)  # gathered again
+        grad_x = _reduce_scatter(grad @ weight, "backward", ctx.group, ctx.dim, ctx.algorithm)
+        grad_weight = grad.reshape(-1, grad.shape[-1]).T @ whole.reshape(-1, whole.shape[-1])
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
 def f(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:
     """Identity forward, all-reduce backward: where a replicated input enters a parallel region."""
     return _F.apply(x, group, algorithm)
@@ -107,3 +162,18 @@ def gather(x: torch.Tensor, dim: int = -1, group=None, algorithm: str = "builtin
 def split(x: torch.Tensor, dim: int = -1, group=None, algorithm: str = "builtin") -> torch.Tensor:
     """Keep this rank's slice of dimension `dim` forward; all-gather the gradient backward."""
     return _Split.apply(x, group, dim, algorithm)
+
+
+def reduce_scatter_sequence(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:
+    """Sequence parallelism's g: sum partial outputs and keep this rank's part of the sequence
+    (dim -2) forward; all-gather the gradient backward."""
+    return _ReduceScatter.apply(x, group, -2, algorithm)
+
+
+def gathered_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, group=None,
+                    algorithm: str = "builtin") -> torch.Tensor:
+    """Sequence parallelism's f fused with the column-parallel Linear after it: all-gather the
+    sequence (dim -2) forward, reduce-scatter the input's gradient backward. Like Megatron it keeps
+    only this rank's part of the input, and gathers it again (labelled "recompute") for the
+    weight's gradient: t times less activation memory for one more all-gather."""
+    return _GatheredLinear.apply(x, weight, bias, group, -2, algorithm)
