@@ -25,6 +25,7 @@ from edulib.comm.collectives import (
     reduce,
     reduce_scatter,
     send,
+    shift,
     submit,
 )
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, two_level_link
@@ -38,4 +39,4 @@ __all__ = ["ALGORITHMS", "COLLECTIVES", "Cost", "FOR_COLLECTIVE", "FURTHER", "Gr
            "all_reduce", "all_to_all", "barrier", "broadcast", "build_schedule", "bytes_sent",
            "chunk_bounds", "cost", "count_communication", "expected", "formula", "hierarchical",
            "irecv", "isend", "labelled", "recv", "reduce", "reduce_scatter", "schedule_for", "send",
-           "simulate", "subgroup", "submit", "two_level_link"]
+           "shift", "simulate", "subgroup", "submit", "two_level_link"]

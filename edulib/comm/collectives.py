@@ -226,6 +226,20 @@ def irecv(tensor: torch.Tensor, peer: int) -> dist.Work:
     return dist.irecv(tensor, peer)
 
 
+def shift(tensor: torch.Tensor, into: torch.Tensor, group: Group = None) -> Callable[[], torch.Tensor]:
+    """One step round the group's ring: start sending `tensor` to the next group rank and
+    receiving `into` from the previous one. Returns a function that waits for both and gives
+    `into`, so the caller can compute while the message travels."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    works = [isend(tensor, _global(group, (rank + 1) % n)), irecv(into, _global(group, (rank - 1) % n))]
+
+    def wait() -> torch.Tensor:
+        for work in works:
+            work.wait()
+        return into
+    return wait
+
+
 def barrier(group: Group = None) -> None:
     """Wait until every rank of the group is here."""
     dist.barrier(group=group)

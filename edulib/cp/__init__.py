@@ -1,0 +1,6 @@
+"""Context parallelism: the sequence itself split over ranks, attention computed round a ring."""
+
+from edulib.cp.layout import LAYOUTS, balance, blocks_per_rank, shard_sequence, token_ranges
+from edulib.cp.ring import ring_attention
+
+__all__ = ["LAYOUTS", "balance", "blocks_per_rank", "ring_attention", "shard_sequence", "token_ranges"]
