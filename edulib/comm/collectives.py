@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -180,7 +181,7 @@ def all_to_all(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
     source = _offsets(input_splits, n, "input_splits", tensor.shape[0])
     target = _offsets(output_splits, n, "output_splits")
     output = tensor.new_empty((target[-1], *tensor.shape[1:]))
-    row = tensor[0].numel() * tensor.element_size() if tensor.dim() > 1 else tensor.element_size()
+    row = math.prod(tensor.shape[1:]) * tensor.element_size()  # bytes per row, an empty tensor too
     schedule = schedule_for("all_to_all", algorithm, n)
     sent = sum(source[j + 1] - source[j] for j in range(n) if j != rank) * row
     if algorithm == "builtin":

@@ -1,0 +1,80 @@
+"""Expert parallelism on 1, 2 and 4 gloo ranks against a dense MoE in one process that routes the
+same way, with the all-to-all bytes against the closed form for the routing that happened."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from edulib.compare import disagreements
+from edulib.ep import route
+from edulib.ep.workers import all_to_all_bytes, moe_reference, moe_step
+from edulib.launch import Pool, RankError
+
+TOKENS, HIDDEN, EXPERTS = 6, 8, 4
+
+
+def _pool(ranks: int, pool4):
+    return contextlib.nullcontext(pool4) if ranks == 4 else Pool(ranks, backend="gloo", timeout=30)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_expert_parallel_moe_equals_the_dense_layer(ranks, pool4):
+    with _pool(ranks, pool4) as pool:
+        for k in (1, 2):
+            for capacity in (None, 1.0):
+                for starve in (None, ranks - 1):  # Megatron-LM issue 1877: a rank gets no tokens
+                    args = (TOKENS, HIDDEN, EXPERTS, k, capacity, 0, starve)
+                    reports = pool.run(moe_step, *args)
+                    reference = moe_reference(ranks, *args)
+                    traffic = reference.pop("traffic")
+                    problems = disagreements(reports, reference, atol=1e-5)
+                    assert not problems, (k, capacity, starve, problems[:2])
+                    sends = [r["rows"]["send"] for r in reports]
+                    receives = [r["rows"]["receive"] for r in reports]
+                    assert sends == traffic
+                    assert receives == [list(column) for column in zip(*sends, strict=True)]
+                    assert sum(map(sum, sends)) == sum(map(sum, receives))  # global sends = receives
+                    if capacity is None:
+                        assert all(sum(row) == TOKENS * k for row in sends)
+                    else:
+                        assert all(sum(row) <= TOKENS * k for row in sends)
+                    if starve is not None and ranks > 1:
+                        assert sum(receives[starve]) == 0
+                    for rank, report in enumerate(reports):
+                        counted = sum(t.nbytes for t in report["transfers"]
+                                      if t.operation == "all_to_all" and t.direction != "routing")
+                        assert counted == all_to_all_bytes(traffic, rank, HIDDEN * 4)
+                    router = [r["gradients"]["router.weight"] for r in reports]
+                    assert all(torch.equal(g, router[0]) for g in router)  # summed over the ranks
+    assert disagreements(reports, moe_reference(ranks, TOKENS, HIDDEN, EXPERTS, 1), atol=1e-5)
+
+
+def test_top_k_routing_capacity_and_the_balancing_loss():
+    scores = torch.tensor([[9.0, 0, 0, 0], [0, 9, 0, 0], [0, 0, 9, 0], [0, 0, 0, 9]]) * 3
+    balanced = route(scores, 1)
+    assert balanced.experts.view(-1).tolist() == [0, 1, 2, 3]
+    assert balanced.aux_loss.item() == pytest.approx(1.0, abs=1e-6)  # E x sum (1/E)(1/E) x E
+    crowded = route(scores[[0, 0, 0, 0]], 1)  # every token wants expert 0
+    assert crowded.aux_loss.item() == pytest.approx(4.0, abs=1e-6)
+    capped = route(scores[[0, 0, 0, 1]], 2, capacity_factor=1.0)  # capacity ceil(4 x 2 / 4) = 2
+    assert capped.load(4).max().item() <= 2
+    assert capped.kept[:, 0].tolist() == [True, True, False, True]  # the third first choice is dropped
+    assert (capped.weights[~capped.kept] == 0).all()
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: route(torch.zeros(3, 4), 5), "k \\(5\\) cannot exceed the number of experts \\(4\\)"),
+    (lambda: route(torch.zeros(3, 4), 1, 0), "capacity_factor must be more than 0"),
+    (lambda: route(torch.zeros(3, 4), 0), "k \\(experts per token\\) must be a whole number, 1 or more"),
+])
+def test_bad_routing_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_experts_that_do_not_divide_among_the_ranks_are_refused(pool4):
+    with pytest.raises(RankError, match="6 experts must divide evenly among 4 ranks"):
+        pool4.run(moe_step, TOKENS, HIDDEN, 6)
