@@ -15,6 +15,7 @@ from edulib.compare import disagreements
 from edulib.hybrid import gpt_reference
 from edulib.launch import Pool
 from edulib.models import mlp, small_cnn
+from edulib.planner import intra
 from edulib.planner.baselines import (
     best_manual,
     compare,
@@ -156,6 +157,23 @@ def test_the_lectures_moe_figure_keeps_its_ordering():
     found = {name: p.throughput for name, p in compare(*moe_case()).items()}
     assert found["intra-op only"] < found["inter-op only"] < found["Alpa (both)"]
     assert found["best manual grid"] <= found["Alpa (both)"]
+
+
+def test_expert_parallelism_is_what_the_moe_plan_gains(monkeypatch):
+    """Alpa's MoE plan splits the expert loop (expert parallelism); without that strategy the
+    intra-op-only plan no longer fits in memory and Alpa is no better than the best manual grid."""
+    graph, cluster, microbatches = moe_case()
+    found = compare(graph, cluster, microbatches)
+    chosen = {strategy for stage in found["Alpa (both)"].stages
+              for op, strategy in zip(graph.operators[stage.first:stage.last + 1], stage.strategies,
+                                      strict=True) if op.kind == "experts"}
+    assert all("e" in strategy.split(",") for strategy in chosen), chosen
+    monkeypatch.setitem(intra.LOOPS, "experts", ("b",))
+    without = plan(graph, cluster, microbatches)
+    assert without.throughput <= found["best manual grid"].throughput * (1 + 1e-9)
+    assert without.throughput < found["Alpa (both)"].throughput
+    with pytest.raises(ValueError, match="fits in no plan"):
+        intra_only(graph, cluster, microbatches)
 
 
 def test_a_manual_grid_is_a_uniform_megatron_split():
