@@ -4,10 +4,13 @@
 the usual way to start ranks, `torch.multiprocessing.spawn` with the same process-group set-up.
 `memory`: ZeRO's bytes per rank against the formulas, and its step time against stage 0.
 `plan`: the Alpa planner's search time and its plans against the baselines in one cost model.
+`attention`: ring attention against full attention on one process, zigzag against contiguous.
+`moe`: edulib's all-to-all schedules against the builtin, alone and in an MoE layer.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import statistics
@@ -54,9 +57,9 @@ def bench_launch(world_size: int = 4, repeats: int = 3, calls: int = 50) -> str:
             + format_table(["what", "median time", "ratio to baseline"], rows))
 
 
-def _median_slowest(per_rank: list[dict], name: str, nbytes: int) -> float:
-    """The median over repeats of the slowest rank's time: how long the collective took."""
-    repeats = zip(*(times[name, nbytes] for times in per_rank), strict=True)
+def _median_slowest(per_rank: list[dict], key: object) -> float:
+    """The median over repeats of the slowest rank's time under `key`: how long the step took."""
+    repeats = zip(*(times[key] for times in per_rank), strict=True)
     return statistics.median(max(samples) for samples in repeats)
 
 
@@ -75,9 +78,9 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
         rows = []
         for nbytes in sizes:
-            builtin = _median_slowest(per_rank, "builtin", nbytes)
+            builtin = _median_slowest(per_rank, ("builtin", nbytes))
             for name in ["builtin", *ALGORITHMS]:
-                seconds = _median_slowest(per_rank, name, nbytes)
+                seconds = _median_slowest(per_rank, (name, nbytes))
                 algbw = nbytes / seconds / 1e9
                 predicted = "" if name == "builtin" else (
                     f"{cost(build_schedule(name, world_size), nbytes, alpha, beta, 4).time * 1e3:.3f}")
@@ -229,6 +232,62 @@ def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024
             f"of gradients), batch 32 per rank, {backend} on {platform.node()}; median of "
             f"{steps - 1} steps, slowest rank\n\n"
             + format_table(["ranks", "all-reduce", "bucket", "step (ms)", "vs no overlap"], rows))
+
+
+def bench_attention(world_sizes: tuple[int, ...] = (2, 4), tokens: int = 2048, heads: int = 4,
+                    width: int = 64, repeats: int = 9, backend: str = "gloo") -> str:
+    """Ring attention (causal, forward and backward) on N ranks against torch's full attention on
+    one process, and the zigzag layout against the contiguous one, in the same run."""
+    from edulib.cp import LAYOUTS, balance
+    from edulib.cp.workers import full_attention_seconds, time_ring_attention
+
+    baseline = full_attention_seconds(tokens, heads=heads, width=width, repeats=repeats)
+    rows = [("1 (one process)", "full attention (torch)", "", f"{baseline * 1e3:.1f}", "1.00x", "")]
+    for ranks in world_sizes:
+        with Pool(ranks, backend, timeout=600) as pool:
+            per_rank = pool.run(time_ring_attention, tokens, LAYOUTS, heads=heads, width=width,
+                                repeats=repeats)
+        contiguous = None
+        for layout in LAYOUTS:
+            seconds = _median_slowest(per_rank, layout)
+            contiguous = contiguous or seconds
+            rows.append((ranks, f"ring, {layout}", f"{balance(ranks, layout):.2f}", f"{seconds * 1e3:.1f}",
+                         f"{seconds / baseline:.2f}x", f"{seconds / contiguous:.2f}x"))
+    return (f"causal attention of {tokens} tokens, {heads} heads of width {width}, forward and backward, "
+            f"{backend} on {platform.node()} ({os.cpu_count()} cores); median of {repeats}, slowest rank\n\n"
+            + format_table(["ranks", "attention", "balance", "time (ms)", "vs full", "vs contiguous"], rows))
+
+
+def bench_moe(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 16 * 2**20, tokens: int = 1024,
+              repeats: int = 7, backend: str = "gloo") -> str:
+    """edulib's all-to-all schedules against the builtin all-to-all: alone on equal pieces, and
+    inside an expert-parallel MoE layer's step (uneven pieces, from its routing)."""
+    from edulib.comm import FOR_COLLECTIVE
+    from edulib.comm.workers import time_all_to_all
+    from edulib.ep.workers import time_moe
+
+    names = list(FOR_COLLECTIVE["all_to_all"])
+    sizes = [4**k * 64 * 1024 for k in range(8) if 4**k * 64 * 1024 <= max_bytes]
+    rows = []
+    for ranks in world_sizes:
+        with Pool(ranks, backend, timeout=600) as pool:
+            alone = pool.run(time_all_to_all, names, sizes, repeats)
+            layer = pool.run(time_moe, tokens, names, repeats=repeats)
+        for nbytes in sizes:
+            builtin = _median_slowest(alone, ("builtin", nbytes))
+            for name in ["builtin", *names]:
+                seconds = _median_slowest(alone, (name, nbytes))
+                rows.append((ranks, f"all-to-all of {format_bytes(nbytes)}", name, f"{seconds * 1e3:.2f}",
+                             f"{seconds / builtin:.2f}x"))
+        builtin = _median_slowest(layer, "builtin")
+        for name in ["builtin", *names]:
+            seconds = _median_slowest(layer, name)
+            rows.append((ranks, f"MoE layer step, {tokens} tokens per rank", name, f"{seconds * 1e3:.2f}",
+                         f"{seconds / builtin:.2f}x"))
+    return (f"all-to-all of float32 rows, {backend} on {platform.node()} ({os.cpu_count()} cores); the "
+            f"MoE layer: hidden 256, 8 experts, top-2, forward and backward; median of {repeats}, slowest "
+            "rank\n\n"
+            + format_table(["ranks", "what", "algorithm", "time (ms)", "vs builtin"], rows))
 
 
 def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16) -> str:

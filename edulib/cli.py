@@ -76,7 +76,8 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|dp|memory|pipeline|plan`: measured against a baseline or the model."""
+    """`edulib bench launch|allreduce|attention|dp|memory|moe|pipeline|plan`: measured against a
+    baseline or the model."""
     from edulib import bench
 
     if options.what == "launch":
@@ -91,6 +92,10 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_planner())
     elif options.what == "memory":
         print(bench.bench_memory(tuple(options.world_sizes), backend=options.backend))
+    elif options.what == "attention":
+        print(bench.bench_attention(tuple(options.world_sizes), backend=options.backend))
+    elif options.what == "moe":
+        print(bench.bench_moe(tuple(options.world_sizes), backend=options.backend))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend))
@@ -155,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "dp", "memory", "pipeline", "plan"])
+    bench.add_argument("what", choices=["launch", "allreduce", "attention", "dp", "memory", "moe", "pipeline",
+                                        "plan"])
     bench.add_argument("--world-size", type=int, default=4, help="launch, pipeline: ranks")
     bench.add_argument("--repeats", type=int, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],

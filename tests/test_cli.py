@@ -91,6 +91,19 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
         assert row[4] == row[5]
 
 
+def test_the_attention_and_moe_benchmarks_print_ratios_against_their_baselines():
+    from edulib.bench import bench_attention, bench_moe
+
+    report = bench_attention(world_sizes=(2,), tokens=32, heads=2, width=8, repeats=2)
+    rows = [line for line in report.splitlines() if re.search(r"\d\.\d+x$", line)]
+    assert len(rows) == 3 and "full attention (torch)" in rows[0] and rows[0].endswith("1.00x")
+    assert "ring, zigzag" in rows[2] and " 1.00 " in rows[2]  # zigzag's balance
+    report = bench_moe(world_sizes=(2,), max_bytes=64 * 1024, tokens=16, repeats=2)
+    rows = [line.split() for line in report.splitlines() if line.strip().startswith("2 ")]
+    assert len(rows) == 2 * 3 and {row[-3] for row in rows} == {"builtin", "pairwise", "naive"}
+    assert all(row[-1] == "1.00x" for row in rows if row[-3] == "builtin")
+
+
 def test_plan_prints_the_plan_and_saves_its_figure(tmp_path, capsys):
     figure = tmp_path / "plan.png"
     assert main(["plan", "--model", "mlp", "--layers", "4", "--nodes", "1", "--devices", "4",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from edulib.comm.algorithms import build_schedule
-from edulib.comm.collectives import all_reduce, barrier, irecv, isend
+from edulib.comm.collectives import all_reduce, all_to_all, barrier, irecv, isend
 from edulib.comm.runtime import run_schedule
 from edulib.rank import device
 
@@ -53,25 +55,44 @@ def run_many(names: list[str], lengths: list[int], dtypes: list[str]) -> list[di
             for name in names for length in lengths for dtype in dtypes]
 
 
-def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int) -> dict:
-    """Seconds each all-reduce took on this rank, per (algorithm, bytes), "builtin" included.
+def timed(call: Callable[[Any], object], repeats: int, setup: Callable[[], Any] = lambda: None
+          ) -> list[float]:
+    """Seconds `call(setup())` took on this rank, `repeats` times, `setup` left out of the clock.
+    Every call starts right after a barrier, so the slowest rank's time is the step's time; a GPU
+    is synchronized before the clock stops."""
+    samples = []
+    for _ in range(repeats):
+        argument = setup()
+        barrier()
+        began = time.perf_counter()
+        call(argument)
+        if torch.cuda.is_available() and device().type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - began)
+    return samples
 
-    Every timed call starts right after a barrier, so the slowest rank's time is the call's time.
-    """
+
+def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int) -> dict:
+    """Seconds each all-reduce took on this rank, per (algorithm, bytes), "builtin" included."""
     times: dict = {}
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4, device=device())
         for name in ["builtin", *algorithms]:
-            samples = []
-            for _ in range(repeats):
-                work = tensor.clone()
-                barrier()
-                began = time.perf_counter()
-                all_reduce(work, name)
-                if work.is_cuda:
-                    torch.cuda.synchronize()
-                samples.append(time.perf_counter() - began)
-            times[name, nbytes] = samples
+            times[name, nbytes] = timed(lambda work, name=name: all_reduce(work, name), repeats,
+                                        tensor.clone)
+    return times
+
+
+def time_all_to_all(algorithms: list[str], sizes: list[int], repeats: int) -> dict:
+    """Seconds each all-to-all of equal pieces took on this rank, per (algorithm, bytes of each
+    rank's whole input), "builtin" included."""
+    times: dict = {}
+    n = dist.get_world_size()
+    for nbytes in sizes:
+        tensor = torch.ones(n, nbytes // 4 // n, device=device())
+        for name in ["builtin", *algorithms]:
+            times[name, nbytes] = timed(lambda work, name=name: all_to_all(work, name), repeats,
+                                        lambda tensor=tensor: tensor)
     return times
 
 

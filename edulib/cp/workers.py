@@ -3,11 +3,15 @@ the benchmark run."""
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
 from edulib.comm import count_communication
+from edulib.comm.workers import timed
 from edulib.cp.layout import shard_sequence, token_ranges
 from edulib.cp.ring import ring_attention
 from edulib.models import built_on_host
@@ -50,3 +54,33 @@ def attention_reference(tokens: int, causal: bool = True, batch: int = 1, heads:
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     (out * case["probe"]).sum().backward()
     return {"output": out.detach(), "q": q.grad, "k": k.grad, "v": v.grad}
+
+
+def time_ring_attention(tokens: int, layouts: tuple[str, ...], causal: bool = True, batch: int = 1,
+                        heads: int = 4, width: int = 64, repeats: int = 5) -> dict[str, list[float]]:
+    """Seconds of ring attention's forward and backward on this rank's part, per layout."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    case = attention_case(tokens, batch, heads, width)
+    times = {}
+    for layout in layouts:
+        mine = {name: shard_sequence(t, rank, n, layout) for name, t in case.items()}
+
+        def step(parts: list[torch.Tensor], probe: torch.Tensor = mine["probe"], layout: str = layout
+                 ) -> None:
+            (ring_attention(*parts, causal=causal, layout=layout) * probe).sum().backward()
+        times[layout] = timed(step, repeats, lambda mine=mine: [mine[name].detach().requires_grad_()
+                                                                  for name in NAMES])
+    return times
+
+
+def full_attention_seconds(tokens: int, causal: bool = True, batch: int = 1, heads: int = 4, width: int = 64,
+                           repeats: int = 5) -> float:
+    """The median seconds of torch's own attention, forward and backward, on the whole sequence here."""
+    case = attention_case(tokens, batch, heads, width)
+    samples = []
+    for _ in range(repeats):
+        q, k, v = (case[name].detach().requires_grad_() for name in NAMES)
+        began = time.perf_counter()
+        (F.scaled_dot_product_attention(q, k, v, is_causal=causal) * case["probe"]).sum().backward()
+        samples.append(time.perf_counter() - began)
+    return statistics.median(samples)

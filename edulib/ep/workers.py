@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from edulib.comm import count_communication
+from edulib.comm.workers import timed
 from edulib.ep.layer import ExpertParallelMoE, MoE, moe_layer
 from edulib.models import built_on_host
 from edulib.tp.ops import sync_gradients
@@ -77,3 +78,20 @@ def all_to_all_bytes(traffic: list[list[int]], rank: int, row_bytes: int) -> int
     backward): what it dispatches to others, and what it received from others, sent back."""
     others = [j for j in range(len(traffic)) if j != rank]
     return 2 * row_bytes * sum(traffic[rank][j] + traffic[j][rank] for j in others)
+
+
+def time_moe(tokens: int, algorithms: list[str], hidden: int = 256, experts: int = 8, k: int = 2,
+             repeats: int = 5) -> dict[str, list[float]]:
+    """Seconds of one forward and backward of this rank's share of the layer, per all-to-all algorithm."""
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    full, x, probe = moe_case(ranks, tokens, hidden, experts, k)
+    mine = slice(rank * tokens, (rank + 1) * tokens)
+    times = {}
+    for algorithm in ["builtin", *algorithms]:
+        layer = ExpertParallelMoE(full, algorithm=algorithm)
+
+        def step(inputs: torch.Tensor, layer: ExpertParallelMoE = layer) -> None:
+            y, routing, _ = layer(inputs)
+            _loss(y, probe[mine], routing.aux_loss).backward()
+        times[algorithm] = timed(step, repeats, lambda: x[mine].clone().requires_grad_())
+    return times
