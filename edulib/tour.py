@@ -19,6 +19,8 @@ from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_collective
 from edulib.compare import disagreements
+from edulib.cp import blocks_per_rank
+from edulib.cp.workers import attention_reference, ring_step
 from edulib.dp import (
     data_parallel,
     parameter_server,
@@ -27,6 +29,7 @@ from edulib.dp import (
     single_process_adam,
     torch_ddp,
 )
+from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
 from edulib.launch import Pool, resolve_backend
@@ -40,6 +43,7 @@ from edulib.pp.runtime import train_step
 from edulib.recompute import MODES as RECOMPUTE_MODES
 from edulib.recompute import layer_step, saved_bytes_formula
 from edulib.table import format_table
+from edulib.tp import sequence
 from edulib.tp.workers import LAYERS as TENSOR_LAYERS
 from edulib.tp.workers import cnn_reference, cnn_step, layer_reference, run_layer
 
@@ -182,6 +186,51 @@ def _check_recomputation(pool: Pool) -> str:
     return ", ".join(f"{mode} {step['saved_bytes']:,} B" for mode, step in steps.items())
 
 
+def _check_sequence_parallel(pool: Pool) -> str:
+    """Megatron-SP: the unsplit layer's numbers, plain tensor parallelism's bytes, t times less memory."""
+    ranks = pool.world_size
+    shape = (2, 2 * ranks, 4 * ranks, ranks)  # batch, tokens, hidden, heads: every split even
+    reference = sequence.layer_reference(*shape)
+    reference.pop("saved_bytes")
+    reports = pool.run(sequence.layer_step, True, *shape)
+    problems = disagreements(reports, reference)
+    assert not problems, problems[0]
+    kept = reports[0]["saved_bytes"]
+    formula = sequence.activation_bytes(shape[1], shape[0], shape[2], shape[3], ranks, sequence_parallel=True)
+    assert kept == formula, f"kept {kept} B of activations, the closed form says {formula:.0f}"
+    sent = sum(t.nbytes for t in reports[0]["transfers"] if t.direction in ("forward", "backward"))
+    expected = sequence.layer_traffic(shape[1], shape[0], shape[2], ranks, sequence_parallel=True)
+    assert sent == expected["forward"] + expected["backward"], f"sent {sent} B, expected {expected}"
+    return f"equal; {kept:,} B of activations per rank, as the closed form"
+
+
+def _check_ring_attention(pool: Pool) -> str:
+    """Ring attention, zigzag, on a length that does not divide: full causal attention's numbers."""
+    ranks = pool.world_size
+    tokens = 4 * ranks + 1
+    reports = pool.run(ring_step, tokens, "zigzag")
+    problems = disagreements(reports, attention_reference(tokens), atol=1e-5)
+    assert not problems, problems[0]
+    blocks = [len(report["trace"]) for report in reports]
+    assert blocks == blocks_per_rank(ranks, "zigzag"), f"blocks {blocks}"
+    return f"equal on {tokens} tokens; {blocks[0]} blocks on every rank"
+
+
+def _check_expert_parallel(pool: Pool) -> str:
+    """A top-2 MoE layer over the ranks: the dense layer's numbers and the routing's all-to-all bytes."""
+    ranks = pool.world_size
+    args = (6, 8, 2 * ranks, 2, 1.25)  # tokens per rank, hidden, experts, k, capacity factor
+    reports = pool.run(moe_step, *args)
+    reference = moe_reference(ranks, *args)
+    traffic = reference.pop("traffic")
+    problems = disagreements(reports, reference, atol=1e-5)
+    assert not problems, problems[0]
+    for rank, report in enumerate(reports):
+        sent = dispatched_bytes(report["transfers"])
+        assert sent == all_to_all_bytes(traffic, rank, 8 * 4), f"rank {rank} sent {sent} B"
+    return f"equal; rows sent per rank {[sum(row) for row in traffic]}"
+
+
 def _check_hybrid(pool: Pool) -> str:
     """Data x pipeline x tensor parallelism on one grid of all the ranks trains like one process."""
     ranks = pool.world_size
@@ -224,6 +273,12 @@ STEPS: list[Step] = [
     *(Step(f"ZeRO stage {stage}" + (" (data parallel, bf16 too)" if stage == 0 else ""),
            "one process's AdamW; the ZeRO formula", _check_zero(stage)) for stage in range(4)),
     Step("activation recomputation", "gradients without it; closed form", _check_recomputation),
+    Step("sequence parallelism (Megatron-SP)", "unsplit layer; TP's bytes; closed form",
+         _check_sequence_parallel),
+    Step("context parallelism: ring attention (zigzag)", "full causal attention; closed form",
+         _check_ring_attention),
+    Step("expert parallelism: MoE top-2 on all-to-all", "dense MoE; the routing's bytes",
+         _check_expert_parallel),
     Step("hybrid: data x pipeline x tensor (ring)", "unsplit model's gradients", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
 ]

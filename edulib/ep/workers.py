@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from edulib.comm import count_communication
+from edulib.comm import Transfer, count_communication
 from edulib.comm.workers import timed
 from edulib.ep.layer import ExpertParallelMoE, MoE, moe_layer
 from edulib.models import built_on_host
@@ -78,6 +78,11 @@ def all_to_all_bytes(traffic: list[list[int]], rank: int, row_bytes: int) -> int
     backward): what it dispatches to others, and what it received from others, sent back."""
     others = [j for j in range(len(traffic)) if j != rank]
     return 2 * row_bytes * sum(traffic[rank][j] + traffic[j][rank] for j in others)
+
+
+def dispatched_bytes(transfers: list[Transfer]) -> int:
+    """Bytes the ledger counted in the layer's token all-to-alls (not the routing counts' one)."""
+    return sum(t.nbytes for t in transfers if t.operation == "all_to_all" and t.direction != "routing")
 
 
 def time_moe(tokens: int, algorithms: list[str], hidden: int = 256, experts: int = 8, k: int = 2,
