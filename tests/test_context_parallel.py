@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from edulib.compare import disagreements
-from edulib.cp import LAYOUTS, balance, blocks_per_rank, shard_sequence, token_ranges
+from edulib.cp import LAYOUTS, balance, blocks_per_rank, ring_attention_bytes, shard_sequence, token_ranges
 from edulib.cp.workers import attention_reference, ring_step
 from edulib.launch import Pool, RankError
+
+HEADS, WIDTH = 2, 4  # ring_step's defaults
 
 
 def _pool(ranks: int, pool4):
@@ -30,11 +32,14 @@ def test_ring_attention_equals_full_attention(ranks, pool4):
                     assert not problems, (tokens, layout, causal, problems[:2])
                     if tokens > 4 * ranks:  # the check can fail: the other mask
                         assert disagreements(reports, attention_reference(tokens, not causal), atol=1e-5)
-                    for report in reports:
+                    closed = ring_attention_bytes(tokens, ranks, HEADS * WIDTH, layout=layout)
+                    for report, expected in zip(reports, closed, strict=True):
                         sends = [t for t in report["transfers"] if t.operation == "send"]
                         assert sum(t.direction == "forward" for t in sends) == ranks - 1  # K/V exchanges
                         # backward: K, V and their gradients N-1 times, then the gradients home
                         assert sum(t.direction == "backward" for t in sends) == (ranks if ranks > 1 else 0)
+                        for part in ("forward", "backward"):
+                            assert sum(t.nbytes for t in sends if t.direction == part) == expected[part]
                     computed = [len(r["trace"]) for r in reports]
                     assert computed == blocks_per_rank(ranks, layout, causal)
 

@@ -173,5 +173,5 @@ CHECKS: dict[str, list[Check]] = {
                           Check("bubble fraction", 2, _bubble_fraction)],
     "lesson05_sharding": [Check("shard bounds", 2, _shard_bounds),
                           Check("sharded step on 3 ranks", 3, _sharded_step)],
-    "lesson07_alpa": [Check("stage slicing", 3, _best_slicing)],
+    "lesson08_alpa": [Check("stage slicing", 3, _best_slicing)],
 }

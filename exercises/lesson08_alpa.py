@@ -1,4 +1,4 @@
-"""Lesson 07 exercise: Alpa's stage-slicing recurrence on a chain of operators."""
+"""Lesson 08 exercise: Alpa's stage-slicing recurrence on a chain of operators."""
 
 from __future__ import annotations
 
