@@ -13,6 +13,7 @@ from edulib.widgets import (
     explore,
     footprint_explorer,
     memory_explorer,
+    sequence_explorer,
 )
 
 
@@ -42,6 +43,29 @@ def test_the_memory_explorer_falls_back_to_gpt3_on_64_devices_and_its_bars_are_t
         assert activations == pytest.approx(96 * 2048 * 12288 * (34 + 5 * 96 * 2048 / 12288) / GB)
     with pytest.raises(ValueError, match="unknown model 'GPT-4'; choose one of BERT-Large"):
         memory_rows("GPT-4", 8)
+
+
+def test_the_sequence_explorer_draws_the_closed_forms_for_tp_sp_and_context_parallelism():
+    from edulib.cp import ring_attention_bytes
+    from edulib.viz.sequence import parallel_memory_rows
+
+    figure = sequence_explorer(static=True)
+    assert "32,768 tokens, 96 heads" in figure.texts[0].get_text()
+    bars = [patch.get_width() for patch in figure.axes[0].patches]
+    s, a, h, t, n = 32768, 96, 12288, 8, 4
+    rows = parallel_memory_rows(s, a, h, t, n)
+    assert bars == pytest.approx([gb for _, gb, _ in rows])
+    assert rows[0][1] == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)) / 1e9)  # Korthikanti, TP
+    assert rows[1][1] == pytest.approx(s * h / t * (34 + 5 * a * s / h) / 1e9)  # with SP
+    assert rows[2][1] == pytest.approx(rows[1][1] / n)  # s/n queries, each against all s keys
+    ring = sum(ring_attention_bytes(s, n, h // t, itemsize=2)[0].values())
+    assert rows[2][2] > ring / 1e6  # the ring's K/V, plus SP's collectives on s/n tokens
+    recomputed = parallel_memory_rows(s, a, h, t, n, "recomputed")
+    assert recomputed[1][1] == pytest.approx(s * h / t * 34 / 1e9)
+    with pytest.raises(ValueError, match="heads \\(6\\) must divide evenly among t = 4 ranks"):
+        parallel_memory_rows(1024, 6, 1536, 4, 2)
+    with pytest.raises(ValueError, match="8 context ranks need at least 8 tokens; got 4"):
+        parallel_memory_rows(4, 8, 1024, 1, 8)
 
 
 def test_moving_a_control_redraws_with_its_value():

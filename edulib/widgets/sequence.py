@@ -1,0 +1,23 @@
+"""The long-context explorer of lesson 06: activation memory and traffic per rank for TP, TP + SP
+and context parallelism, as the sequence, the model and the splits change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edulib.viz.sequence import SCORES, parallel_memory_figure
+from edulib.widgets.explorer import Choice, Slider, explore
+
+
+def sequence_explorer(static: bool | None = None) -> Any:
+    """Explore one GPT layer's activations and traffic per rank under TP, TP + SP and CP."""
+    return explore(
+        lambda tokens, heads, hidden, tensor_parallel, context, scores: parallel_memory_figure(
+            int(tokens), int(heads), int(hidden), int(tensor_parallel), int(context), scores),
+        {"tokens": Slider(32768, 10, 20, 1, log=True, base=2),
+         "heads": Slider(96, 8, 128, 8, integer=True),
+         "hidden": Slider(12288, 1024, 16384, 1024, integer=True),
+         "tensor_parallel": Slider(8, 0, 3, 1, log=True, base=2),
+         "context": Slider(4, 0, 6, 1, log=True, base=2),
+         "scores": Choice("kept", SCORES)},
+        static)
