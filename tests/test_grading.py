@@ -61,6 +61,22 @@ def test_a_planted_wrong_answer_gets_expected_against_got(tmp_path):
     assert "server_step returned" in result.feedback and "expected" in result.feedback
 
 
+def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
+    path = _submit(tmp_path, "lesson06_context", """
+        import torch
+
+        def merge(out_a, lse_a, out_b, lse_b):
+            return (out_a + out_b) / 2, torch.maximum(lse_a, lse_b)  # not weighted by the lse
+
+        def ring_attention_forward(q, k, v, length, causal=True):  # its own chunk's keys only
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    """)
+    results = grade(path, progress=False)
+    assert [r.points for r in results] == [0, 0, 0]
+    assert "attention over all keys gives" in results[0].feedback
+    assert "causal attention of 7 tokens, rank 1: got" in results[1].feedback
+
+
 def test_a_planted_infinite_loop_scores_zero_at_the_time_limit(tmp_path):
     path = _submit(tmp_path, "lesson01_data_parallelism", """
         def server_step(parameters, gradients, lr):

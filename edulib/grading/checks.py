@@ -152,6 +152,46 @@ def _sharded_step(student: ModuleType) -> str:
     return "every rank holds the updated parameters, uneven and empty shards included"
 
 
+def _merge(student: ModuleType) -> str:
+    generator = torch.Generator().manual_seed(4)
+    scores, values = torch.randn(2, 5, 7, generator=generator), torch.randn(2, 7, 3, generator=generator)
+    parts = [(torch.softmax(scores[..., keys], -1) @ values[:, keys], scores[..., keys].logsumexp(-1))
+             for keys in (slice(0, 3), slice(3, 7))]
+    out, lse = student.merge(*parts[0], *parts[1])
+    want = torch.softmax(scores, -1) @ values
+    if not (torch.allclose(out, want, atol=1e-5) and torch.allclose(lse, scores.logsumexp(-1), atol=1e-5)):
+        raise Wrong(f"merge gave outputs {out[0, 0].tolist()}, attention over all keys gives "
+                    f"{want[0, 0].tolist()}")
+    empty = torch.full((2, 5), float("-inf")), torch.zeros(2, 5, 3)
+    out, lse = student.merge(*parts[0], empty[1], empty[0])
+    if not torch.allclose(out, parts[0][0], atol=1e-6):
+        raise Wrong("merging with a part that has no keys (lse -inf, output 0) changed the result")
+    return "two parts' attention merged into attention over all keys, an empty part included"
+
+
+def _ring_attention(ranks: int, length: int) -> Callable[[ModuleType], str]:
+    def check(student: ModuleType) -> str:
+        from torch.nn.functional import scaled_dot_product_attention
+
+        from edulib.cp import shard_sequence
+        from edulib.cp.workers import attention_case
+        from edulib.grading.workers import ring_attention
+        from edulib.launch import run
+
+        case = attention_case(length, batch=1, heads=2, width=4, seed=3)
+        for causal in (True, False):
+            outputs = run(ring_attention, ranks, student.__name__, length, causal, timeout=20)
+            full = scaled_dot_product_attention(case["q"], case["k"], case["v"], is_causal=causal)
+            for rank, got in enumerate(outputs):
+                want = shard_sequence(full, rank, ranks)
+                if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
+                    raise Wrong(f"{'causal' if causal else 'full'} attention of {length} tokens, rank "
+                                f"{rank}: got {got.flatten()[:3].tolist()}..., expected "
+                                f"{want.flatten()[:3].tolist()}...")
+        return f"{ranks} ranks, {length} tokens: full attention's output, causal or not"
+    return check
+
+
 def _best_slicing(student: ModuleType) -> str:
     for costs, stages, batches in (([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)):
         best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
@@ -173,5 +213,8 @@ CHECKS: dict[str, list[Check]] = {
                           Check("bubble fraction", 2, _bubble_fraction)],
     "lesson05_sharding": [Check("shard bounds", 2, _shard_bounds),
                           Check("sharded step on 3 ranks", 3, _sharded_step)],
+    "lesson06_context": [Check("log-sum-exp merge", 2, _merge),
+                         Check("ring attention, 2 ranks, 7 tokens", 3, _ring_attention(2, 7)),
+                         Check("ring attention, 3 ranks, 11 tokens", 3, _ring_attention(3, 11))],
     "lesson08_alpa": [Check("stage slicing", 3, _best_slicing)],
 }

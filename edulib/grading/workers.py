@@ -43,3 +43,14 @@ def sharded_step(module: str, length: int, lr: float) -> tuple[torch.Tensor, tor
     gradient = torch.randn(length, generator=torch.Generator().manual_seed(dist.get_rank()))
     result = _student(module, "sharded_sgd_step")(parameters.clone(), gradient.clone(), lr)
     return parameters, gradient, result
+
+
+def ring_attention(module: str, length: int, causal: bool) -> torch.Tensor:
+    """Run the student's ring_attention_forward on this rank's contiguous chunk of a seeded case."""
+    from edulib.cp import shard_sequence
+    from edulib.cp.workers import attention_case
+
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    case = attention_case(length, batch=1, heads=2, width=4, seed=3)
+    q, k, v = (shard_sequence(case[name], rank, ranks) for name in ("q", "k", "v"))
+    return _student(module, "ring_attention_forward")(q, k, v, length, causal)

@@ -1,0 +1,25 @@
+"""Lesson 06 exercise: ring attention's forward pass, on real ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over keys A and keys B together, from attention over each: outputs (..., q, d)
+    and log-sum-exps (..., q) of the scores. A part with no keys has lse -inf and output 0."""
+    raise NotImplementedError('lse = logaddexp of the two; weigh each output by exp(its lse - lse)')
+
+
+def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
+                           causal: bool = True) -> torch.Tensor:
+    """This rank's part of softmax(q k^T / sqrt(d)) v over a sequence of `length` tokens.
+
+    Rank r holds chunk r of N nearly equal chunks (the first length % N are one token longer) of
+    q, k and v, sequence on dim -2. Pass k and v round the ring (to rank r + 1, from rank r - 1)
+    N - 1 times with dist.isend and dist.irecv, and merge each part's attention with `merge`, in
+    float32. With `causal`, a query attends only to keys at or before its own position.
+    """
+    raise NotImplementedError("chunk c starts at c * (length // N) + min(c, length % N); at step s you hold rank r - s's keys")

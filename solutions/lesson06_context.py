@@ -1,0 +1,58 @@
+"""Lesson 06 exercise: ring attention's forward pass, on real ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over keys A and keys B together, from attention over each: outputs (..., q, d)
+    and log-sum-exps (..., q) of the scores. A part with no keys has lse -inf and output 0."""
+    # BEGIN SOLUTION
+    # HINT: lse = logaddexp of the two; weigh each output by exp(its lse - lse)
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None]
+    return out, lse
+    # END SOLUTION
+
+
+def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
+                           causal: bool = True) -> torch.Tensor:
+    """This rank's part of softmax(q k^T / sqrt(d)) v over a sequence of `length` tokens.
+
+    Rank r holds chunk r of N nearly equal chunks (the first length % N are one token longer) of
+    q, k and v, sequence on dim -2. Pass k and v round the ring (to rank r + 1, from rank r - 1)
+    N - 1 times with dist.isend and dist.irecv, and merge each part's attention with `merge`, in
+    float32. With `causal`, a query attends only to keys at or before its own position.
+    """
+    # BEGIN SOLUTION
+    # HINT: chunk c starts at c * (length // N) + min(c, length % N); at step s you hold rank r - s's keys
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    base, extra = divmod(length, ranks)
+    starts = [c * base + min(c, extra) for c in range(ranks + 1)]
+    positions = torch.arange(starts[rank], starts[rank + 1])
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    lse = torch.full(q.shape[:-1], float("-inf"))
+    key, value = k.float(), v.float()
+    for step in range(ranks):
+        holder = (rank - step) % ranks
+        scores = q.float() @ key.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            hidden = torch.arange(starts[holder], starts[holder + 1])[None, :] > positions[:, None]
+            scores = scores.masked_fill(hidden, float("-inf"))
+        part_lse = scores.logsumexp(-1)
+        part_out = torch.nan_to_num(torch.softmax(scores, -1)) @ value
+        out, lse = merge(out, lse, part_out, part_lse)
+        if step < ranks - 1:
+            source = (holder - 1) % ranks
+            size = starts[source + 1] - starts[source]
+            incoming = torch.empty(*key.shape[:-2], size, key.shape[-1] + value.shape[-1])
+            works = [dist.isend(torch.cat([key, value], -1), (rank + 1) % ranks),
+                     dist.irecv(incoming, (rank - 1) % ranks)]
+            for work in works:
+                work.wait()
+            key, value = incoming.split([key.shape[-1], value.shape[-1]], dim=-1)
+    return out.to(q.dtype)
+    # END SOLUTION
