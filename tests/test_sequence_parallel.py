@@ -29,8 +29,7 @@ def _by_part(transfers) -> dict[str, int]:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_sequence_parallel_layer_equals_the_unsplit_layer(ranks, pool4):
-    reference = layer_reference(BATCH, TOKENS, HIDDEN, HEADS)
-    unsplit_bytes = reference.pop("saved_bytes")
+    reference, unsplit_bytes = layer_reference(BATCH, TOKENS, HIDDEN, HEADS)
     assert unsplit_bytes == activation_bytes(TOKENS, BATCH, HIDDEN, HEADS)
     with _pool(ranks, pool4) as pool:
         plain = pool.run(layer_step, False, BATCH, TOKENS, HIDDEN, HEADS)

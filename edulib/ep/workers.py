@@ -58,7 +58,8 @@ def moe_step(tokens: int, hidden: int = 8, experts: int = 4, k: int = 1,
 
 
 def moe_reference(ranks: int, tokens: int, hidden: int = 8, experts: int = 4, k: int = 1,
-                  capacity_factor: float | None = None, seed: int = 0, starve: int | None = None) -> dict:
+                  capacity_factor: float | None = None, seed: int = 0, starve: int | None = None
+                  ) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
     """The dense layer in one process, each rank's tokens routed as their own group: output and
     gradients, and the rows each rank sends to each (`traffic[i][j]`, from the routing)."""
     full, x, probe = moe_case(ranks, tokens, hidden, experts, k, capacity_factor, seed, starve)
@@ -69,8 +70,8 @@ def moe_reference(ranks: int, tokens: int, hidden: int = 8, experts: int = 4, k:
         _loss(y, target, routing.aux_loss).backward(retain_graph=True)
         outputs.append(y.detach())
         traffic.append(routing.load(experts).view(ranks, -1).sum(1).tolist())
-    return {"output": torch.cat(outputs), "input": x.grad, "traffic": traffic,
-            **{name: p.grad for name, p in full.named_parameters()}}
+    return ({"output": torch.cat(outputs), "input": x.grad,
+             **{name: p.grad for name, p in full.named_parameters()}}, traffic)
 
 
 def all_to_all_bytes(traffic: list[list[int]], rank: int, row_bytes: int) -> int:

@@ -68,14 +68,14 @@ def layer_step(sequence_parallel: bool, batch: int = 2, tokens: int = 8, hidden:
 
 
 def layer_reference(batch: int = 2, tokens: int = 8, hidden: int = 16, heads: int = 4, seed: int = 0
-                    ) -> dict[str, torch.Tensor]:
+                    ) -> tuple[dict[str, torch.Tensor], int]:
     """The unsplit layer's output, input gradient and parameter gradients, and its activation bytes."""
     full, x, probe = layer_case(batch, tokens, hidden, heads, seed)
     x.requires_grad_()
     kept, y = saved_activation_bytes(lambda: full(x), full.parameters())
     (y * probe).sum().backward()
-    return {"output": y.detach(), "input": x.grad, "saved_bytes": kept,
-            **{name: p.grad for name, p in full.named_parameters()}}
+    gradients = {name: p.grad for name, p in full.named_parameters()}
+    return {"output": y.detach(), "input": x.grad, **gradients}, kept
 
 
 def activation_bytes(tokens: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 1,
