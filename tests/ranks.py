@@ -188,3 +188,17 @@ def overflowing_fp16_step() -> tuple[bool, float]:
     zero.backward(nn.functional.mse_loss(model(x.half()), y.half()))
     zero.step()
     return bool(torch.equal(zero.full_parameters(), before)), zero.loss_scale
+
+
+def moe_with_an_empty_rank() -> dict:
+    """Expert parallelism where rank 1 holds no tokens at all: its output, and the dense layer's
+    output on rank 0's tokens, which must agree (a rank with no tokens is not an error)."""
+    from edulib.ep import ExpertParallelMoE, moe_layer
+
+    full = moe_layer(8, 4, 2, seed=3)
+    x = torch.randn(5 if dist.get_rank() == 0 else 0, 8, generator=torch.Generator().manual_seed(4),
+                    requires_grad=True)
+    y, routing, rows = ExpertParallelMoE(full)(x)
+    (y.sum() + routing.aux_loss).backward()
+    dense, _ = full(x.detach())
+    return {"output": y.detach(), "dense": dense.detach(), "rows": rows, "input_grad": x.grad}

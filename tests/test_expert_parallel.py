@@ -12,6 +12,7 @@ from edulib.compare import disagreements
 from edulib.ep import route
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.launch import Pool, RankError
+from tests.ranks import moe_with_an_empty_rank
 
 TOKENS, HIDDEN, EXPERTS = 6, 8, 4
 
@@ -47,6 +48,14 @@ def test_expert_parallel_moe_equals_the_dense_layer(ranks, pool4):
                     router = [r["gradients"]["router.weight"] for r in reports]
                     assert all(torch.equal(g, router[0]) for g in router)  # summed over the ranks
     assert disagreements(reports, moe_reference(ranks, TOKENS, HIDDEN, EXPERTS, 1)[0], atol=1e-5)
+
+
+def test_a_rank_with_no_tokens_is_not_an_error(pool4):
+    reports = pool4.run(moe_with_an_empty_rank)
+    assert [tuple(r["output"].shape) for r in reports] == [(5, 8), (0, 8), (0, 8), (0, 8)]
+    assert torch.allclose(reports[0]["output"], reports[0]["dense"], atol=1e-6)
+    assert sum(reports[0]["rows"]["send"]) == 5 * 2 and all(sum(r["rows"]["send"]) == 0 for r in reports[1:])
+    assert reports[1]["input_grad"].shape == (0, 8)
 
 
 def test_top_k_routing_capacity_and_the_balancing_loss():
