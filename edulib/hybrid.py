@@ -86,7 +86,7 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
                 shape=inputs[0].shape, links=Links({q: [r] for q, r in neighbours.items()}, neighbours))
     if zero is None:
         if sequence_parallel:  # each tp rank saw its tokens only: sum the replicated weights' parts
-            sync_gradients([p for block in blocks for p in block.replicated()], tensor_group, algorithm)
+            sync_gradients([w for block in blocks for w in block.replicated()], tensor_group, algorithm)
         data_parallel.finish()
         weights, gradients = {}, {id(p): p.grad for p in stage.parameters()}
     else:
