@@ -79,9 +79,8 @@ def parallel_memory_rows(tokens: int, heads: int, hidden: int, tensor_parallel: 
         check_count(value, name)
     check_choice(scores, SCORES, "scores")
     s, a, h, t, n = tokens, heads, hidden, tensor_parallel, context
-    if a % t or h % a:
-        raise ValueError(f"heads ({a}) must divide evenly among t = {t} ranks and the hidden size ({h}) "
-                         "among the heads")
+    if a % t or h % t:
+        raise ValueError(f"heads ({a}) and the hidden size ({h}) must divide evenly among t = {t} ranks")
     if n > s:
         raise ValueError(f"{n} context ranks need at least {n} tokens; got {s}")
     traffic = {sp: sum(layer_traffic(s, 1, h, t, sp, itemsize=2).values()) for sp in (False, True)}

@@ -13,7 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Slider:
-    """A numeric control; `log` spaces it by powers of `base` (min and max are then exponents)."""
+    """A numeric control; `log` spaces it by powers of `base` (min and max are then exponents);
+    `integer` shows whole numbers."""
 
     value: float
     min: float
@@ -52,11 +53,13 @@ def _widget(name: str, control: Slider | Choice) -> Any:
     if isinstance(control, Choice):
         return widgets.Dropdown(value=control.value, options=control.options, description=label,
                                 style=style)
-    if control.integer:
+    if control.integer and not control.log:
         return widgets.IntSlider(value=control.value, min=control.min, max=control.max,
                                  step=control.step, description=label, style=style)
     kind = widgets.FloatLogSlider if control.log else widgets.FloatSlider
     extra = {"base": control.base} if control.log else {}
+    if control.integer:  # powers of the base that are whole numbers: show them as such
+        extra["readout_format"] = ",.0f"
     return kind(value=control.value, min=control.min, max=control.max, step=control.step,
                 description=label, continuous_update=True, style=style, **extra)
 

@@ -14,10 +14,10 @@ def sequence_explorer(static: bool | None = None) -> Any:
     return explore(
         lambda tokens, heads, hidden, tensor_parallel, context, scores: parallel_memory_figure(
             int(tokens), int(heads), int(hidden), int(tensor_parallel), int(context), scores),
-        {"tokens": Slider(32768, 10, 20, 1, log=True, base=2),
+        {"tokens": Slider(32768, 10, 20, 1, log=True, base=2, integer=True),
          "heads": Slider(96, 8, 128, 8, integer=True),
          "hidden": Slider(12288, 1024, 16384, 1024, integer=True),
-         "tensor_parallel": Slider(8, 0, 3, 1, log=True, base=2),
-         "context": Slider(4, 0, 6, 1, log=True, base=2),
+         "tensor_parallel": Slider(8, 0, 3, 1, log=True, base=2, integer=True),
+         "context": Slider(4, 0, 6, 1, log=True, base=2, integer=True),
          "scores": Choice("kept", SCORES)},
         static)
