@@ -44,3 +44,20 @@ def test_rank_code_computes_on_its_gpu_and_matches_one_process():
     [trained] = run(data_parallel, 1, 3, backend="nccl", algorithm="ring")
     assert trained["parameters"].is_cuda
     assert torch.allclose(trained["parameters"].cpu(), single_process(3)[0], atol=1e-5)
+
+
+def test_sequence_context_and_expert_parallelism_compute_on_the_gpu():
+    from edulib.compare import disagreements
+    from edulib.cp.workers import attention_reference, ring_step
+    from edulib.ep.workers import moe_reference, moe_step
+    from edulib.tp.sequence import layer_reference, layer_step
+
+    [ring] = run(ring_step, 1, 9, "zigzag", backend="nccl")
+    assert ring["gradients"]["output"].is_cuda
+    assert not disagreements([ring], attention_reference(9), rtol=1e-3, atol=1e-5)
+    [moe] = run(moe_step, 1, 6, 8, 4, 2, 1.0, backend="nccl")
+    assert moe["gradients"]["output"].is_cuda
+    assert not disagreements([moe], moe_reference(1, 6, 8, 4, 2, 1.0)[0], rtol=1e-3, atol=1e-5)
+    [layer] = run(layer_step, True, backend="nccl")
+    assert layer["gradients"]["output"].is_cuda
+    assert not disagreements([layer], layer_reference()[0], rtol=1e-3, atol=1e-5)
