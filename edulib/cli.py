@@ -11,6 +11,56 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edulib.launch import BACKENDS, DEFAULT_TIMEOUT, RankError, resolve_backend, run
+from edulib.progress import progress_bar
+
+RANKS_PER_CORE = 8  # beyond this many ranks per core, starting them alone takes minutes
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported on one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        sys.exit(2)
+
+
+def _whole(text: str) -> int:
+    """An argument that must be a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 1 or more; got {text!r}")
+    return value
+
+
+def _ranks(text: str) -> int:
+    """A number of ranks: 1 or more, and not so many per core that starting them would stall."""
+    value, cores = _whole(text), os.cpu_count() or 1
+    if value > RANKS_PER_CORE * cores:
+        raise argparse.ArgumentTypeError(
+            f"{value} ranks on {cores} cores is {value // cores} per core; each rank is a process that "
+            f"imports torch, so use 1 to {RANKS_PER_CORE * cores} here")
+    return value
+
+
+def _positive(text: str) -> float:
+    """An argument that must be a number greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number greater than 0; got {text!r}")
+    return value
+
+
+def _existing(text: str) -> str:
+    """A path that must exist."""
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    return text
 
 
 def load_function(target: str) -> Callable:
@@ -115,13 +165,17 @@ def _plan_command(options: argparse.Namespace) -> int:
     cluster = Cluster.from_speeds(options.nodes, options.devices, options.tflops, options.memory_gib,
                                   options.intra_gbps, options.inter_gbps)
 
+    bars: dict[str, Any] = {}
+
     def progress(phase: str, done: int, total: int) -> None:
-        bar = "#" * (20 * done // max(total, 1))
-        print(f"\r{phase}: [{bar:<20}] {done}/{total}", end="", file=sys.stderr, flush=True)
+        for other in set(bars) - {phase}:  # a new phase: the one before is over
+            bars.pop(other).close()
+        bar = bars.get(phase) or bars.setdefault(phase, progress_bar(phase, total))
+        bar.update(done - bar.n)
 
     found = plan(model, cluster, options.microbatches, progress=None if options.quiet else progress)
-    if not options.quiet:
-        print(file=sys.stderr)
+    for bar in bars.values():  # the inter-op pass may stop early: its bar says where
+        bar.close()
     print(describe(found, operators=options.operators))
     if options.figure:
         from edulib.viz.planner import plan_figure
@@ -138,55 +192,56 @@ def _grade_command(options: argparse.Namespace) -> int:
     from edulib.grading import grade, report
 
     results = grade(Path(options.path), options.time_limit)
-    print(report(results, Path(options.report)))
-    print(f"\nJSON report: {options.report}")
+    print(report(results, Path(options.report) if options.report else None))
+    if options.report:
+        print(f"\nJSON report: {options.report}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; return the exit status."""
-    parser = argparse.ArgumentParser(prog="edulib", description=__doc__)
+    parser = _Parser(prog="edulib", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     tour = commands.add_parser("tour", help="check every capability on real ranks")
-    tour.add_argument("--world-size", type=int, default=4, help="ranks to start (default 4)")
+    tour.add_argument("--world-size", type=_ranks, default=4, help="ranks to start (default 4)")
     tour.add_argument("--backend", choices=BACKENDS, default="auto")
     tour.set_defaults(handler=_tour_command)
     runner = commands.add_parser(
         "run", help="run MODULE:FUNCTION on every rank, here or as one rank of a torchrun job")
     runner.add_argument("target", help="the worker, as MODULE:FUNCTION")
     runner.add_argument("args", nargs="*", help="its arguments, read as Python literals")
-    runner.add_argument("--world-size", type=int, default=2, help="ranks to start (not under torchrun)")
+    runner.add_argument("--world-size", type=_ranks, default=2, help="ranks to start (not under torchrun)")
     runner.add_argument("--backend", choices=BACKENDS, default="auto")
-    runner.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds")
+    runner.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
     bench.add_argument("what", choices=["launch", "allreduce", "attention", "dp", "memory", "moe", "pipeline",
                                         "plan"])
-    bench.add_argument("--world-size", type=int, default=4, help="launch, pipeline: ranks")
-    bench.add_argument("--repeats", type=int, default=3, help="launch: cold starts to time")
-    bench.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4],
+    bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline: ranks")
+    bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
+    bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
                        help="allreduce, dp, memory: rank counts to measure")
-    bench.add_argument("--max-mib", type=int, default=64, help="allreduce: largest tensor, MiB")
+    bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)
     planner = commands.add_parser("plan", help="search an Alpa plan for a model on a cluster")
     planner.add_argument("--model", choices=list(MODELS), default="gpt")
-    planner.add_argument("--layers", type=int, default=None, help="layers (blocks) of the model")
-    planner.add_argument("--nodes", type=int, default=2)
-    planner.add_argument("--devices", type=int, default=8, help="devices per node")
-    planner.add_argument("--microbatches", type=int, default=16)
-    planner.add_argument("--tflops", type=float, default=100.0, help="achieved TFLOP/s per device")
-    planner.add_argument("--memory-gib", type=float, default=16.0, help="memory per device, GiB")
-    planner.add_argument("--intra-gbps", type=float, default=100.0, help="GB/s inside a node")
-    planner.add_argument("--inter-gbps", type=float, default=12.5, help="GB/s between nodes")
+    planner.add_argument("--layers", type=_whole, default=None, help="layers (blocks) of the model")
+    planner.add_argument("--nodes", type=_whole, default=2)
+    planner.add_argument("--devices", type=_whole, default=8, help="devices per node")
+    planner.add_argument("--microbatches", type=_whole, default=16)
+    planner.add_argument("--tflops", type=_positive, default=100.0, help="achieved TFLOP/s per device")
+    planner.add_argument("--memory-gib", type=_positive, default=16.0, help="memory per device, GiB")
+    planner.add_argument("--intra-gbps", type=_positive, default=100.0, help="GB/s inside a node")
+    planner.add_argument("--inter-gbps", type=_positive, default=12.5, help="GB/s between nodes")
     planner.add_argument("--operators", action="store_true", help="list every operator's strategy")
     planner.add_argument("--figure", default=None, help="save a picture of the plan (PNG, SVG, PDF)")
     planner.add_argument("--quiet", action="store_true", help="no progress bar")
     planner.set_defaults(handler=_plan_command)
     grader = commands.add_parser("grade", help="grade exercise files (one file or a folder)")
-    grader.add_argument("path", help="a submission such as lesson02_allreduce.py, or a folder")
-    grader.add_argument("--report", default="grade-report.json", help="where to write the JSON")
-    grader.add_argument("--time-limit", type=float, default=None,
+    grader.add_argument("path", type=_existing, help="a submission (lesson02_allreduce.py) or a folder")
+    grader.add_argument("--report", default=None, help="also write the results as JSON to this file")
+    grader.add_argument("--time-limit", type=_positive, default=None,
                         help="seconds per check (default: each check's own)")
     grader.set_defaults(handler=_grade_command)
     options = parser.parse_args(argv)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from edulib import examples
+from edulib.checks import check_world_size
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_collective
@@ -40,6 +41,7 @@ from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
 from edulib.pp.runtime import train_step
+from edulib.progress import progress_bar
 from edulib.recompute import MODES as RECOMPUTE_MODES
 from edulib.recompute import layer_step, saved_bytes_formula
 from edulib.table import format_table
@@ -284,16 +286,27 @@ STEPS: list[Step] = [
 
 def tour(world_size: int = 4, backend: str = "auto", steps: list[Step] | None = None) -> bool:
     """Run every step on one pool of ranks, print the table, and return whether all passed."""
-    rows, passed = [], True
-    print(f"edulib tour: {world_size} ranks, backend {resolve_backend(backend, world_size)}\n")
+    steps = STEPS if steps is None else steps
+    check_world_size(world_size)
+    resolved = resolve_backend(backend, world_size)
+    print(f"edulib tour: {world_size} ranks, backend {resolved}\n", flush=True)
+    rows, ok = [], 0
+    bar = progress_bar("edulib tour", len(steps) + 1)
     with Pool(world_size, backend) as pool:
-        for step in STEPS if steps is None else steps:
+        pool.start()
+        bar.update(1)  # the ranks are up: on a small machine, the longest wait
+        for step in steps:
+            bar.set_postfix_str(step.capability, refresh=False)
             began = time.perf_counter()
             try:
                 result = f"ok: {step.check(pool)}"
+                ok += 1
             except Exception as error:  # noqa: BLE001 - a failed step is a row, not a crash
-                result, passed = f"FAILED: {error}".splitlines()[0], False
+                result = f"FAILED: {error}".splitlines()[0]
             rows.append((step.capability, world_size, step.reference, result,
                          f"{time.perf_counter() - began:.2f} s"))
+            bar.update(1)
+    bar.close()
     print(format_table(["capability", "ranks", "verified against", "result", "time"], rows))
-    return passed
+    print(f"\n{ok} of {len(steps)} checks ok" + ("" if ok == len(steps) else f"; {len(steps) - ok} FAILED"))
+    return ok == len(steps)

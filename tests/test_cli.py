@@ -26,6 +26,7 @@ def test_tour_verifies_every_step_and_prints_the_table(capsys):
     assert re.search(r"^capability\s+ranks\s+verified against\s+result\s+time$", out, re.M)
     for step in STEPS:
         assert re.search(rf"^{re.escape(step.capability)}\s+2\s+.*\s+ok: ", out, re.M), step
+    assert out.rstrip().endswith(f"{len(STEPS)} of {len(STEPS)} checks ok")
 
 
 def _wrong(pool) -> str:
@@ -34,7 +35,9 @@ def _wrong(pool) -> str:
 
 def test_a_failing_tour_step_is_a_failed_row_not_a_crash(capsys):
     assert tour(1, "gloo", [*STEPS[:1], Step("planted", "a wrong answer", _wrong)]) is False
-    assert "FAILED: rank 1 holds 14, expected 18" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAILED: rank 1 holds 14, expected 18" in out
+    assert out.rstrip().endswith("1 of 2 checks ok; 1 FAILED")
 
 
 def test_run_command_starts_local_ranks(capsys):
@@ -57,9 +60,39 @@ def test_a_bad_target_gets_a_clear_message(target, message):
         main(["run", target])
 
 
-def test_a_bad_world_size_is_an_error_message_not_a_traceback(capsys):
-    assert main(["run", "tests.ranks:echo", "--world-size", "0"]) == 1
-    assert "world_size must be a whole number of ranks" in capsys.readouterr().err
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "tests.ranks:echo", "--world-size", "0"], "edulib run: argument --world-size: must be a whole "
+                                                       "number, 1 or more; got '0'"),
+    (["tour", "--world-size", "100000"], "100000 ranks on"),
+    (["plan", "--layers", "0"], "edulib plan: argument --layers: must be a whole number, 1 or more; got '0'"),
+    (["plan", "--layers", "-1"], "must be a whole number, 1 or more; got '-1'"),
+    (["plan", "--tflops", "0"], "argument --tflops: must be a number greater than 0; got '0'"),
+    (["grade", "/nonexistent/lesson01_data_parallelism.py"],
+     "argument path: '/nonexistent/lesson01_data_parallelism.py' does not exist"),
+])
+def test_a_bad_argument_is_one_line_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and message in captured.err, captured.err
+
+
+def test_a_bad_world_size_in_python_is_an_error_before_the_header(capsys):
+    with pytest.raises(ValueError, match="world_size must be a whole number of ranks"):
+        tour(0)
+    assert capsys.readouterr().out == ""
+
+
+def test_grading_writes_no_file_unless_asked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    solution = os.path.join(ROOT, "solutions", "lesson01_data_parallelism.py")
+    assert main(["grade", solution]) == 0
+    assert list(tmp_path.iterdir()) == []
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 120 and "JSON report" not in out
+    assert main(["grade", solution, "--report", "grades.json"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.json"]
 
 
 def test_the_same_worker_runs_as_ranks_of_a_torchrun_job():
@@ -111,13 +144,17 @@ def test_plan_prints_the_plan_and_saves_its_figure(tmp_path, capsys):
     captured = capsys.readouterr()
     assert re.search(r"predicted iteration time: [\d.]+ ms", captured.out)
     assert re.search(r"^fc0\s+\d+\s+\S+,\S+$", captured.out, re.M)  # every operator's strategy
-    assert "inter-op pass (t_max values): [" in captured.err  # the progress bar
+    # the progress bars, redirected: one line per phase, where it ended (the inter-op pass stops early)
+    assert re.search(r"^intra-op pass \(logical meshes\): +\d+%\|[#\d ]+\| \d+/\d+ ", captured.err, re.M)
+    assert re.search(r"^inter-op pass \(t_max values\): +\d+%\|[#\d ]+\| \d+/\d+ ", captured.err, re.M)
+    assert captured.err.count("\n") == 2
     assert figure.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plan_on_an_impossible_cluster_is_a_clear_error(capsys):
-    assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "0", "--quiet"]) == 1
-    assert "a cluster needs a whole number of nodes, 1 or more; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "0", "--quiet"])
+    assert "argument --nodes: must be a whole number, 1 or more; got '0'" in capsys.readouterr().err
     assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "1", "--devices", "2",
                  "--memory-gib", "0.001", "--quiet"]) == 1
     assert "the smallest memory per device that fits is" in capsys.readouterr().err

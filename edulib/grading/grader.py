@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edulib.grading.checks import CHECKS, Check
+from edulib.progress import progress_bar
 from edulib.table import format_table
 
 
@@ -84,19 +86,33 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True) ->
         raise ValueError(f"no exercise files in {path}; they are named "
                          f"{', '.join(name + '.py' for name in CHECKS)}")
     results = []
-    for number, file in enumerate(files, start=1):
-        if progress:
-            print(f"grading {number}/{len(files)}: {file}", file=sys.stderr, flush=True)
-        results += [run_check(file, check, time_limit) for check in CHECKS[file.stem]]
+    bar = progress_bar("grading", sum(len(CHECKS[file.stem]) for file in files)) if progress else None
+    for file in files:
+        for check in CHECKS[file.stem]:
+            if bar is not None:
+                bar.set_postfix_str(f"{file.name}: {check.name}", refresh=False)
+            results.append(run_check(file, check, time_limit))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
     return results
+
+
+FEEDBACK_WIDTH = 48  # the feedback column wraps here, so the table fits a terminal
 
 
 def report(results: list[Result], json_file: Path | None = None) -> str:
     """The results as a table (with totals per submission), optionally saved as JSON too."""
     if json_file is not None:
         json_file.write_text(json.dumps([asdict(result) for result in results], indent=2))
-    rows = [(r.submission, r.check, f"{r.points}/{r.max_points}", f"{r.seconds:.1f} s", r.feedback)
-            for r in results]
+    root = os.path.commonpath([os.path.dirname(r.submission) for r in results]) if results else ""
+    rows = []
+    for r in results:
+        first, *rest = textwrap.wrap(r.feedback, FEEDBACK_WIDTH) or [""]
+        rows.append((os.path.relpath(r.submission, root or "."), r.check, f"{r.points}/{r.max_points}",
+                     f"{r.seconds:.1f} s", first))
+        rows += [("", "", "", "", line) for line in rest]
     totals = {}
     for r in results:
         got, most = totals.get(r.submission, (0, 0))
