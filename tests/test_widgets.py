@@ -79,12 +79,41 @@ def test_moving_a_control_redraws_with_its_value():
     assert calls == [(2, "x"), (4, "x"), (4, "y")]
 
 
-def test_a_whole_number_log_slider_reads_as_a_whole_number():
+def test_log_sliders_snap_to_round_values_and_read_with_their_units():
+    assert Slider(8, 0, 3, 1, log=True, base=2, integer=True).stops() == [1, 2, 4, 8]
+    billions = Slider(175, -1, 3, 0.05, log=True, unit="{}B parameters")
+    assert billions.stops() == [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 175, 200, 500, 1000]
+    assert [billions.label(v) for v in (0.2, 175, 1000)] == ["0.2B parameters", "175B parameters",
+                                                            "1,000B parameters"]
+    assert Slider(1 / 3, -2, 1, log=True, unit="seconds").label(0.4) == "400 ms"
+    assert Slider(1, -2, 1, log=True, unit="seconds").label(2) == "2 s"
+    assert Slider(10, -1, 3, log=True, unit="{} GB/s").label(15.8489) == "15.8 GB/s"
+    assert Slider(2**20, 10, 30, log=True, base=2, unit="bytes").label(2**20) == "1 MiB"
+    assert Slider(32768, 10, 20, log=True, base=2, integer=True).label(32768) == "32,768"
     pytest.importorskip("ipywidgets")
     box = explore(lambda a, b: "drawn", {"a": Slider(8, 0, 3, 1, log=True, base=2, integer=True),
-                                         "b": Slider(8, 0, 3, 1, log=True, base=2)}, static=False)
-    whole, plain = box.children[0].children
-    assert (whole.value, whole.readout_format, plain.readout_format) == (8, ",.0f", ".3g")
+                                         "b": Slider(16.0, 8, 32, 8, integer=True)}, static=False)
+    ranks, whole = box.children[0].children
+    assert ranks.options == (("1", 1), ("2", 2), ("4", 4), ("8", 8)) and ranks.value == 8
+    assert (type(whole).__name__, whole.value) == ("IntSlider", 16)
+
+
+def test_a_control_that_does_not_apply_is_disabled_with_the_reason():
+    pytest.importorskip("ipywidgets")
+    box = explore(lambda kind, size: "drawn", {"kind": Choice("plain", ("plain", "chunked")),
+                                               "size": Slider(2, 1, 4, 1, integer=True)}, static=False,
+                  applies={"size": lambda kind, **_: None if kind == "chunked" else "only for chunked"})
+    kind, size = box.children[0].children
+    assert size.disabled and size.tooltip == "only for chunked"
+    kind.value = "chunked"
+    assert not size.disabled and size.tooltip == ""
+
+
+def test_a_figure_reaches_the_browser_as_one_png():
+    pytest.importorskip("ipywidgets")
+    box = explore(lambda a: Figure(figsize=(2, 1)), {"a": Slider(2, 0, 5)}, static=False)
+    image, output = box.children[2:4]
+    assert image.value[:4] == b"\x89PNG" and image.layout.display == "" and output.layout.display == "none"
 
 
 def test_the_comm_explorer_falls_back_to_its_default_figure():

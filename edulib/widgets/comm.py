@@ -18,8 +18,8 @@ def comm_cost_explorer(static: bool | None = None) -> Any:
     """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins."""
     return explore(
         lambda **values: cost_figure(*_case(**values)),
-        {"ranks": Slider(16, 1, 10, 1, log=True, base=2),
-         "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2),
-         "latency_us": Slider(5, -1, 3, 0.1, log=True),
-         "bandwidth_gbs": Slider(10, -1, 3, 0.1, log=True)},
+        {"ranks": Slider(16, 1, 10, 1, log=True, base=2, integer=True),
+         "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2, unit="bytes"),
+         "latency_us": Slider(5, -1, 3, 0.1, log=True, unit="{} us"),
+         "bandwidth_gbs": Slider(10, -1, 3, 0.1, log=True, unit="{} GB/s")},
         static, describe=lambda **values: cost_table(*_case(**values)))

@@ -2,19 +2,33 @@
 
 The controls are plain specifications, so without ipywidgets or a widget front end (a terminal,
 nbconvert to a printed handout) an explorer draws once at its default values instead of failing.
+In a notebook, a figure is sent to the browser as one PNG in an `ipywidgets.Image`, rendered
+once at a fixed size: IPython's own display of a figure renders it twice (to find a tight
+bounding box) and rebuilds the output area. And while the reader looks, a background thread
+renders the pictures one key press away (each slider one stop up and down), so that the next
+press usually finds its picture ready: drawing a figure costs 60-100 ms on a small CPU, and a
+plan explorer's search far more, but sending a ready PNG costs a few.
 """
 
 from __future__ import annotations
 
+import io
+import math
+import queue
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from edulib.table import format_bytes
+
 
 @dataclass(frozen=True)
 class Slider:
-    """A numeric control; `log` spaces it by powers of `base` (min and max are then exponents);
-    `integer` shows whole numbers."""
+    """A numeric control. `log` spaces it by powers of `base` (min and max are then exponents)
+    and snaps it to round values: powers of two for base 2, 1-2-5 x 10^k for base 10. `integer`
+    shows whole numbers; `unit` is how a value reads, a template such as "{} GB/s", or "bytes"."""
 
     value: float
     min: float
@@ -23,6 +37,32 @@ class Slider:
     log: bool = False
     base: float = 10
     integer: bool = False
+    unit: str = "{}"
+
+    def stops(self) -> list[float]:
+        """The values a log slider snaps to, its default among them (whole numbers for base 2)."""
+        low, high = self.base**self.min, self.base**self.max
+        if self.base == 2:
+            found = [2**k for k in range(math.ceil(self.min), math.floor(self.max) + 1)]
+        else:
+            found = [round(m * 10.0**k, 12) for k in range(math.floor(self.min), math.ceil(self.max) + 1)
+                     for m in (1, 2, 5) if low * (1 - 1e-9) <= m * 10.0**k <= high * (1 + 1e-9)]
+        return sorted({*found, self.value})
+
+    def label(self, value: float) -> str:
+        """How a value reads: "1 MiB", "400 ms", "16 GB/s", "32,768"."""
+        if self.unit == "bytes":
+            return format_bytes(value)
+        if self.unit == "seconds":
+            return f"{_number(value * 1e3)} ms" if value < 1 else f"{_number(value)} s"
+        return self.unit.format(f"{value:,.0f}" if self.integer else _number(value))
+
+
+def _number(value: float) -> str:
+    """Three significant digits at most, never in e-notation: 0.05, 1.5, 175, 12,500."""
+    if value >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 @dataclass(frozen=True)
@@ -53,23 +93,96 @@ def _widget(name: str, control: Slider | Choice) -> Any:
     if isinstance(control, Choice):
         return widgets.Dropdown(value=control.value, options=control.options, description=label,
                                 style=style)
-    if control.integer and not control.log:
+    if control.log:
+        return widgets.SelectionSlider(options=[(control.label(v), v) for v in control.stops()],
+                                       value=control.value, description=label, style=style)
+    if control.integer:
         return widgets.IntSlider(value=control.value, min=control.min, max=control.max,
                                  step=control.step, description=label, style=style)
-    kind = widgets.FloatLogSlider if control.log else widgets.FloatSlider
-    extra = {"base": control.base} if control.log else {}
-    if control.integer:  # powers of the base that are whole numbers: show them as such
-        extra["readout_format"] = ",.0f"
-    return kind(value=control.value, min=control.min, max=control.max, step=control.step,
-                description=label, continuous_update=True, style=style, **extra)
+    return widgets.FloatSlider(value=control.value, min=control.min, max=control.max, step=control.step,
+                               description=label, continuous_update=True, style=style,
+                               readout_format=".3g")
+
+
+def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The values one key press away: each slider one stop up, then each one stop down."""
+    found = []
+    for direction in (1, -1):
+        for name, control in controls.items():
+            if isinstance(control, Choice):
+                continue
+            if control.log:
+                stops = control.stops()
+                index = stops.index(values[name]) + direction if values[name] in stops else -1
+                if 0 <= index < len(stops):
+                    found.append({**values, name: stops[index]})
+            else:
+                moved = values[name] + direction * control.step
+                if control.min <= moved <= control.max:
+                    found.append({**values, name: type(values[name])(moved)})
+    return found
+
+
+class _Renders:
+    """Rendered pictures by control values, and a thread that renders the next ones ahead."""
+
+    def __init__(self, render: Callable[[dict[str, Any]], tuple[bytes | None, Any]], size: int = 64) -> None:
+        self.render, self.size = render, size
+        self.done: OrderedDict[tuple, tuple[bytes | None, Any]] = OrderedDict()
+        self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
+        threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
+
+    def get(self, values: dict[str, Any]) -> tuple[bytes | None, Any]:
+        """The picture for these values, rendered now unless it is ready."""
+        key = tuple(values.items())
+        with self.lock:
+            if key in self.done:
+                self.done.move_to_end(key)
+                return self.done[key]
+        return self._keep(key, self.render(values))
+
+    def prepare(self, upcoming: list[dict[str, Any]]) -> None:
+        """Render these in the background, dropping what earlier calls asked for and not yet done."""
+        self.wanted += 1
+        for values in upcoming:
+            self.ahead.put((self.wanted, values))
+
+    def _keep(self, key: tuple, result: tuple[bytes | None, Any]) -> tuple[bytes | None, Any]:
+        with self.lock:
+            self.done[key] = result
+            while len(self.done) > self.size:
+                self.done.popitem(last=False)
+        return result
+
+    def _work(self) -> None:
+        while True:
+            wanted, values = self.ahead.get()
+            key = tuple(values.items())
+            with self.lock:
+                stale = wanted != self.wanted or key in self.done
+            if not stale:
+                try:
+                    self._keep(key, self.render(values))
+                except Exception:  # noqa: BLE001, S112 - a case that cannot be drawn is drawn, and reported, on demand
+                    continue
+
+
+def png(figure: Any) -> bytes:
+    """A matplotlib figure as PNG bytes, rendered once at its own size."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=figure.dpi)
+    return buffer.getvalue()
 
 
 def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
-            static: bool | None = None, describe: Callable[..., str] | None = None) -> Any:
+            static: bool | None = None, describe: Callable[..., str] | None = None,
+            applies: dict[str, Callable[..., str | None]] | None = None) -> Any:
     """Redraw `draw(**values)` whenever a control moves; with no widget front end, draw once.
 
-    `draw` returns anything IPython can display (a figure, a string); `describe`, if given,
-    returns text shown under it (a table is far quicker to update than a figure).
+    `draw` returns a matplotlib figure (or anything else IPython can display); `describe`, if
+    given, returns text shown under it (a table is far quicker to update than a figure).
+    `applies` maps a control to a rule that, given the values, says why the control does nothing
+    now (or None): the control is then disabled, with that reason as its tooltip.
     `static=True` forces the fallback, which returns `draw` at the default values.
     """
     defaults = {name: control.value for name, control in controls.items()}
@@ -79,20 +192,35 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
 
     import ipywidgets as widgets
     from IPython.display import display
+    from matplotlib.figure import Figure
 
     inputs = {name: _widget(name, control) for name, control in controls.items()}
-    output, text = widgets.Output(), widgets.HTML()
+    image, output, text = widgets.Image(format="png"), widgets.Output(), widgets.HTML()
+
+    def render(values: dict[str, Any]) -> tuple[bytes | None, Any]:
+        drawn = draw(**values)
+        return (png(drawn), None) if isinstance(drawn, Figure) else (None, drawn)
+    renders = _Renders(render)
 
     def redraw(_: object = None) -> None:
         values = {name: widget.value for name, widget in inputs.items()}
+        for name, rule in (applies or {}).items():
+            reason = rule(**values)
+            inputs[name].disabled, inputs[name].tooltip = reason is not None, reason or ""
+        picture, other = renders.get(values)
+        if picture is not None:
+            image.value = picture
+        else:  # a message (a case that cannot be drawn), shown instead of the figure
+            with output:
+                output.clear_output(wait=True)
+                display(other)
+        image.layout.display, output.layout.display = ("", "none") if picture is not None else ("none", "")
         if describe is not None:
             text.value = f"<pre>{html.escape(describe(**values))}</pre>"
-        with output:
-            output.clear_output(wait=True)
-            display(draw(**values))
+        renders.prepare(_neighbours(controls, values))
 
     for widget in inputs.values():
         widget.observe(redraw, names="value")
     redraw()
     return widgets.VBox([widgets.HBox(list(inputs.values())[:2]),
-                         widgets.HBox(list(inputs.values())[2:]), output, text])
+                         widgets.HBox(list(inputs.values())[2:]), image, output, text])

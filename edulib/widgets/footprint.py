@@ -14,8 +14,8 @@ def footprint_explorer(static: bool | None = None) -> Any:
     return explore(
         lambda billions, precision, optimizer, device_gb:
             footprint_figure(billions * 1e9, precision, optimizer, device_gb),
-        {"billions": Slider(175, -1, 3, 0.05, log=True),
+        {"billions": Slider(175, -1, 3, 0.05, log=True, unit="{}B parameters"),
          "precision": Choice("fp16", tuple(PRECISION_BYTES)),
          "optimizer": Choice("adam", tuple(OPTIMIZER_STATES)),
-         "device_gb": Slider(80, 8, 192, 8)},
+         "device_gb": Slider(80, 8, 192, 8, integer=True)},
         static)

@@ -16,8 +16,8 @@ def memory_explorer(static: bool | None = None) -> Any:
         lambda model, devices, precision, recompute, device_gb:
             memory_figure(model, int(devices), precision, recompute, device_gb),
         {"model": Choice("GPT-3", tuple(m.name for m in LECTURE_MODELS)),
-         "devices": Slider(64, 0, 10, 1, log=True, base=2),
+         "devices": Slider(64, 0, 10, 1, log=True, base=2, integer=True),
          "precision": Choice("fp16", ("fp16", "bf16", "fp32")),
          "recompute": Choice("none", MODES),
-         "device_gb": Slider(80, 8, 192, 8)},
+         "device_gb": Slider(80, 8, 192, 8, integer=True)},
         static)

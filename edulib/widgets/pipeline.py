@@ -49,4 +49,6 @@ def bubble_explorer(static: bool | None = None) -> Any:
         "stages": Slider(4, 1, 16, 1, integer=True),
         "microbatches": Slider(8, 1, 64, 1, integer=True),
         "chunks": Slider(2, 1, 4, 1, integer=True),
-        "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=describe_case)
+        "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=describe_case,
+        applies={"chunks": lambda schedule, **_: None if schedule == "interleaved_1f1b" else
+                 "chunks per stage: only the interleaved schedule (interleaved_1f1b) uses them"})

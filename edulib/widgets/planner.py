@@ -40,6 +40,6 @@ def plan_explorer(static: bool | None = None) -> Any:
     return explore(_draw, {
         "nodes": Slider(2, 1, 4, 1, integer=True),
         "devices": Choice("4", ("1", "2", "4", "8")),
-        "intra_gbps": Slider(100, 0, 3, 0.25, log=True),
-        "inter_gbps": Slider(10, -1, 2, 0.25, log=True),
-        "memory_gib": Slider(16, 2, 80, 2)}, static, describe=describe_case)
+        "intra_gbps": Slider(100, 0, 3, 0.25, log=True, unit="{} GB/s"),
+        "inter_gbps": Slider(10, -1, 2, 0.25, log=True, unit="{} GB/s"),
+        "memory_gib": Slider(16, 2, 80, 2, integer=True)}, static, describe=describe_case)

@@ -16,7 +16,7 @@ def _case(batch: float, hidden: float, ranks: float) -> tuple[int, int, int]:
 def traffic_explorer(static: bool | None = None) -> Any:
     """Explore what data and tensor parallelism send per step as batch, width and ranks change."""
     return explore(lambda **values: traffic_figure(*_case(**values)),
-                   {"batch": Slider(2**10, 0, 16, 1, log=True, base=2),
-                    "hidden": Slider(2**12, 6, 14, 1, log=True, base=2),
-                    "ranks": Slider(8, 0, 6, 1, log=True, base=2)},
+                   {"batch": Slider(2**10, 0, 16, 1, log=True, base=2, integer=True),
+                    "hidden": Slider(2**12, 6, 14, 1, log=True, base=2, integer=True),
+                    "ranks": Slider(8, 0, 6, 1, log=True, base=2, integer=True)},
                    static, describe=lambda **values: traffic_table(*_case(**values)))
