@@ -13,6 +13,19 @@ def format_bytes(nbytes: float) -> str:
     return f"{value:.3g} {unit}" if value < 999.5 else f"{value:.0f} {unit}"  # never "1e+03"
 
 
+def format_rate(value: float, unit: str) -> str:
+    """725 TFLOP/s, 3.2 GFLOP/s, 12 kFLOP/s: a rate with the SI prefix that keeps it readable."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{_digits(value / scale)} {prefix}{unit}"
+    return f"{_digits(value)} {unit}"
+
+
+def _digits(value: float) -> str:
+    """Three significant digits, never in e-notation."""
+    return f"{value:.3g}" if abs(value) < 999.5 else f"{value:.0f}"
+
+
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Lay rows out under their headers in aligned columns, numbers right-aligned."""
     cells = [[str(cell) for cell in row] for row in rows]

@@ -176,6 +176,23 @@ def test_expert_parallelism_is_what_the_moe_plan_gains(monkeypatch):
         intra_only(graph, cluster, microbatches)
 
 
+def test_plans_read_as_the_lecture_writes_them():
+    from edulib.planner.graph import in_words
+    from edulib.planner.report import describe
+    from edulib.table import format_rate
+
+    assert in_words("b,o") == "data parallel on axis 0, Megatron column on axis 1"
+    assert in_words(("t", "-")) == "Megatron tensor parallel on axis 0, replicated on axis 1"
+    assert [format_rate(v, "FLOP/s") for v in (7.25e14, 3.75e8, 12)] == ["725 TFLOP/s", "375 MFLOP/s",
+                                                                          "12 FLOP/s"]
+    tiny = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=80e3))
+    text = describe(tiny)
+    assert "0.0 TFLOP/s" not in text and re.search(r"\d+ MFLOP/s \(\d+% of peak\)", text)
+    for name in {n for stage in tiny.stages for n in stage.strategies}:
+        assert f"  {name} = {in_words(name)}" in text
+    assert layouts(tiny)[0].in_words().startswith("attention: ")
+
+
 def test_a_manual_grid_is_a_uniform_megatron_split():
     graph, cluster = gpt_graph(4, 1024, 16, 1024, 8, vocab=0), Cluster(1, 8)
     grid = manual_plan(graph, cluster, dp=2, pp=2, tp=2)

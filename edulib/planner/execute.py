@@ -30,7 +30,7 @@ from edulib.hybrid import gpt_reference
 from edulib.launch import Pool
 from edulib.models import TOKENS, gpt_batch, tiny_gpt
 from edulib.planner.cluster import Cluster
-from edulib.planner.graph import Graph, gpt_graph
+from edulib.planner.graph import Graph, gpt_graph, in_words
 from edulib.planner.inter import Plan, plan
 from edulib.pp import build_schedule
 from edulib.pp.executor import Links, execute
@@ -55,6 +55,11 @@ class StageLayout:
     def size(self) -> int:
         """Ranks the stage runs on."""
         return self.mesh[0] * self.mesh[1]
+
+    def in_words(self, layer: int = 0) -> str:
+        """How one of its layers runs, as the lecture says it: "attention: data parallel on axis 0, ..."."""
+        attention, mlp = self.modes[layer]
+        return f"attention: {in_words(attention)}; MLP: {in_words(mlp)}"
 
     @property
     def half_modes(self) -> list[tuple[str, str]]:

@@ -22,6 +22,16 @@ from torch.fx.passes.shape_prop import ShapeProp
 LOOPS = {"matmul": ("b", "o", "i"), "elementwise": ("b", "f"), "rowwise": ("b",),
          "attention": ("b", "f"), "experts": ("b", "e")}
 BYTES = 2  # fp16 parameters and activations, as in mixed-precision training
+# each loop as the lecture names the parallelism it gives; "t" is Megatron's o, f, i recipe as a whole
+LOOP_WORDS = {"b": "data parallel", "o": "Megatron column", "i": "Megatron row", "f": "split features",
+              "e": "expert parallel", "-": "replicated", "t": "Megatron tensor parallel"}
+
+
+def in_words(loops: str | tuple[str, ...]) -> str:
+    """A strategy ("b,o", or one loop per mesh axis) as the lecture writes it:
+    "data parallel on axis 0, Megatron column on axis 1"."""
+    parts = loops.split(",") if isinstance(loops, str) else loops
+    return ", ".join(f"{LOOP_WORDS[loop]} on axis {axis}" for axis, loop in enumerate(parts))
 
 
 @dataclass(frozen=True)

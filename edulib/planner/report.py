@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from edulib.planner.graph import in_words
 from edulib.planner.inter import Plan
-from edulib.table import format_bytes, format_table
+from edulib.table import format_bytes, format_rate, format_table
 
 
 def strategy_summary(names: tuple[str, ...]) -> str:
@@ -26,8 +27,10 @@ def describe(plan: Plan, operators: bool = False) -> str:
              format_table(["stage", "operators", "ops", "submesh", "logical mesh", "ms per micro-batch",
                            "memory per device", "strategies (mesh axis 0, axis 1)"], rows),
              f"predicted iteration time: {plan.latency * 1e3:.3f} ms "
-             f"(sum of stages + (B - 1) x slowest), {plan.throughput / 1e12:.1f} TFLOP/s "
-             f"({plan.throughput / (plan.cluster.size * plan.cluster.flops):.0%} of peak)"]
+             f"(sum of stages + (B - 1) x slowest), {format_rate(plan.throughput, 'FLOP/s')} "
+             f"({plan.throughput / (plan.cluster.size * plan.cluster.flops):.0%} of peak)",
+             "strategies:", *(f"  {name} = {in_words(name)}"
+                              for name in sorted({n for stage in plan.stages for n in stage.strategies}))]
     if plan.search_seconds:
         tried = plan.statistics.get("t_max tried"), plan.statistics.get("t_max candidates")
         lines.append(f"search time: {plan.search_seconds:.2f} s "

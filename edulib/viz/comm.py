@@ -24,7 +24,7 @@ def schedule_figure(schedule: Schedule, columns: int = 4) -> Figure:
     """
     rounds = schedule.rounds or ((),)
     rows = math.ceil(len(rounds) / columns)
-    figure = Figure(figsize=(2.6 * min(columns, len(rounds)), 2.6 * rows))
+    figure = Figure(figsize=(max(2.6 * min(columns, len(rounds)), 4.5), 2.6 * rows + 0.3))
     angles = np.pi / 2 - 2 * np.pi * np.arange(schedule.world_size) / schedule.world_size
     xy = np.stack([np.cos(angles), np.sin(angles)], axis=1)
     for index, messages in enumerate(rounds):
@@ -44,12 +44,17 @@ def schedule_figure(schedule: Schedule, columns: int = 4) -> Figure:
                 "arrowstyle": "-|>", "color": OP_COLOURS[message.op], "lw": 1.2,
                 "shrinkA": 11, "shrinkB": 11, "connectionstyle": "arc3,rad=0.15"})
             if len(messages) <= 2 * schedule.world_size and schedule.chunks > 1:
-                middle = (start + end) / 2 + 0.12 * np.array([end[1] - start[1], start[0] - end[0]])
+                # a third of the way from the sender, off to the side the arrow bends to: a swap's
+                # two labels and the labels of arrows through the centre keep apart
+                along = end - start
+                side = np.array([along[1], -along[0]]) / np.linalg.norm(along)
+                middle = start + along / 3 + 0.17 * side
                 label = (str(message.lo) if message.hi == message.lo + 1
                          else f"{message.lo}-{message.hi - 1}")
-                axes.text(*middle, label, fontsize=7, ha="center", va="center",
-                          color=OP_COLOURS[message.op])
-    figure.suptitle(f"{schedule.name} on {schedule.world_size} ranks ({schedule.chunks} chunks): "
+                axes.text(*middle, label, fontsize=7, ha="center", va="center", color=OP_COLOURS[message.op],
+                          bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.85})
+    chunks = f"{schedule.chunks} chunk" + ("s" if schedule.chunks != 1 else "")
+    figure.suptitle(f"{schedule.name} on {schedule.world_size} ranks ({chunks})\n"
                     "orange adds in, blue overwrites", fontsize=10)
     figure.tight_layout()
     return figure

@@ -62,7 +62,7 @@ def traffic_table(batch: int, hidden: int, ranks: int) -> str:
     best_linear = min(rows[:3], key=lambda row: sum(row[1:]))[0]
     best_mlp = min(rows[3:], key=lambda row: sum(row[1:]))[0]
     return format_table(
-        ["layout", "forward MB", "backward MB", "gradient sync MB", "total MB", ""],
+        ["layout", "forward MB", "backward MB", "gradient sync MB", "total MB", "of its kind"],
         [(name, f"{fw:.3f}", f"{bw:.3f}", f"{gr:.3f}", f"{fw + bw + gr:.3f}",
           "cheapest" if name in (best_linear, best_mlp) else "") for name, fw, bw, gr in rows])
 
@@ -81,7 +81,7 @@ def traffic_figure(batch: int, hidden: int, ranks: int) -> Figure:
         left += values
     axes.invert_yaxis()
     axes.set_xlabel("MB sent per rank per step")
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     axes.set_title(f"batch {batch}, hidden {hidden}, {ranks} ranks", fontsize=10)
-    figure.subplots_adjust(left=0.33, right=0.97, bottom=0.17, top=0.88)
+    figure.subplots_adjust(left=0.33, right=0.8, bottom=0.17, top=0.88)
     return figure
