@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from matplotlib.figure import Figure
 
@@ -96,6 +98,24 @@ def test_log_sliders_snap_to_round_values_and_read_with_their_units():
     ranks, whole = box.children[0].children
     assert ranks.options == (("1", 1), ("2", 2), ("4", 4), ("8", 8)) and ranks.value == 8
     assert (type(whole).__name__, whole.value) == ("IntSlider", 16)
+
+
+def test_the_pictures_one_key_press_away_are_rendered_ahead():
+    from edulib.widgets.explorer import _neighbours, _Renders
+
+    controls = {"ranks": Slider(4, 0, 3, 1, log=True, base=2, integer=True), "gb": Slider(8, 8, 16, 8),
+                "kind": Choice("a", ("a", "b"))}
+    assert _neighbours(controls, {"ranks": 4, "gb": 8.0, "kind": "a"}) == [
+        {"ranks": 8, "gb": 8.0, "kind": "a"}, {"ranks": 4, "gb": 16.0, "kind": "a"},
+        {"ranks": 2, "gb": 8.0, "kind": "a"}]  # gb 0 is below its minimum; a choice is not guessed
+    calls = []
+    renders = _Renders(lambda values: calls.append(values) or (b"png", None))
+    renders.prepare([{"x": 1}, {"x": 2}])
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert renders.get({"x": 2}) == (b"png", None) and calls == [{"x": 1}, {"x": 2}]  # ready, not redrawn
+    assert renders.get({"x": 3}) == (b"png", None) and len(calls) == 3
 
 
 def test_a_control_that_does_not_apply_is_disabled_with_the_reason():

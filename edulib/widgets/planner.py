@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from edulib.planner.cluster import Cluster
@@ -12,9 +13,11 @@ from edulib.viz.planner import plan_figure
 from edulib.widgets.explorer import Choice, Slider, explore
 
 
+@functools.lru_cache(maxsize=256)
 def plan_case(nodes: int, devices: str, intra_gbps: float, inter_gbps: float, memory_gib: float,
               layers: int = 8) -> Plan:
-    """Plan a `layers`-layer GPT (hidden 1024, 8 sequences of 1024 tokens) on the cluster."""
+    """Plan a `layers`-layer GPT (hidden 1024, 8 sequences of 1024 tokens) on the cluster; kept,
+    so that the figure and the text of one case, and a case seen before, search once."""
     cluster = Cluster.from_speeds(int(nodes), int(devices), memory_gib=memory_gib, intra_gbps=intra_gbps,
                                   inter_gbps=inter_gbps)
     return plan(gpt_graph(int(layers)), cluster)
