@@ -13,6 +13,7 @@ once per iteration, so their all-reduce is shared out over the iteration's micro
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -139,10 +140,12 @@ class Costs:
                      self.activation[pick], edge)
 
 
+@functools.lru_cache(maxsize=512)
 def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
     """Everything the solvers need to choose strategies for `graph` on `mesh`.
 
-    Layers repeat, so operators of the same shape share one table (and edges one matrix).
+    Layers repeat, so operators of the same shape share one table (and edges one matrix). Kept
+    per (graph, mesh): a cluster that changes one link speed or its memory reuses the rest.
     """
     shapes: dict[tuple, tuple[Strategy, ...]] = {}
     options = tuple(shapes.setdefault(op.shape, tuple(strategies(op, mesh, microbatches)))

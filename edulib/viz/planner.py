@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from edulib.planner.inter import Plan
+from edulib.table import format_bytes, format_rate
 
 STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
                  "#ccb974", "#64b5cd")
@@ -32,8 +33,9 @@ def plan_figure(plan: Plan, width: float = 10) -> Figure:
                  va="center", color="white", fontsize=9)
     top.set_xlim(0, 1)
     top.set_axis_off()
-    top.set_title(f"{plan.graph.name}: {len(plan.stages)} stages, predicted {plan.latency * 1e3:.1f} ms "
-                  f"per iteration ({plan.throughput / 1e15:.2f} PFLOP/s)", fontsize=10)
+    top.set_title(f"{plan.graph.name} on devices of {format_bytes(plan.cluster.memory)}: {len(plan.stages)} "
+                  f"stages, predicted {plan.latency * 1e3:.1f} ms per iteration "
+                  f"({format_rate(plan.throughput, 'FLOP/s')})", fontsize=10)
     nodes, per_node = plan.cluster.nodes, plan.cluster.devices
     device = 0
     for number, stage in enumerate(plan.stages):

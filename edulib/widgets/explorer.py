@@ -130,11 +130,16 @@ class _Renders:
         self.render, self.size = render, size
         self.done: OrderedDict[tuple, tuple[bytes | None, Any]] = OrderedDict()
         self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
+        self.busy: dict[tuple, threading.Event] = {}
         threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
     def get(self, values: dict[str, Any]) -> tuple[bytes | None, Any]:
-        """The picture for these values, rendered now unless it is ready."""
+        """The picture for these values: ready, finishing in the background, or rendered now."""
         key = tuple(values.items())
+        with self.lock:
+            busy = self.busy.get(key)
+        if busy is not None:  # the background thread is on it: wait rather than render it twice
+            busy.wait()
         with self.lock:
             if key in self.done:
                 self.done.move_to_end(key)
@@ -159,12 +164,17 @@ class _Renders:
             wanted, values = self.ahead.get()
             key = tuple(values.items())
             with self.lock:
-                stale = wanted != self.wanted or key in self.done
-            if not stale:
-                try:
-                    self._keep(key, self.render(values))
-                except Exception:  # noqa: BLE001, S112 - a case that cannot be drawn is drawn, and reported, on demand
+                if wanted != self.wanted or key in self.done:
                     continue
+                finished = self.busy[key] = threading.Event()
+            try:
+                self._keep(key, self.render(values))
+            except Exception:  # noqa: BLE001 - a case that cannot be drawn is drawn, and reported, on demand
+                pass
+            finally:
+                with self.lock:
+                    del self.busy[key]
+                finished.set()
 
 
 def png(figure: Any) -> bytes:
