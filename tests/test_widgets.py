@@ -234,7 +234,7 @@ def test_the_plan_explorer_falls_back_to_the_plan_it_describes():
     figure = plan_explorer(static=True)
     case = {"nodes": 2, "devices": "4", "intra_gbps": 100, "inter_gbps": 10, "memory_gib": 16}
     found = plan_case(**case)
-    assert figure.axes[0].get_title().startswith(f"gpt-8: {len(found.stages)} stages")
+    assert figure.axes[0].get_title().startswith(f"gpt-8 on devices of 16 GiB: {len(found.stages)} stages")
     assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_case(**case)
     # a cluster too small for the model says so instead of drawing
     assert "smallest memory per device" in describe_case(**{**case, "memory_gib": 0.01})
