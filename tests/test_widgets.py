@@ -109,13 +109,14 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
         {"ranks": 8, "gb": 8.0, "kind": "a"}, {"ranks": 4, "gb": 16.0, "kind": "a"},
         {"ranks": 2, "gb": 8.0, "kind": "a"}]  # gb 0 is below its minimum; a choice is not guessed
     calls = []
-    renders = _Renders(lambda values: calls.append(values) or (b"png", None))
+    renders = _Renders(lambda **values: calls.append(values) or "drawn")  # a lambda: a thread renders ahead
+    assert renders.process is None
     renders.prepare([{"x": 1}, {"x": 2}])
     deadline = time.monotonic() + 5
     while len(calls) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert renders.get({"x": 2}) == (b"png", None) and calls == [{"x": 1}, {"x": 2}]  # ready, not redrawn
-    assert renders.get({"x": 3}) == (b"png", None) and len(calls) == 3
+    assert renders.get({"x": 2}) == (None, "drawn") and calls == [{"x": 1}, {"x": 2}]  # ready, not redrawn
+    assert renders.get({"x": 3}) == (None, "drawn") and len(calls) == 3
 
 
 def test_a_control_that_does_not_apply_is_disabled_with_the_reason():

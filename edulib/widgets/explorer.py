@@ -4,20 +4,24 @@ The controls are plain specifications, so without ipywidgets or a widget front e
 nbconvert to a printed handout) an explorer draws once at its default values instead of failing.
 In a notebook, a figure is sent to the browser as one PNG in an `ipywidgets.Image`, rendered
 once at a fixed size: IPython's own display of a figure renders it twice (to find a tight
-bounding box) and rebuilds the output area. And while the reader looks, a background thread
-renders the pictures one key press away (each slider one stop up and down), so that the next
-press usually finds its picture ready: drawing a figure costs 60-100 ms on a small CPU, and a
-plan explorer's search far more, but sending a ready PNG costs a few.
+bounding box) and rebuilds the output area. And while the reader looks, a worker renders the
+pictures one key press away (each slider one stop up and down), so that the next press usually
+finds its picture ready: drawing a figure costs 60-100 ms on a small CPU, and a plan explorer's
+search more, but sending a ready PNG costs a few. The worker is a process of its own when the
+draw function can be sent to one (it then computes beside the kernel, on another core).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import multiprocessing
+import pickle
 import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,28 +127,50 @@ def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) ->
     return found
 
 
-class _Renders:
-    """Rendered pictures by control values, and a thread that renders the next ones ahead."""
+def _render(draw: Callable[..., Any], values: dict[str, Any]) -> tuple[bytes | None, Any]:
+    """(PNG bytes, None) for a figure, or (None, what was drawn instead, such as a message)."""
+    from matplotlib.figure import Figure
 
-    def __init__(self, render: Callable[[dict[str, Any]], tuple[bytes | None, Any]], size: int = 64) -> None:
-        self.render, self.size = render, size
+    drawn = draw(**values)
+    return (png(drawn), None) if isinstance(drawn, Figure) else (None, drawn)
+
+
+WORKERS = 2  # processes rendering ahead: the kernel itself mostly waits for the next key press
+
+
+class _Renders:
+    """Rendered pictures by control values, and a worker that renders the next ones ahead: in a
+    process of its own where `draw` can be sent there (a module-level function), so that it
+    computes on another core instead of taking turns with the kernel for Python's lock; else in
+    a thread."""
+
+    def __init__(self, draw: Callable[..., Any], size: int = 64) -> None:
+        self.draw, self.size = draw, size
         self.done: OrderedDict[tuple, tuple[bytes | None, Any]] = OrderedDict()
         self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
         self.busy: dict[tuple, threading.Event] = {}
-        threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
+        self.process = None
+        try:
+            pickle.dumps(draw)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            pass  # a lambda or a closure: render ahead in a thread
+        else:
+            self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
+        for _ in range(WORKERS if self.process else 1):
+            threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
     def get(self, values: dict[str, Any]) -> tuple[bytes | None, Any]:
         """The picture for these values: ready, finishing in the background, or rendered now."""
         key = tuple(values.items())
         with self.lock:
             busy = self.busy.get(key)
-        if busy is not None:  # the background thread is on it: wait rather than render it twice
+        if busy is not None:  # the worker is on it: wait rather than render it twice
             busy.wait()
         with self.lock:
             if key in self.done:
                 self.done.move_to_end(key)
                 return self.done[key]
-        return self._keep(key, self.render(values))
+        return self._keep(key, _render(self.draw, values))
 
     def prepare(self, upcoming: list[dict[str, Any]]) -> None:
         """Render these in the background, dropping what earlier calls asked for and not yet done."""
@@ -168,7 +194,11 @@ class _Renders:
                     continue
                 finished = self.busy[key] = threading.Event()
             try:
-                self._keep(key, self.render(values))
+                if self.process is None:
+                    result = _render(self.draw, values)
+                else:
+                    result = self.process.submit(_render, self.draw, values).result()
+                self._keep(key, result)
             except Exception:  # noqa: BLE001 - a case that cannot be drawn is drawn, and reported, on demand
                 pass
             finally:
@@ -202,15 +232,11 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
 
     import ipywidgets as widgets
     from IPython.display import display
-    from matplotlib.figure import Figure
 
     inputs = {name: _widget(name, control) for name, control in controls.items()}
     image, output, text = widgets.Image(format="png"), widgets.Output(), widgets.HTML()
 
-    def render(values: dict[str, Any]) -> tuple[bytes | None, Any]:
-        drawn = draw(**values)
-        return (png(drawn), None) if isinstance(drawn, Figure) else (None, drawn)
-    renders = _Renders(render)
+    renders = _Renders(draw)
 
     def redraw(_: object = None) -> None:
         values = {name: widget.value for name, widget in inputs.items()}
