@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -41,6 +42,12 @@ def lab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lab")
     for part in ("notebooks", "exercises"):
         shutil.copytree(ROOT / part, folder / part, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    planted = {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                          "source": ["raise ValueError('planted failure')"]}],
+               "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                           "language": "python"}},
+               "nbformat": 4, "nbformat_minor": 5}
+    (folder / "notebooks" / "planted_error.ipynb").write_text(json.dumps(planted))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -65,7 +72,8 @@ def lab(tmp_path_factory):
 
 def _run_all(page, base: str, notebook: str, limit: float = 180) -> dict:
     """Open a notebook, run all its cells, wait until none is running; what the page shows."""
-    page.goto(f"{base}/lab/tree/{notebook}?token={TOKEN}")
+    workspace = Path(notebook).stem.replace("_", "-")  # a workspace of its own: no other notebook open
+    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{notebook}?token={TOKEN}&reset")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90000)
     if page.locator(".jp-Dialog").count():  # a kernel choice, on a first start
         page.click(".jp-Dialog button.jp-mod-accept", timeout=10000)
@@ -79,9 +87,16 @@ def _run_all(page, base: str, notebook: str, limit: float = 180) -> dict:
     return page.evaluate(SEEN)
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
-def test_a_lesson_runs_clean_in_a_real_browser(lab, notebook):
+def _shut_down_kernels(base: str) -> None:
+    """End every kernel the server runs, and with them any ranks a lesson left open."""
+    sessions = json.load(urllib.request.urlopen(f"{base}/api/sessions?token={TOKEN}", timeout=10))
+    for session in sessions:
+        url = f"{base}/api/sessions/{session['id']}?token={TOKEN}"
+        urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=30)
+
+
+def _open(lab: str, notebook: str) -> tuple[dict, list[str]]:
+    """Run a notebook in a fresh headless Chromium: what the page shows, and its console errors."""
     from playwright.sync_api import sync_playwright
 
     console: list[str] = []
@@ -94,7 +109,21 @@ def test_a_lesson_runs_clean_in_a_real_browser(lab, notebook):
             seen = _run_all(page, lab, notebook)
         finally:
             browser.close()
+            _shut_down_kernels(lab)
+    return seen, console
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
+def test_a_lesson_runs_clean_in_a_real_browser(lab, notebook):
+    seen, console = _open(lab, notebook)
     assert seen["cells"] > 0 and seen["running"] == 0, seen
     assert not seen["errors"], seen["errors"]
     assert seen["widget_errors"] == 0
     assert not console, console
+
+
+@pytest.mark.timeout(200)
+def test_an_error_in_a_cell_is_seen(lab):
+    seen, _ = _open(lab, "planted_error.ipynb")
+    assert any("planted failure" in error for error in seen["errors"]), seen
