@@ -11,10 +11,12 @@ from edulib.comm import Message, Schedule
 def ring_allreduce(tensor: torch.Tensor) -> None:
     """Sum a 1-D tensor over all ranks in place with a ring: reduce-scatter, then all-gather.
 
-    Cut the tensor into world_size chunks; in each of N-1 rounds send one chunk to the next rank
-    with isend and receive one from the previous rank with irecv.
+    Cut the tensor into world_size chunks whose lengths differ by at most one (the first
+    length % world_size are one longer; any length works, so some chunks may be empty); in each
+    of N-1 rounds send one chunk to the next rank with isend and receive one from the previous
+    rank with irecv. An empty chunk is not sent.
     """
-    raise NotImplementedError('chunks = list(tensor.chunk(n)); reduce-scatter round s sends chunk (rank - s) % n')
+    raise NotImplementedError('tensor.split(sizes), first len % n one longer; round s sends chunk (rank - s) % n')
 
 
 def halving_doubling_schedule(n: int) -> Schedule:

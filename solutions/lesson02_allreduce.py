@@ -11,27 +11,32 @@ from edulib.comm import Message, Schedule
 def ring_allreduce(tensor: torch.Tensor) -> None:
     """Sum a 1-D tensor over all ranks in place with a ring: reduce-scatter, then all-gather.
 
-    Cut the tensor into world_size chunks; in each of N-1 rounds send one chunk to the next rank
-    with isend and receive one from the previous rank with irecv.
+    Cut the tensor into world_size chunks whose lengths differ by at most one (the first
+    length % world_size are one longer; any length works, so some chunks may be empty); in each
+    of N-1 rounds send one chunk to the next rank with isend and receive one from the previous
+    rank with irecv. An empty chunk is not sent.
     """
     # BEGIN SOLUTION
-    # HINT: chunks = list(tensor.chunk(n)); reduce-scatter round s sends chunk (rank - s) % n
+    # HINT: tensor.split(sizes), first len % n one longer; round s sends chunk (rank - s) % n
     rank, n = dist.get_rank(), dist.get_world_size()
-    chunks = list(tensor.chunk(n))
+    base, extra = divmod(tensor.numel(), n)
+    chunks = list(tensor.split([base + (c < extra) for c in range(n)]))
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(2 * (n - 1)):
         reducing = step < n - 1
         s = step if reducing else step - (n - 1)  # the round within its phase
         send = (rank - s) % n if reducing else (rank - s + 1) % n
-        receive = (send - 1) % n
-        buffer = torch.empty_like(chunks[receive])
-        outgoing = dist.isend(chunks[send].contiguous(), right)
-        dist.irecv(buffer, left).wait()
-        outgoing.wait()
-        if reducing:
-            chunks[receive] += buffer
-        else:
-            chunks[receive].copy_(buffer)
+        receive = (send - 1) % n  # what the rank before sends in this round
+        outgoing = dist.isend(chunks[send].contiguous(), right) if chunks[send].numel() else None
+        if chunks[receive].numel():
+            buffer = torch.empty_like(chunks[receive])
+            dist.irecv(buffer, left).wait()
+            if reducing:
+                chunks[receive] += buffer
+            else:
+                chunks[receive].copy_(buffer)
+        if outgoing is not None:
+            outgoing.wait()
     # END SOLUTION
 
 

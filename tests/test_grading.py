@@ -61,6 +61,48 @@ def test_a_planted_wrong_answer_gets_expected_against_got(tmp_path):
     assert "server_step returned" in result.feedback and "expected" in result.feedback
 
 
+def test_a_ring_that_only_works_on_even_lengths_or_calls_the_builtin_scores_zero(tmp_path):
+    chunked = _submit(tmp_path, "lesson02_allreduce", """
+        import torch
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):  # tensor.chunk(n) gives fewer than n chunks for 6 on 4 ranks
+            rank, n = dist.get_rank(), dist.get_world_size()
+            chunks = list(tensor.chunk(n))
+            for step in range(2 * (n - 1)):
+                reducing = step < n - 1
+                s = step if reducing else step - (n - 1)
+                send = (rank - s) % n if reducing else (rank - s + 1) % n
+                receive = (send - 1) % n
+                buffer = torch.empty_like(chunks[receive])
+                outgoing = dist.isend(chunks[send].contiguous(), (rank + 1) % n)
+                dist.irecv(buffer, (rank - 1) % n).wait()
+                outgoing.wait()
+                if reducing:
+                    chunks[receive] += buffer
+                else:
+                    chunks[receive].copy_(buffer)
+
+        def halving_doubling_schedule(n):
+            raise NotImplementedError
+    """)
+    ring = [r for r in grade(chunked, progress=False) if r.check.startswith("ring")]
+    assert [r.points for r in ring] == [0, 0]
+    # a hidden case: its length is not told (some ranks crash, the others may wait for them)
+    assert "a hidden case" in ring[0].feedback
+    assert not any(f"length {n}" in r.feedback for r in ring for n in (5, 6))
+    (tmp_path / "other").mkdir()
+    builtin = _submit(tmp_path / "other", "lesson02_allreduce", """
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            dist.all_reduce(tensor)
+    """)
+    ring = [r for r in grade(builtin, progress=False) if r.check.startswith("ring")]
+    assert [r.points for r in ring] == [0, 0]
+    assert all("sent 0 bytes in 0 messages; a ring sends" in r.feedback for r in ring)
+
+
 def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
     path = _submit(tmp_path, "lesson06_context", """
         import torch

@@ -40,20 +40,45 @@ def _server_step(student: ModuleType) -> str:
     return "the average of the workers' gradients, one SGD step"
 
 
+def _ring_sends(length: int, ranks: int, rank: int) -> int:
+    """Bytes a ring all-reduce sends from `rank`: every chunk but one in each phase (float32)."""
+    from edulib.comm import chunk_bounds
+
+    bounds = chunk_bounds(length, ranks)
+    size = [bounds[c + 1] - bounds[c] for c in range(ranks)]
+    return 4 * (2 * length - size[(rank + 1) % ranks] - size[(rank + 2) % ranks]) if ranks > 1 else 0
+
+
 def _ring(ranks: int) -> Callable[[ModuleType], str]:
+    """The ring on `ranks` ranks: one visible length (3 x ranks) and hidden ones that do not
+    divide evenly, down to 0 and 1; the sum on every rank, and each rank's bytes as a ring's."""
     def check(student: ModuleType) -> str:
         from edulib.grading.workers import ring
         from edulib.launch import run
 
-        length = 3 * ranks
-        pairs = run(ring, ranks, student.__name__, length, timeout=10)
-        total = sum(tensor for tensor, _ in pairs)
-        for rank, (_, result) in enumerate(pairs):
-            wrong = (result != total).nonzero()
-            if len(wrong):
-                i = int(wrong[0])
-                raise Wrong(f"rank {rank} holds {result[i]:g} at index {i}, expected {total[i]:g}")
-        return f"{ranks} ranks hold the sum"
+        hidden = {3: (5, 1, 0, 7), 4: (6, 2, 0, 1)}.get(ranks, (ranks + 1, 1, 0))
+        lengths = [3 * ranks, *hidden]
+        per_rank = run(ring, ranks, student.__name__, lengths, timeout=10)
+        for case, length in enumerate(lengths):
+            where = f"length {length}" if case == 0 else "a hidden case (a length that does not divide)"
+            pairs = [found[case] for found in per_rank]
+            total = sum(tensor for tensor, _, _ in pairs)
+            for rank, (_, result, sent) in enumerate(pairs):
+                if isinstance(result, str):
+                    raise Wrong(f"{where}: rank {rank} raised {result}")
+                if result.shape != total.shape:
+                    raise Wrong(f"{where}: rank {rank} holds {tuple(result.shape)} values, "
+                                f"expected {tuple(total.shape)}")
+                wrong = (result != total).nonzero()
+                if len(wrong):
+                    i = int(wrong[0])
+                    raise Wrong(f"{where}: rank {rank} holds {result[i]:g} at index {i}, "
+                                f"expected {total[i]:g} ({len(wrong)} of {length} values wrong)")
+                ring_bytes = _ring_sends(length, ranks, rank)
+                if sum(sent) != ring_bytes:
+                    raise Wrong(f"{where}: rank {rank} sent {sum(sent)} bytes in {len(sent)} messages; "
+                                f"a ring sends {ring_bytes} (every chunk but one, in each phase)")
+        return f"{ranks} ranks hold the sum and send a ring's bytes, on every length tried"
     return check
 
 

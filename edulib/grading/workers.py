@@ -13,13 +13,38 @@ def _student(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
-def ring(module: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the student's ring_allreduce on this rank's input; return (input, result)."""
-    generator = torch.Generator().manual_seed(dist.get_rank())
-    tensor = torch.randint(-9, 10, (length,), generator=generator).float()
-    result = tensor.clone()
-    _student(module, "ring_allreduce")(result)
-    return tensor, result
+def ring(module: str, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | str, list[int]]]:
+    """Run the student's ring_allreduce on this rank's input of each length; for each, return
+    (input, result, the sizes in bytes of the messages this rank sent with send or isend). The
+    result of a length where it raised is the error, and no later length runs."""
+    originals = {name: getattr(dist, name) for name in ("send", "isend")}
+    sent: list[int] = []
+
+    def counted(name: str):
+        def call(tensor: torch.Tensor, *args, **kwargs):
+            sent.append(tensor.numel() * tensor.element_size())
+            return originals[name](tensor, *args, **kwargs)
+        return call
+    found = []
+    for name in originals:
+        setattr(dist, name, counted(name))
+    try:
+        for length in lengths:
+            generator = torch.Generator().manual_seed(dist.get_rank() + 10 * length)
+            tensor = torch.randint(-9, 10, (length,), generator=generator).float()
+            result, sent = tensor.clone(), []
+            try:
+                _student(module, "ring_allreduce")(result)
+            except RuntimeError:
+                raise  # a communication failure or timeout: the launcher names the operation
+            except Exception as error:  # noqa: BLE001 - a bug in the answer: the check reports its case
+                found.append((tensor, f"{type(error).__name__}: {error}", sent))
+                break
+            found.append((tensor, result, sent))
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return found
 
 
 def tensor_parallel(module: str) -> dict:
