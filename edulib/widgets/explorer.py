@@ -105,7 +105,7 @@ def _widget(name: str, control: Slider | Choice) -> Any:
                                  step=control.step, description=label, style=style)
     return widgets.FloatSlider(value=control.value, min=control.min, max=control.max, step=control.step,
                                description=label, continuous_update=True, style=style,
-                               readout_format=".3~g")  # 2.5, not 2.50
+                               readout_format=".3g")
 
 
 def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) -> list[dict[str, Any]]:
