@@ -186,15 +186,27 @@ def _plan_command(options: argparse.Namespace) -> int:
 
 
 def _grade_command(options: argparse.Namespace) -> int:
-    """`edulib grade PATH`: grade a file or a folder of submissions; table and JSON report."""
+    """`edulib grade PATH`: grade a file, a student's folder or a class; a table, and reports on request."""
     from pathlib import Path
 
-    from edulib.grading import grade, report
+    from edulib.grading import grade, report, write_csv, write_gradescope, write_json
 
-    results = grade(Path(options.path), options.time_limit)
-    print(report(results, Path(options.report) if options.report else None))
-    if options.report:
-        print(f"\nJSON report: {options.report}")
+    outputs = [Path(p) for p in (options.report, options.csv) if p] + (
+        [Path(options.gradescope)] if options.gradescope else [])
+    warnings: list[str] = []
+    hide = tuple(p if p.is_dir() or not p.suffix else p.parent for p in (o.resolve() for o in outputs))
+    results = grade(Path(options.path), options.time_limit, progress=not options.quiet, seed=options.seed,
+                    sandbox=options.sandbox, hide=hide, warnings=warnings)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(report(results))
+    for option, write in ((options.report, write_json), (options.csv, write_csv)):
+        if option:
+            write(results, Path(option))
+            print(f"written: {option}")
+    if options.gradescope:
+        for path in write_gradescope(results, Path(options.gradescope)):
+            print(f"written: {path}")
     return 0
 
 
@@ -238,11 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_argument("--figure", default=None, help="save a picture of the plan (PNG, SVG, PDF)")
     planner.add_argument("--quiet", action="store_true", help="no progress bar")
     planner.set_defaults(handler=_plan_command)
-    grader = commands.add_parser("grade", help="grade exercise files (one file or a folder)")
+    grader = commands.add_parser(
+        "grade", help="grade exercise files: one file, one student's folder, or a folder of student folders")
     grader.add_argument("path", type=_existing, help="a submission (lesson02_allreduce.py) or a folder")
-    grader.add_argument("--report", default=None, help="also write the results as JSON to this file")
+    grader.add_argument("--report", default=None, help="write one JSON row per student, exercise and check")
+    grader.add_argument("--csv", default=None, help="write one CSV row per student, a column per exercise")
+    grader.add_argument("--gradescope", default=None, metavar="DIR",
+                        help="write Gradescope's results.json in DIR (DIR/STUDENT/ for a class)")
+    grader.add_argument("--sandbox", action="store_true",
+                        help="run each check in bubblewrap: no network, only the student's folder writable")
+    grader.add_argument("--seed", type=int, default=0, help="draws the checks' cases (default 0)")
     grader.add_argument("--time-limit", type=_positive, default=None,
-                        help="seconds per check (default: each check's own)")
+                        help="CPU seconds per check (default: each check's own)")
+    grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
     options = parser.parse_args(argv)
     sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder

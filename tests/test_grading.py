@@ -1,14 +1,19 @@
-"""The autograder: solutions score full marks, exercises never drift, and no submission can hang it."""
+"""The autograder: solutions score full marks on every hidden case, exercises never drift, the
+feedback says what to fix, and a class's grades come out per student in the formats courses use."""
 
 from __future__ import annotations
 
+import csv
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from edulib.cli import main
 from edulib.grading import CHECKS, grade, make_exercise, report
+from edulib.grading.grader import cases_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,82 +30,138 @@ def test_every_exercise_has_checks_and_a_solution():
     assert {p.stem for p in (ROOT / "solutions").glob("*.py")} == set(CHECKS)
 
 
-def test_the_solutions_score_full_marks(tmp_path):
+def test_every_check_keeps_some_cases_hidden_and_draws_them_from_its_seed():
+    for exercise, checks in CHECKS.items():
+        for check in checks:
+            cases = cases_of(exercise, check)
+            assert any(c.hidden for c in cases) and any(not c.hidden for c in cases), check.name
+            again = cases_of(exercise, check)
+            assert [c.label for c in cases] == [c.label for c in again]
+    labels = {seed: [c.label for c in cases_of("lesson02_allreduce", CHECKS["lesson02_allreduce"][0], seed)]
+              for seed in range(6)}
+    assert len({tuple(v) for v in labels.values()}) > 1, "the seed changes nothing"
+    ring = cases_of("lesson02_allreduce", CHECKS["lesson02_allreduce"][0])
+    hidden = {(c.inputs["ranks"], len(c.inputs["inputs"][0])) for c in ring if c.hidden}
+    assert {(4, 6), (4, 2), (4, 0), (4, 1)} <= hidden
+    assert any(ranks in (2, 5) and length % ranks for ranks, length in hidden)
+
+
+def test_the_solutions_score_full_marks_on_every_hidden_case():
     results = grade(ROOT / "solutions", progress=False)
     assert {r.exercise for r in results} == set(CHECKS)
     missed = [f"{r.exercise}/{r.check}: {r.feedback}" for r in results if r.points != r.max_points]
     assert not missed, missed
-    text = report(results, tmp_path / "report.json")
-    saved = json.loads((tmp_path / "report.json").read_text())
-    assert {"submission", "exercise", "check", "points", "feedback"} <= set(saved[0])
-    assert f"{sum(r.max_points for r in results if r.exercise == 'lesson02_allreduce')}/9 points" in text
+    assert any(r.hidden for r in results) and all(r.sandbox.startswith("none") for r in results)
+    text = report(results)
+    most = sum(r.max_points for r in results)
+    assert f"solutions: {most}/{most} points" in text
 
 
-def test_untouched_exercises_score_zero_without_hanging():
+def test_the_reference_ring_passes_the_hidden_cases_of_other_seeds():
+    for seed in (1, 2):
+        results = grade(ROOT / "solutions" / "lesson02_allreduce.py", progress=False, seed=seed)
+        assert all(r.points == r.max_points for r in results), [r.feedback for r in results]
+
+
+def test_untouched_exercises_say_not_implemented_with_the_hint():
     results = grade(ROOT / "exercises", progress=False)
     assert results and all(r.points == 0 for r in results)
     for result in results:
-        limit = next(c for c in CHECKS[result.exercise] if c.name == result.check).time_limit
-        assert result.seconds < limit, result
-        assert "NotImplementedError" in result.feedback or "not implemented" in result.feedback
+        assert result.seconds < next(c for c in CHECKS[result.exercise]
+                                     if result.check.startswith(c.name)).time_limit, result
+        assert "not implemented yet: " in result.feedback, result.feedback
 
 
 def _submit(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
     path.write_text(textwrap.dedent(body))
     return path
 
 
-def test_a_planted_wrong_answer_gets_expected_against_got(tmp_path):
+def test_a_planted_wrong_answer_gets_expected_against_got_on_the_visible_case(tmp_path):
     path = _submit(tmp_path, "lesson01_data_parallelism", """
         def server_step(parameters, gradients, lr):
             return parameters  # forgot the update
     """)
-    [result] = grade(path, progress=False)
-    assert result.points == 0
-    assert "server_step returned" in result.feedback and "expected" in result.feedback
+    visible, hidden = grade(path, progress=False)
+    assert visible.points == hidden.points == 0
+    assert visible.feedback.startswith("3 workers, 5 parameters: server_step's result holds")
+    assert "expected" in visible.feedback
+    assert hidden.feedback.startswith("a hidden case (other worker counts")
 
 
-def test_a_ring_that_only_works_on_even_lengths_or_calls_the_builtin_scores_zero(tmp_path):
-    chunked = _submit(tmp_path, "lesson02_allreduce", """
-        import torch
-        import torch.distributed as dist
+_RING = """
+    import torch
+    import torch.distributed as dist
 
-        def ring_allreduce(tensor):  # tensor.chunk(n) gives fewer than n chunks for 6 on 4 ranks
-            rank, n = dist.get_rank(), dist.get_world_size()
-            chunks = list(tensor.chunk(n))
-            for step in range(2 * (n - 1)):
-                reducing = step < n - 1
-                s = step if reducing else step - (n - 1)
-                send = (rank - s) % n if reducing else (rank - s + 1) % n
-                receive = (send - 1) % n
-                buffer = torch.empty_like(chunks[receive])
-                outgoing = dist.isend(chunks[send].contiguous(), (rank + 1) % n)
-                dist.irecv(buffer, (rank - 1) % n).wait()
-                outgoing.wait()
-                if reducing:
-                    chunks[receive] += buffer
-                else:
-                    chunks[receive].copy_(buffer)
+    def ring_allreduce(tensor):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        chunks = list(tensor.chunk(n))  # fewer than n chunks for 6 on 4 ranks
+        for step in range({steps}):
+            reducing = step < n - 1
+            s = step if reducing else step - (n - 1)
+            send = (rank - s) % n if reducing else (rank - s + 1) % n
+            receive = (send - 1) % n
+            buffer = torch.empty_like(chunks[receive])
+            outgoing = dist.isend(chunks[send].contiguous(), (rank + 1) % n)
+            dist.irecv(buffer, (rank - 1) % n).wait()
+            outgoing.wait()
+            if reducing:
+                chunks[receive] += buffer
+            else:
+                chunks[receive].copy_(buffer)
 
-        def halving_doubling_schedule(n):
-            raise NotImplementedError
-    """)
-    ring = [r for r in grade(chunked, progress=False) if r.check.startswith("ring")]
-    assert [r.points for r in ring] == [0, 0]
-    # a hidden case: its length is not told (some ranks crash, the others may wait for them)
-    assert "a hidden case" in ring[0].feedback
-    assert not any(f"length {n}" in r.feedback for r in ring for n in (5, 6))
-    (tmp_path / "other").mkdir()
-    builtin = _submit(tmp_path / "other", "lesson02_allreduce", """
+    def halving_doubling_schedule(n):
+        raise NotImplementedError("later")
+"""
+
+
+def test_a_ring_that_only_works_on_lengths_that_divide_fails_only_its_hidden_cases(tmp_path):
+    path = _submit(tmp_path, "lesson02_allreduce", _RING.format(steps="2 * (n - 1)"))
+    visible, hidden = (r for r in grade(path, progress=False) if r.check.startswith("ring"))
+    assert (visible.points, hidden.points) == (visible.max_points, 0), (visible.feedback, hidden.feedback)
+    assert hidden.feedback.startswith("a hidden case (2 to 5 ranks, lengths that do not divide")
+    assert "IndexError" in hidden.feedback
+    for ranks, length in ((4, 6), (4, 2), (4, 0), (4, 1)):
+        assert f"length {length}" not in hidden.feedback and f"{ranks} ranks" not in hidden.feedback
+
+
+def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
+    path = _submit(tmp_path, "lesson02_allreduce", _RING.format(steps="n - 1"))
+    visible = next(r for r in grade(path, progress=False) if r.check == "ring all-reduce")
+    assert visible.points == 0
+    assert visible.feedback.startswith("length 9 on 3 ranks: rank 0 holds the sum in chunks [1] and not "
+                                       "in chunks [0, 2]")
+    assert "the all-gather phase is missing or wrong" in visible.feedback
+
+
+@pytest.mark.parametrize(("name", "body", "check", "what"), [
+    ("lesson02_allreduce", """
         import torch.distributed as dist
 
         def ring_allreduce(tensor):
             dist.all_reduce(tensor)
-    """)
-    ring = [r for r in grade(builtin, progress=False) if r.check.startswith("ring")]
-    assert [r.points for r in ring] == [0, 0]
-    assert all("sent 0 bytes in 0 messages; a ring sends" in r.feedback for r in ring)
+     """, "ring all-reduce", "the ring all-reduce"),
+    ("lesson02_allreduce", """
+        from edulib.comm import build_schedule
+
+        def halving_doubling_schedule(n):
+            return build_schedule("halving_doubling", n)
+     """, "halving-doubling schedule", "the halving-doubling schedule"),
+    ("lesson04_pipeline", """
+        import edulib.pp
+
+        def one_f_one_b(p, m):
+            schedule = edulib.pp.build_schedule("1f1b", p, m)
+            return [" ".join(str(a) for a in row) for row in schedule.rows]
+     """, "1F1B schedule", "the 1F1B schedule"),
+])
+def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, body, check, what):
+    results = [r for r in grade(_submit(tmp_path, name, body), progress=False) if r.check.startswith(check)]
+    assert [r.points for r in results] == [0, 0]
+    assert all(r.feedback.startswith(f"this exercise must implement {what} itself") for r in results), \
+        [r.feedback for r in results]
 
 
 def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
@@ -114,20 +175,21 @@ def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     """)
     results = grade(path, progress=False)
-    assert [r.points for r in results] == [0, 0, 0]
-    assert "attention over all keys gives" in results[0].feedback
-    assert "causal attention of 7 tokens, rank 1: got" in results[1].feedback
+    assert [r.points for r in results] == [0, 0, 0, 0]
+    assert results[0].feedback.startswith("7 keys split 3 + 4: the merged output holds")
+    assert results[2].feedback.startswith("causal attention of 7 tokens on 2 ranks: rank 1's output holds")
 
 
-def test_a_planted_infinite_loop_scores_zero_at_the_time_limit(tmp_path):
+def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
     path = _submit(tmp_path, "lesson01_data_parallelism", """
         def server_step(parameters, gradients, lr):
             while True:
                 pass
     """)
-    [result] = grade(path, time_limit=3, progress=False)
-    assert result.points == 0 and result.seconds < 3 + 5
-    assert result.feedback == "no answer within 3 s: an infinite loop or a deadlock?"
+    visible, hidden = grade(path, time_limit=3, progress=False)
+    assert visible.points == hidden.points == 0
+    assert visible.feedback == "no answer within 3 s of CPU time: an infinite loop or a deadlock?"
+    assert visible.seconds < 3 + 15 + 10
 
 
 def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
@@ -137,17 +199,61 @@ def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
 
         def ring_allreduce(tensor):
             dist.recv(torch.empty_like(tensor), (dist.get_rank() - 1) % dist.get_world_size())
-
-        def halving_doubling_schedule(n):
-            raise NotImplementedError
     """)
-    results = grade(path, progress=False)
-    ring = [r for r in results if r.check.startswith("ring")]
-    assert all(r.points == 0 for r in ring)
-    assert all("timed out waiting in recv" in r.feedback for r in ring)
-    assert all(r.seconds < 30 for r in ring)
+    visible, hidden, *_ = grade(path, progress=False)
+    assert visible.points == hidden.points == 0
+    assert "timed out waiting in recv" in visible.feedback and "timed out waiting in recv" in hidden.feedback
+
+
+@pytest.mark.parametrize(("body", "feedback"), [
+    ("x = 1 / 0", "the module raised while being imported: ZeroDivisionError: division by zero"),
+    ("import sys\nsys.exit(3)", "the module raised while being imported: SystemExit: 3"),
+    ("import os\nprint('bye')\nos._exit(3)", "the module exited while being imported (exit code 3): bye"),
+])
+def test_a_crash_at_import_is_named_as_such(tmp_path, body, feedback):
+    results = grade(_submit(tmp_path, "lesson01_data_parallelism", body), progress=False)
+    assert [r.feedback for r in results] == [feedback, feedback]
 
 
 def test_a_file_that_is_not_an_exercise_is_refused_clearly(tmp_path):
     with pytest.raises(ValueError, match="is not an exercise file; exercises are named lesson01"):
         grade(_submit(tmp_path, "homework", "x = 1"), progress=False)
+
+
+def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tmp_path, monkeypatch, capsys):
+    course = tmp_path / "submissions"
+    alice = _submit(course / "alice", "notes", "").parent
+    shutil.copy(ROOT / "solutions" / "lesson01_data_parallelism.py", alice)
+    _submit(course / "alice" / "old", "lesson08_alpa", "def best_slicing(*a):\n    return 0\n")
+    _submit(course / "bob", "lesson01_data_parallelism", """
+        def server_step(parameters, gradients, lr):
+            return parameters
+    """)
+    (course / "stray.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["grade", "submissions", "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["submissions"], "wrote into the current folder"
+    captured = capsys.readouterr()
+    most = sum(c.points + c.hidden_points for checks in CHECKS.values() for c in checks)
+    assert f"alice: 2/{most} points" in captured.out and f"bob: 0/{most} points" in captured.out
+    for warning in ("alice/notes.py: ignored, not an exercise file", "alice/old/lesson08_alpa.py: ignored, "
+                    "a copy in a subfolder", "stray.py: ignored, a file outside any student's folder"):
+        assert warning in captured.err
+    assert main(["grade", "submissions", "--quiet", "--report", "out/grades.json", "--csv", "out/grades.csv",
+                 "--gradescope", "out/gradescope"]) == 0
+    rows = json.loads((tmp_path / "out" / "grades.json").read_text())
+    parts = 2 * sum(map(len, CHECKS.values()))  # each check's visible and hidden cases
+    assert len(rows) == 2 * parts and {r["student"] for r in rows} == {"alice", "bob"}
+    fields = {"student", "exercise", "check", "points", "max_points", "feedback", "seconds", "sandbox"}
+    assert fields <= set(rows[0])
+    missing = [r for r in rows if r["exercise"] == "lesson08_alpa" and r["student"] == "alice"]
+    assert missing and all(r["points"] == 0 and r["feedback"].startswith("missing") for r in missing)
+    with open(tmp_path / "out" / "grades.csv") as file:
+        table = list(csv.DictReader(file))
+    assert [(r["student"], r["lesson01_data_parallelism"], r["lesson02_allreduce"], r["total"], r["max"])
+            for r in table] == [("alice", "2", "0", "2", str(most)), ("bob", "0", "0", "0", str(most))]
+    gradescope = json.loads((tmp_path / "out" / "gradescope" / "alice" / "results.json").read_text())
+    assert gradescope["score"] == 2 and len(gradescope["tests"]) == len(rows) // 2
+    hidden = [t for t in gradescope["tests"] if t["name"].endswith("(hidden)")]
+    assert hidden and all(t["visibility"] == "after_published" for t in hidden)
+    assert {"name", "score", "max_score", "output", "visibility"} == set(gradescope["tests"][0])

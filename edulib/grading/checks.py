@@ -1,245 +1,459 @@
-"""The checks of every exercise: points, a time limit, and a comparison with a reference.
+"""The checks of every exercise: seeded cases, some hidden, and a judge that runs in the grader.
 
-A check receives the student's imported module and returns feedback; it raises `Wrong` with a
-sentence saying what was expected against what came out. Checks that need ranks start them with
-edulib's launcher and call the student's functions through `edulib.grading.workers`.
+A check draws its cases from a seeded generator. Visible cases are named in the feedback; hidden
+ones (other lengths, rank counts and sizes) are only described, so that a submission cannot be
+fitted to them. The submission's process runs the student's code on every case and sends back
+plain data (`edulib.grading.student`); the judge compares that data, in the grader's process,
+with a reference the grader computes itself.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import ModuleType
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from edulib.comm import chunk_bounds
+
 
 class Wrong(Exception):
-    """A check's answer differs from the reference; the message says how."""
+    """A case's answer differs from the reference: `args[0]` says how, naming the case's
+    parameters; `general` says it without them, for a hidden case."""
+
+    def __init__(self, message: str, general: str = "a wrong answer") -> None:
+        super().__init__(message)
+        self.general = general
+
+
+class Unanswered(Wrong):
+    """A case with no answer to judge: an untouched stub, an exception, or a forbidden call."""
+
+
+def answer_of(outcome: Any) -> Any:
+    """The answer in one outcome that the submission's process sent, or why there is none."""
+    if type(outcome) is not dict:
+        raise Wrong("the check's process sent something that is not an outcome", "no outcome")
+    if "answer" in outcome:
+        return outcome["answer"]
+    if type(outcome.get("forbidden")) is str:
+        raise Unanswered(outcome["forbidden"], outcome["forbidden"])
+    if type(outcome.get("missing")) is str:
+        text = f"not implemented yet: {outcome['missing']}"
+        raise Unanswered(text, text)
+    if type(outcome.get("raised")) is str:
+        raise Unanswered(outcome["raised"], outcome["raised"].split(":")[0])
+    raise Wrong("the check's process sent an outcome the grader does not know", "no outcome")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case: the inputs the submission gets, what only the judge sees, and its label."""
+
+    inputs: dict
+    label: str
+    hidden: bool = False
+    expect: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One graded check of an exercise."""
+    """One graded check: points for its visible and for its hidden cases, how the submission's
+    process collects answers, how cases are drawn, and how one answer is judged."""
 
     name: str
     points: int
-    run: Callable[[ModuleType], str]
-    time_limit: float = 30.0
+    hidden_points: int
+    collect: str
+    cases: Callable[[random.Random], list[Case]]
+    judge: Callable[[Case, Any], None]
+    passed: str
+    hidden: str
+    time_limit: float = 30.0  # CPU seconds for the check's whole process tree
 
 
-def _server_step(student: ModuleType) -> str:
-    generator = torch.Generator().manual_seed(1)
-    parameters = torch.randn(5, generator=generator)
-    gradients = [torch.randn(5, generator=generator) for _ in range(3)]
-    got = student.server_step(parameters, gradients, 0.5)
-    want = parameters - 0.5 * (gradients[0] + gradients[1] + gradients[2]) / 3
-    if not torch.allclose(got, want, atol=1e-6):
-        raise Wrong(f"server_step returned {got[:3].tolist()}..., expected {want[:3].tolist()}...")
-    return "the average of the workers' gradients, one SGD step"
+def _tensors(rng: random.Random, *shapes: tuple[int, ...], integers: bool = False) -> list[torch.Tensor]:
+    """Seeded random tensors (small integers as floats, when sums must be exact)."""
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    if integers:
+        return [torch.randint(-9, 10, shape, generator=generator).float() for shape in shapes]
+    return [torch.randn(shape, generator=generator) for shape in shapes]
 
+
+def _tensor(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5) -> None:
+    """Check that `got` is a tensor of `want`'s shape whose values are within `atol` of it."""
+    if type(got) is not torch.Tensor:
+        raise Wrong(f"{what} is a {type(got).__name__}, expected a tensor", f"{what} is not a tensor")
+    if tuple(got.shape) != tuple(want.shape):
+        raise Wrong(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}",
+                    f"{what} has the wrong shape")
+    if not got.is_floating_point():
+        raise Wrong(f"{what} has dtype {got.dtype}, expected {want.dtype}", f"{what} has the wrong dtype")
+    if want.numel() == 0:
+        return
+    error = (got.double() - want.double()).abs()
+    if not bool((error <= atol).all()):
+        index = int(error.flatten().nan_to_num(float("inf")).argmax())
+        raise Wrong(f"{what} holds {got.flatten()[index]:.6g} at flat index {index}, expected "
+                    f"{want.flatten()[index]:.6g}", f"{what} holds wrong values")
+
+
+def _per_rank(answer: Any, ranks: int) -> list:
+    """The list of per-rank answers, or Wrong if it is not one per rank."""
+    if type(answer) is not list or len(answer) != ranks:
+        raise Wrong(f"expected one answer per rank from {ranks} ranks", "not one answer per rank")
+    return answer
+
+
+# -- lesson 1: data parallelism ------------------------------------------------------------------
+
+def _server_cases(rng: random.Random) -> list[Case]:
+    def case(workers: int, length: int, hidden: bool) -> Case:
+        parameters, *gradients = _tensors(rng, *[(length,)] * (workers + 1))
+        return Case({"parameters": parameters, "gradients": gradients, "lr": rng.choice((0.5, 0.1, 2.0))},
+                    f"{workers} workers, {length} parameters", hidden)
+    lengths = (0, 1, rng.randint(2, 9))
+    return [case(3, 5, False), *(case(rng.randint(1, 5), length, True) for length in lengths)]
+
+
+def _server_judge(case: Case, answer: Any) -> None:
+    inputs = case.inputs
+    want = inputs["parameters"] - inputs["lr"] * torch.stack(inputs["gradients"]).mean(0)
+    _tensor(answer, want, "server_step's result", atol=1e-6)
+
+
+# -- lesson 2: all-reduce --------------------------------------------------------------------------
 
 def _ring_sends(length: int, ranks: int, rank: int) -> int:
     """Bytes a ring all-reduce sends from `rank`: every chunk but one in each phase (float32)."""
-    from edulib.comm import chunk_bounds
-
     bounds = chunk_bounds(length, ranks)
     size = [bounds[c + 1] - bounds[c] for c in range(ranks)]
     return 4 * (2 * length - size[(rank + 1) % ranks] - size[(rank + 2) % ranks]) if ranks > 1 else 0
 
 
-def _ring(ranks: int) -> Callable[[ModuleType], str]:
-    """The ring on `ranks` ranks: one visible length (3 x ranks) and hidden ones that do not
-    divide evenly, down to 0 and 1; the sum on every rank, and each rank's bytes as a ring's."""
-    def check(student: ModuleType) -> str:
-        from edulib.grading.workers import ring
-        from edulib.launch import run
-
-        hidden = {3: (5, 1, 0, 7), 4: (6, 2, 0, 1)}.get(ranks, (ranks + 1, 1, 0))
-        lengths = [3 * ranks, *hidden]
-        per_rank = run(ring, ranks, student.__name__, lengths, timeout=10)
-        for case, length in enumerate(lengths):
-            where = f"length {length}" if case == 0 else "a hidden case (a length that does not divide)"
-            pairs = [found[case] for found in per_rank]
-            total = sum(tensor for tensor, _, _ in pairs)
-            for rank, (_, result, sent) in enumerate(pairs):
-                if isinstance(result, str):
-                    raise Wrong(f"{where}: rank {rank} raised {result}")
-                if result.shape != total.shape:
-                    raise Wrong(f"{where}: rank {rank} holds {tuple(result.shape)} values, "
-                                f"expected {tuple(total.shape)}")
-                wrong = (result != total).nonzero()
-                if len(wrong):
-                    i = int(wrong[0])
-                    raise Wrong(f"{where}: rank {rank} holds {result[i]:g} at index {i}, "
-                                f"expected {total[i]:g} ({len(wrong)} of {length} values wrong)")
-                ring_bytes = _ring_sends(length, ranks, rank)
-                if sum(sent) != ring_bytes:
-                    raise Wrong(f"{where}: rank {rank} sent {sum(sent)} bytes in {len(sent)} messages; "
-                                f"a ring sends {ring_bytes} (every chunk but one, in each phase)")
-        return f"{ranks} ranks hold the sum and send a ring's bytes, on every length tried"
-    return check
+def _ring_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        return Case({"ranks": ranks, "inputs": _tensors(rng, *[(length,)] * ranks, integers=True)},
+                    f"length {length} on {ranks} ranks", hidden)
+    other = rng.choice((2, 5))
+    odd = rng.choice([n for n in range(other + 1, 4 * other) if n % other])
+    return [case(3, 9, False), case(3, 5, False),
+            *(case(4, length, True) for length in (6, 2, 0, 1)), case(other, odd, True)]
 
 
-def _halving_doubling(student: ModuleType) -> str:
+def _ring_judge(case: Case, answer: Any) -> None:
+    ranks, inputs = case.inputs["ranks"], case.inputs["inputs"]
+    total, length = sum(inputs), len(inputs[0])
+    bounds = chunk_bounds(length, ranks)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or type(found.get("sent")) is not list:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        result, sent = found.get("result"), found["sent"]
+        if type(result) is not torch.Tensor or result.shape != total.shape:
+            _tensor(result, total, f"rank {rank}'s tensor")
+        right = [c for c in range(ranks) if torch.equal(result[bounds[c]:bounds[c + 1]],
+                                                        total[bounds[c]:bounds[c + 1]])]
+        if len(right) < ranks:
+            wrong = [c for c in range(ranks) if c not in right]
+            hint = (" Each rank holds one summed chunk: the reduce-scatter phase works and the "
+                    "all-gather phase is missing or wrong." if len(right) == 1 else "")
+            raise Wrong(f"rank {rank} holds the sum in chunks {right or 'none'} and not in chunks {wrong} "
+                        f"(chunk c is elements {bounds[:2]}, ... of the bounds {bounds}).{hint}",
+                        f"rank {rank} holds wrong sums in {len(wrong)} of {ranks} chunks.{hint}")
+        want = _ring_sends(length, ranks, rank)
+        if not all(type(size) is int for size in sent) or sum(sent) != want:
+            raise Wrong(f"rank {rank} sent {sum(sent)} bytes in {len(sent)} messages; a ring sends {want} "
+                        "(every chunk but one, in each phase)",
+                        f"rank {rank} sent {'more' if sum(sent) > want else 'fewer'} bytes than a ring sends")
+
+
+def _halving_cases(rng: random.Random) -> list[Case]:
+    return [Case({"n": n}, f"{n} ranks", n > 4) for n in (2, 4, 8, 16)]
+
+
+def _halving_judge(case: Case, answer: Any) -> None:
     import numpy as np
 
-    from edulib.comm import cost, expected, simulate
-    for n in (2, 4, 8):
-        schedule = student.halving_doubling_schedule(n)
+    from edulib.comm import Message, Schedule, cost, expected, simulate
+
+    n = case.inputs["n"]
+    try:
+        schedule = Schedule(answer["name"], answer["collective"], answer["world_size"], answer["chunks"],
+                            tuple(tuple(Message(*message) for message in messages)
+                                  for messages in answer["rounds"]), answer["root"])
         buffers = [np.arange(n * 3) * (rank + 1) for rank in range(n)]
-        for rank, (got, want) in enumerate(zip(simulate(schedule, buffers),
-                                               expected(schedule, buffers), strict=True)):
-            if not np.array_equal(got, want):
-                raise Wrong(f"with {n} ranks, rank {rank} ends with {got[:4]}..., expected {want[:4]}...")
+        pairs = list(zip(simulate(schedule, buffers), expected(schedule, buffers), strict=True))
         counted = cost(schedule, 8 * n)
-        if counted.rounds != 2 * (n.bit_length() - 1) or counted.max_bytes_per_rank != 2 * (n - 1) * 8:
-            raise Wrong(f"with {n} ranks: {counted.rounds} rounds and {counted.max_bytes_per_rank} bytes "
-                        f"per rank; halving-doubling takes {2 * (n.bit_length() - 1)} and {2 * (n - 1) * 8}")
-    return "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank"
+    except (TypeError, ValueError, KeyError) as error:
+        raise Wrong(f"the schedule for {n} ranks is not a valid edulib Schedule: {error}",
+                    "not a valid edulib Schedule") from error
+    if schedule.collective != "all_reduce" or schedule.world_size != n:
+        raise Wrong(f"a {schedule.collective} on {schedule.world_size} ranks, expected an all_reduce on {n}",
+                    "not an all-reduce on the right number of ranks")
+    for rank, (got, want) in enumerate(pairs):
+        if not np.array_equal(got, want):
+            raise Wrong(f"rank {rank} ends with {got[:4]}..., expected {want[:4]}...", "wrong sums")
+    rounds, most = 2 * (n.bit_length() - 1), 2 * (n - 1) * 8
+    if counted.rounds != rounds or counted.max_bytes_per_rank != most:
+        raise Wrong(f"{counted.rounds} rounds and {counted.max_bytes_per_rank} bytes per rank; "
+                    f"halving-doubling takes {rounds} and {most}", "not halving-doubling's rounds or bytes")
 
 
-def _tensor_parallel(part: str) -> Callable[[ModuleType], str]:
-    def check(student: ModuleType) -> str:
-        from edulib.grading.workers import tensor_parallel
-        from edulib.launch import run
+# -- lesson 3: tensor parallelism ----------------------------------------------------------------
 
-        for rank, report in enumerate(run(tensor_parallel, 2, student.__name__, timeout=10)):
-            x, weight, grad_y = report["x"], report["weight"], report["grad_y"]
-            if part == "forward":
-                for name in ("column", "row"):
-                    if not torch.allclose(report[name], x @ weight.t(), atol=1e-5):
-                        raise Wrong(f"rank {rank}: {name}_parallel_forward differs from x W^T")
+def _tensor_parallel_cases(parts: list[str]) -> Callable[[random.Random], list[Case]]:
+    def cases(rng: random.Random) -> list[Case]:
+        def case(ranks: int, hidden: bool) -> Case:
+            batch, width, out = rng.randint(1, 5), ranks * rng.randint(1, 3), ranks * rng.randint(1, 3)
+            x, weight, grad_y = _tensors(rng, (batch, width), (out, width), (batch, out))
+            return Case({"ranks": ranks, "x": x, "weight": weight, "grad_y": grad_y, "parts": parts},
+                        f"{ranks} ranks, x of shape {(batch, width)}, W of shape {(out, width)}", hidden)
+        return [case(2, False), case(3, True), case(4, True)]
+    return cases
+
+
+_PARTS = {"column": ("column_parallel_forward", ["output"]), "row": ("row_parallel_forward", ["output"]),
+          "column_backward": ("column_parallel_backward", ["grad_x", "weight gradient"]),
+          "row_backward": ("row_parallel_backward", ["grad_x shard", "weight gradient"])}
+
+
+def _tensor_parallel_judge(case: Case, answer: Any) -> None:
+    x, weight, grad_y = (case.inputs[name] for name in ("x", "weight", "grad_y"))
+    ranks = case.inputs["ranks"]
+    grad_x, grad_w = grad_y @ weight, grad_y.t() @ x
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        wants = {"column": [x @ weight.t()], "row": [x @ weight.t()],
+                 "column_backward": [grad_x, grad_w.chunk(ranks, 0)[rank]],
+                 "row_backward": [grad_x.chunk(ranks, 1)[rank], grad_w.chunk(ranks, 1)[rank]]}
+        for part in case.inputs["parts"]:
+            function, names = _PARTS[part]
+            got = answer_of(found[part]) if type(found) is dict and part in found else None
+            if len(names) > 1:
+                if type(got) is not list or len(got) != len(names):
+                    raise Wrong(f"rank {rank}: {function} must return (grad_x, grad_weight)",
+                                f"{function} does not return (grad_x, grad_weight)")
             else:
-                grad_x, grad_w = report["backward"]
-                if not torch.allclose(grad_x, grad_y @ weight, atol=1e-5):
-                    raise Wrong(f"rank {rank}: grad_x differs from grad_y W")
-                if not torch.allclose(grad_w, (grad_y.t() @ x).chunk(2, dim=0)[rank], atol=1e-5):
-                    raise Wrong(f"rank {rank}: the weight gradient is not this rank's rows of grad_y^T x")
-                grad_x_shard, grad_w = report["row_backward"]
-                if not torch.allclose(grad_x_shard, (grad_y @ weight).chunk(2, dim=1)[rank], atol=1e-5):
-                    raise Wrong(f"rank {rank}: row_parallel_backward's grad_x is not this rank's "
-                                "columns of grad_y W")
-                if not torch.allclose(grad_w, (grad_y.t() @ x).chunk(2, dim=1)[rank], atol=1e-5):
-                    raise Wrong(f"rank {rank}: row_parallel_backward's weight gradient is not this "
-                                "rank's columns of grad_y^T x")
-        return f"equal to the full layer's {part} pass on 2 ranks"
-    return check
+                got = [got]
+            for value, want, name in zip(got, wants[part], names, strict=True):
+                _tensor(value, want, f"rank {rank}: {function}'s {name}")
 
 
-def _one_f_one_b(student: ModuleType) -> str:
-    from edulib.pp import parse_actions, simulate, validate
+# -- lesson 4: pipelines ---------------------------------------------------------------------------
 
-    for p, m in ((2, 4), (4, 8), (4, 2)):
-        schedule = validate(parse_actions(student.one_f_one_b(p, m), m, name="your 1f1b"))
-        timeline = simulate(schedule, 1, 2)
-        if max(timeline.peak_inflight) > p or abs(timeline.bubble_fraction - (p - 1) / m) > 1e-9:
-            raise Wrong(f"p={p}, m={m}: bubble {timeline.bubble_fraction:.3f} (expected "
-                        f"{(p - 1) / m:.3f}), in flight {timeline.peak_inflight} (at most {p})")
-    return "valid, GPipe's bubble, at most p micro-batches in flight"
+def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
+    hidden = [(rng.randint(2, 6), rng.randint(1, 12)) for _ in range(3)]
+    return [Case({"p": p, "m": m}, f"p={p}, m={m}", index >= 2)
+            for index, (p, m) in enumerate([(2, 4), (4, 8), *hidden])]
 
 
-def _bubble_fraction(student: ModuleType) -> str:
+def _one_f_one_b_judge(case: Case, answer: Any) -> None:
+    from edulib.pp import build_schedule, parse_actions, simulate, validate
+
+    p, m = case.inputs["p"], case.inputs["m"]
+    if type(answer) is not list or not all(type(row) in (str, list) for row in answer):
+        raise Wrong("one_f_one_b must return one row of actions per stage", "not one row per stage")
+    if len(answer) != p:
+        raise Wrong(f"{len(answer)} rows for {p} stages", "not one row per stage")
+    try:
+        timeline = simulate(validate(parse_actions(answer, m, name="your 1f1b")), 1, 2)
+    except ValueError as error:
+        raise Wrong(f"not a valid schedule: {error}", "not a valid schedule") from error
+    want = simulate(build_schedule("1f1b", p, m), 1, 2).bubble_fraction
+    if max(timeline.peak_inflight) > min(p, m) or abs(timeline.bubble_fraction - want) > 1e-9:
+        raise Wrong(f"bubble {timeline.bubble_fraction:.3f} (1F1B's is {want:.3f}), micro-batches in "
+                    f"flight {timeline.peak_inflight} (at most {min(p, m)})",
+                    "not 1F1B's bubble, or too many micro-batches in flight")
+
+
+def _bubble_cases(rng: random.Random) -> list[Case]:
+    hidden = []
+    for _ in range(3):
+        p, v = rng.randint(2, 8), rng.randint(1, 3)
+        hidden.append((p, p * rng.randint(1, 4), v))
+    return [Case({"p": p, "m": m, "v": v}, f"bubble_fraction({p}, {m}, {v})", index >= 2)
+            for index, (p, m, v) in enumerate([(4, 8, 1), (4, 8, 2), *hidden])]
+
+
+def _bubble_judge(case: Case, answer: Any) -> None:
     from edulib.pp import build_schedule, simulate
 
-    for p, m, v in ((4, 8, 1), (8, 16, 1), (4, 8, 2)):
-        name = "interleaved_1f1b" if v > 1 else "1f1b"
-        want = simulate(build_schedule(name, p, m, v), 1, 2).bubble_fraction
-        got = student.bubble_fraction(p, m, v)
-        if abs(got - want) > 1e-9:
-            raise Wrong(f"bubble_fraction({p}, {m}, {v}) = {got}, the simulator measures {want}")
-    return "matches the simulator"
+    p, m, v = (case.inputs[name] for name in ("p", "m", "v"))
+    want = simulate(build_schedule("interleaved_1f1b" if v > 1 else "1f1b", p, m, v), 1, 2).bubble_fraction
+    if type(answer) not in (int, float) or abs(answer - want) > 1e-9:
+        raise Wrong(f"returned {answer!r}, the simulator measures {want}", "differs from the simulator")
 
 
-def _shard_bounds(student: ModuleType) -> str:
-    from edulib.comm import chunk_bounds
+# -- lesson 5: sharding ----------------------------------------------------------------------------
 
-    for length, ranks in ((10, 3), (2, 4), (0, 2), (7, 7), (16, 4), (5, 1)):
-        got, want = student.shard_bounds(length, ranks), chunk_bounds(length, ranks)
-        if list(got) != want:
-            raise Wrong(f"shard_bounds({length}, {ranks}) = {got}, expected {want}")
-    return "every shard where the lesson puts it, empty ones included"
+def _bounds_cases(rng: random.Random) -> list[Case]:
+    sizes = [(10, 3), (2, 4), (0, 2), (7, 7), (rng.randint(0, 40), rng.randint(1, 9)), (5, 1)]
+    return [Case({"length": length, "ranks": ranks}, f"shard_bounds({length}, {ranks})", index >= 2)
+            for index, (length, ranks) in enumerate(sizes)]
 
 
-def _sharded_step(student: ModuleType) -> str:
-    from edulib.grading.workers import sharded_step
-    from edulib.launch import run
-
-    for length in (10, 2):  # uneven shards; with 2 elements on 3 ranks, rank 2 owns nothing
-        reports = run(sharded_step, 3, student.__name__, length, 0.5, timeout=10)
-        parameters = reports[0][0]
-        want = parameters - 0.5 * sum(gradient for _, gradient, _ in reports) / 3
-        for rank, (_, _, got) in enumerate(reports):
-            if got.shape != want.shape or not torch.allclose(got, want, atol=1e-6):
-                raise Wrong(f"length {length}, rank {rank}: got {got.tolist()[:4]}, "
-                            f"expected {want.tolist()[:4]}")
-    return "every rank holds the updated parameters, uneven and empty shards included"
+def _bounds_judge(case: Case, answer: Any) -> None:
+    want = chunk_bounds(case.inputs["length"], case.inputs["ranks"])
+    if answer != want or not all(type(bound) is int for bound in answer):
+        raise Wrong(f"returned {answer}, expected {want}", "wrong bounds")
 
 
-def _merge(student: ModuleType) -> str:
-    generator = torch.Generator().manual_seed(4)
-    scores, values = torch.randn(2, 5, 7, generator=generator), torch.randn(2, 7, 3, generator=generator)
-    parts = [(torch.softmax(scores[..., keys], -1) @ values[:, keys], scores[..., keys].logsumexp(-1))
-             for keys in (slice(0, 3), slice(3, 7))]
-    out, lse = student.merge(*parts[0], *parts[1])
-    want = torch.softmax(scores, -1) @ values
-    if not (torch.allclose(out, want, atol=1e-5) and torch.allclose(lse, scores.logsumexp(-1), atol=1e-5)):
-        raise Wrong(f"merge gave outputs {out[0, 0].tolist()}, attention over all keys gives "
-                    f"{want[0, 0].tolist()}")
-    empty = torch.full((2, 5), float("-inf")), torch.zeros(2, 5, 3)
-    out, lse = student.merge(*parts[0], empty[1], empty[0])
-    if not torch.allclose(out, parts[0][0], atol=1e-6):
-        raise Wrong("merging with a part that has no keys (lse -inf, output 0) changed the result")
-    return "two parts' attention merged into attention over all keys, an empty part included"
+def _sharded_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        parameters, *gradients = _tensors(rng, *[(length,)] * (ranks + 1))
+        return Case({"ranks": ranks, "parameters": parameters, "gradients": gradients, "lr": 0.5},
+                    f"length {length} on {ranks} ranks", hidden)
+    return [case(3, 10, False), case(3, 2, True), case(3, 1, True), case(4, rng.choice((6, 7, 9)), True)]
 
 
-def _ring_attention(ranks: int, length: int) -> Callable[[ModuleType], str]:
-    def check(student: ModuleType) -> str:
-        from torch.nn.functional import scaled_dot_product_attention
-
-        from edulib.cp import shard_sequence
-        from edulib.cp.workers import attention_case
-        from edulib.grading.workers import ring_attention
-        from edulib.launch import run
-
-        case = attention_case(length, batch=1, heads=2, width=4, seed=3)
-        for causal in (True, False):
-            outputs = run(ring_attention, ranks, student.__name__, length, causal, timeout=20)
-            full = scaled_dot_product_attention(case["q"], case["k"], case["v"], is_causal=causal)
-            for rank, got in enumerate(outputs):
-                want = shard_sequence(full, rank, ranks)
-                if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
-                    raise Wrong(f"{'causal' if causal else 'full'} attention of {length} tokens, rank "
-                                f"{rank}: got {got.flatten()[:3].tolist()}..., expected "
-                                f"{want.flatten()[:3].tolist()}...")
-        return f"{ranks} ranks, {length} tokens: full attention's output, causal or not"
-    return check
+def _sharded_judge(case: Case, answer: Any) -> None:
+    inputs = case.inputs
+    want = inputs["parameters"] - inputs["lr"] * torch.stack(inputs["gradients"]).mean(0)
+    for rank, got in enumerate(_per_rank(answer, inputs["ranks"])):
+        _tensor(got, want, f"rank {rank}'s parameters", atol=1e-6)
 
 
-def _best_slicing(student: ModuleType) -> str:
-    for costs, stages, batches in (([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)):
-        best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
-                                                    zip((0, *cuts), (*cuts, len(costs)), strict=True))
-                   for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
-        got = student.best_slicing(costs, stages, batches)
-        if abs(got - best) > 1e-9:
-            raise Wrong(f"best_slicing({costs}, {stages}, {batches}) = {got}, exhaustive search finds {best}")
-    return "equal to exhaustive search"
+# -- lesson 6: context parallelism ------------------------------------------------------------------
 
+def _merge_cases(rng: random.Random) -> list[Case]:
+    def case(batch: int, queries: int, keys: int, split: int, width: int, hidden: bool) -> Case:
+        scores, values = _tensors(rng, (batch, queries, keys), (batch, keys, width))
+        parts = []
+        for part in (slice(0, split), slice(split, keys)):
+            if part.start == part.stop:
+                parts += [torch.zeros(batch, queries, width), torch.full((batch, queries), float("-inf"))]
+            else:
+                parts += [torch.softmax(scores[..., part], -1) @ values[:, part],
+                          scores[..., part].logsumexp(-1)]
+        return Case(dict(zip(("out_a", "lse_a", "out_b", "lse_b"), parts, strict=True)),
+                    f"{keys} keys split {split} + {keys - split}", hidden,
+                    {"out": torch.softmax(scores, -1) @ values, "lse": scores.logsumexp(-1)})
+    keys = rng.randint(2, 9)
+    return [case(2, 5, 7, 3, 3, False), case(2, 5, 7, 7, 3, False),
+            case(rng.randint(1, 3), rng.randint(1, 6), keys, rng.randint(1, keys - 1), rng.randint(1, 5),
+                 True),
+            case(1, 3, 4, 0, 2, True)]
+
+
+def _merge_judge(case: Case, answer: Any) -> None:
+    if type(answer) is not list or len(answer) != 2:
+        raise Wrong("merge must return (output, lse)", "not a pair (output, lse)")
+    _tensor(answer[0], case.expect["out"], "the merged output")
+    _tensor(answer[1], case.expect["lse"], "the merged lse")
+
+
+def _attention_cases(rng: random.Random) -> list[Case]:
+    from edulib.cp.workers import attention_case
+
+    def case(ranks: int, length: int, causal: bool, hidden: bool) -> Case:
+        inputs = attention_case(length, batch=1, heads=2, width=4, seed=rng.randrange(1000))
+        return Case({"ranks": ranks, "length": length, "causal": causal,
+                     **{name: inputs[name] for name in ("q", "k", "v")}},
+                    f"{'causal' if causal else 'full'} attention of {length} tokens on {ranks} ranks", hidden)
+    length = rng.randint(4, 15)
+    return [case(2, 7, True, False), case(2, 7, False, False), case(3, 11, True, True),
+            case(4, length, rng.random() < 0.5, True)]
+
+
+def _attention_judge(case: Case, answer: Any) -> None:
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from edulib.cp.layout import shard_sequence
+
+    inputs = case.inputs
+    full = scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], is_causal=inputs["causal"])
+    for rank, got in enumerate(_per_rank(answer, inputs["ranks"])):
+        _tensor(got, shard_sequence(full, rank, inputs["ranks"]), f"rank {rank}'s output")
+
+
+# -- lesson 8: the planner ---------------------------------------------------------------------------
+
+def _slicing_cases(rng: random.Random) -> list[Case]:
+    sizes = [([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)]
+    for _ in range(3):
+        costs = [rng.randint(1, 9) for _ in range(rng.randint(2, 7))]
+        sizes.append((costs, rng.randint(1, len(costs)), rng.randint(1, 8)))
+    return [Case({"costs": costs, "stages": stages, "microbatches": batches},
+                 f"best_slicing({costs}, {stages}, {batches})", index >= 2)
+            for index, (costs, stages, batches) in enumerate(sizes)]
+
+
+def _slicing_judge(case: Case, answer: Any) -> None:
+    costs, stages, batches = (case.inputs[name] for name in ("costs", "stages", "microbatches"))
+    best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
+                                                zip((0, *cuts), (*cuts, len(costs)), strict=True))
+               for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
+    if type(answer) not in (int, float) or abs(answer - best) > 1e-9:
+        raise Wrong(f"returned {answer!r}, exhaustive search finds {best}",
+                    "differs from exhaustive search")
+
+
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+                "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
+                "scatter")
+
+FORBIDDEN: dict[str, list[tuple[str, str]]] = {
+    "lesson01_data_parallelism": [("edulib.dp.server.parameter_server", "the server's update")],
+    "lesson02_allreduce": [
+        *((f"torch.distributed.{name}", "the ring all-reduce") for name in _COLLECTIVES),
+        *((f"edulib.comm.collectives.{name}", "the ring all-reduce")
+          for name in ("all_reduce", "reduce_scatter", "all_gather", "all_gather_chunks", "reduce",
+                       "broadcast", "submit")),
+        *((f"edulib.comm.algorithms.{name}", "the halving-doubling schedule")
+          for name in ("build_schedule", "halving_doubling", "schedule_for", "butterfly"))],
+    "lesson03_tensor_parallelism": [
+        *((f"edulib.tp.ops.{name}", "the column- and row-parallel layers")
+          for name in ("f", "g", "gather", "split", "gathered_linear")),
+        *((f"edulib.tp.layers.{name}", "the column- and row-parallel layers")
+          for name in ("ColumnParallelLinear", "RowParallelLinear"))],
+    "lesson04_pipeline": [
+        *((f"edulib.pp.schedules.{name}", "the 1F1B schedule")
+          for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
+        *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio"))],
+    "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
+                          ("edulib.dp.zero.ZeroDataParallel", "the sharded step")],
+    "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
+    "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the stage slicing")
+                      for name in ("inter_op", "exhaustive_inter_op", "latency_table")],
+}
 
 CHECKS: dict[str, list[Check]] = {
-    "lesson01_data_parallelism": [Check("server step", 2, _server_step)],
-    "lesson02_allreduce": [Check("ring on 3 ranks", 3, _ring(3)), Check("ring on 4 ranks", 3, _ring(4)),
-                           Check("halving-doubling schedule", 3, _halving_doubling)],
-    "lesson03_tensor_parallelism": [Check("forward", 3, _tensor_parallel("forward")),
-                                    Check("backward", 3, _tensor_parallel("backward"))],
-    "lesson04_pipeline": [Check("1F1B schedule", 3, _one_f_one_b),
-                          Check("bubble fraction", 2, _bubble_fraction)],
-    "lesson05_sharding": [Check("shard bounds", 2, _shard_bounds),
-                          Check("sharded step on 3 ranks", 3, _sharded_step)],
-    "lesson06_context": [Check("log-sum-exp merge", 2, _merge),
-                         Check("ring attention, 2 ranks, 7 tokens", 3, _ring_attention(2, 7)),
-                         Check("ring attention, 3 ranks, 11 tokens", 3, _ring_attention(3, 11))],
-    "lesson08_alpa": [Check("stage slicing", 3, _best_slicing)],
+    "lesson01_data_parallelism": [
+        Check("server step", 1, 1, "server_step", _server_cases, _server_judge,
+              "the average of the workers' gradients, one SGD step",
+              "other worker counts, 0 and 1 parameters")],
+    "lesson02_allreduce": [
+        Check("ring all-reduce", 3, 3, "ring", _ring_cases, _ring_judge,
+              "every rank holds the sum and sends a ring's bytes",
+              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1"),
+        Check("halving-doubling schedule", 2, 1, "halving_doubling", _halving_cases, _halving_judge,
+              "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks")],
+    "lesson03_tensor_parallelism": [
+        Check("forward", 2, 1, "tensor_parallel", _tensor_parallel_cases(["column", "row"]),
+              _tensor_parallel_judge, "equal to the full layer's forward pass",
+              "3 and 4 ranks, other shapes"),
+        Check("backward", 2, 1, "tensor_parallel",
+              _tensor_parallel_cases(["column_backward", "row_backward"]), _tensor_parallel_judge,
+              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes")],
+    "lesson04_pipeline": [
+        Check("1F1B schedule", 2, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
+              "valid, 1F1B's bubble, at most p micro-batches in flight",
+              "other stage and micro-batch counts, fewer micro-batches than stages"),
+        Check("bubble fraction", 1, 1, "bubble_fraction", _bubble_cases, _bubble_judge,
+              "matches the simulator", "other sizes, interleaved or not")],
+    "lesson05_sharding": [
+        Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
+              "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
+        Check("sharded step", 2, 1, "sharded_step", _sharded_cases, _sharded_judge,
+              "every rank holds the updated parameters", "empty shards, 4 ranks")],
+    "lesson06_context": [
+        Check("log-sum-exp merge", 1, 1, "merge", _merge_cases, _merge_judge,
+              "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
+        Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
+              "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths")],
+    "lesson08_alpa": [
+        Check("stage slicing", 2, 1, "best_slicing", _slicing_cases, _slicing_judge,
+              "equal to exhaustive search", "random small graphs")],
 }

@@ -1,33 +1,52 @@
-"""Run one check of one submission (in its own process, so the grader survives anything)."""
+"""The submission's process: import it, run each check's collector, send the answers as plain data.
+
+The grader writes one request on this process's stdin (the submission, the checks with their
+cases, what is out of reach, and the number of the pipe to answer on) and closes it. Answers go
+back on that pipe, one JSON line per stage, so nothing the submission prints can be taken for an
+answer and nothing in argv or on disk names the channel. No verdict travels: the grader judges.
+"""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
 
-def main(path: str, check_name: str, result_file: str) -> None:
-    """Import the submission by name (ranks import it the same way), run the check, save the result."""
-    from edulib.grading.checks import CHECKS, Wrong
-    from edulib.launch import RankError
+def main() -> None:
+    """Serve the grader's one request, then exit without running anyone's exit hooks."""
+    request = json.loads(sys.stdin.read())
+    answers = os.fdopen(request["answer_fd"], "w", buffering=1)
 
-    submission = Path(path).resolve()
+    def send(**message: object) -> None:
+        answers.write(json.dumps(message, allow_nan=False) + "\n")
+
+    from edulib.grading import forbid
+    from edulib.grading.plain import decode
+    from edulib.grading.student import COLLECTORS, close_pools
+
+    submission = Path(request["submission"])
     sys.path.insert(0, str(submission.parent))
-    check = next(c for c in CHECKS[submission.stem] if c.name == check_name)
+    forbid.forbid(request["forbidden"])
+    send(stage="importing")
     try:
-        feedback, passed = check.run(importlib.import_module(submission.stem)), True
-    except Wrong as wrong:
-        feedback, passed = str(wrong), False
-    except NotImplementedError as missing:
-        feedback, passed = f"not implemented yet ({missing})", False
-    except RankError as error:
-        feedback, passed = str(error).split("\n")[0], False
-    except Exception as error:  # noqa: BLE001 - any crash of the student's code is feedback
-        feedback, passed = f"raised {type(error).__name__}: {error}", False
-    Path(result_file).write_text(json.dumps({"passed": passed, "feedback": feedback}))
+        module = importlib.import_module(submission.stem)
+    except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
+        send(stage="import failed", message=f"{type(error).__name__}: {error}")
+        os._exit(0)
+    send(stage="imported")
+    try:
+        for check in request["checks"]:
+            cases = [decode(case) for case in check["cases"]]
+            send(check=check["name"],
+                 outcomes=COLLECTORS[check["collect"]](module, cases, request["forbidden"]))
+    finally:
+        close_pools()
+    answers.close()
+    os._exit(0)  # no atexit hook of the submission's runs after its answers are sent
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main()

@@ -1,0 +1,67 @@
+"""Inside a check, the functions that would answer the exercise are out of reach.
+
+Before a submission is imported, every name under which an answering function is reachable
+(`torch.distributed.all_reduce`, `edulib.comm.build_schedule`, its aliases in other modules)
+is replaced by a stub that records the attempt and raises `Forbidden`. The attempt is reported
+with the check's answers, and the grader scores it 0 with "this exercise must implement X
+itself", even when the submission catches the exception. Reloading a module to get the
+original back is refused the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable, Iterable
+from types import ModuleType
+
+attempts: list[str] = []  # what this process reached for, in order
+
+
+class Forbidden(Exception):
+    """A submission called a function that answers its exercise."""
+
+
+def _resolve(dotted: str) -> tuple[ModuleType, object]:
+    """The module that defines `dotted` (imported here) and the object it names."""
+    module_name, _, attribute = dotted.rpartition(".")
+    module = importlib.import_module(module_name)
+    return module, getattr(module, attribute)
+
+
+def _stub(dotted: str, what: str) -> Callable:
+    """A function that stands in for `dotted`: it records the call and raises Forbidden."""
+    def refused(*args: object, **kwargs: object) -> None:
+        attempts.append(f"this exercise must implement {what} itself (it called {dotted})")
+        raise Forbidden(attempts[-1])
+    return functools.update_wrapper(refused, _resolve(dotted)[1], updated=())
+
+
+class _NoReload:
+    """A meta-path finder that refuses to load a guarded module a second time."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name in self.names and name in sys.modules:
+            attempts.append(f"this exercise must implement it itself (it reloaded {name})")
+            raise Forbidden(attempts[-1])
+
+
+def forbid(names: Iterable[tuple[str, str]]) -> None:
+    """Put each (dotted name, what the exercise implements) out of reach in this process."""
+    stubs, modules = {}, set()
+    for dotted, what in names:
+        module, original = _resolve(dotted)
+        stubs[id(original)] = (original, _stub(dotted, what))  # the original kept, so ids stay unique
+        modules.add(module.__name__)
+    for module in list(sys.modules.values()):
+        space = getattr(module, "__dict__", None)
+        if not isinstance(space, dict) or not str(module.__name__).startswith(("edulib", "torch")):
+            continue
+        for key, value in list(space.items()):
+            if id(value) in stubs:
+                space[key] = stubs[id(value)][1]
+    sys.meta_path.insert(0, _NoReload(modules))

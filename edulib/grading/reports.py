@@ -1,0 +1,91 @@
+"""Grades as a course uses them: a table, JSON rows, a CSV with a column per exercise, and
+Gradescope's results.json (hidden cases shown only after grades are published)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+
+from edulib.grading.checks import CHECKS
+from edulib.grading.grader import Result, grade
+from edulib.table import format_table
+
+FEEDBACK_WIDTH = 48  # the feedback column wraps here, so the table fits a terminal
+
+
+def totals(results: list[Result]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Points and maximum per student and exercise, in the order they were graded."""
+    table: dict[str, dict[str, tuple[int, int]]] = {}
+    for r in results:
+        got, most = table.setdefault(r.student, {}).get(r.exercise, (0, 0))
+        table[r.student][r.exercise] = (got + r.points, most + r.max_points)
+    return table
+
+
+def report(results: list[Result], json_file: Path | None = None) -> str:
+    """The results as one table per student, under its total (and, given `json_file`, as JSON)."""
+    if json_file is not None:
+        write_json(results, json_file)
+    blocks = []
+    for student, exercises in totals(results).items():
+        rows, shown = [], set()
+        for r in (r for r in results if r.student == student):
+            lesson = r.exercise.split("_")[0].removeprefix("lesson") if r.exercise not in shown else ""
+            shown.add(r.exercise)
+            first, *rest = textwrap.wrap(r.feedback, FEEDBACK_WIDTH) or [""]
+            rows.append((lesson, r.check.removesuffix(" (hidden)"), "hidden" if r.hidden else "visible",
+                         f"{r.points}/{r.max_points}", f"{r.seconds:.1f} s", first))
+            rows += [("", "", "", "", "", line) for line in rest]
+        got, most = (sum(values) for values in zip(*exercises.values(), strict=True))
+        blocks.append(f"{student}: {got}/{most} points\n\n"
+                      + format_table(["lesson", "check", "cases", "points", "time", "feedback"], rows))
+    if {r.sandbox for r in results if r.submission} - {"bubblewrap"}:
+        blocks.append("(graded without a sandbox: resource limits and process cleanup only)")
+    return "\n\n".join(blocks)
+
+
+def write_json(results: list[Result], path: Path) -> None:
+    """One JSON row per (student, exercise, check part)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2))
+
+
+def write_csv(results: list[Result], path: Path) -> None:
+    """One row per student: points per exercise, the total, and the most possible."""
+    exercises = list(CHECKS)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["student", *exercises, "total", "max"])
+        for student, got in totals(results).items():
+            points = [got[name][0] if name in got else "" for name in exercises]
+            writer.writerow([student, *points, sum(p for p, _ in got.values()),
+                             sum(m for _, m in got.values())])
+
+
+def write_gradescope(results: list[Result], folder: Path) -> list[Path]:
+    """Gradescope's results.json: in `folder` for one student, else in folder/<student>/."""
+    by_student = totals(results)
+    written = []
+    for student in by_student:
+        mine = [r for r in results if r.student == student]
+        target = Path(folder) / ("" if len(by_student) == 1 else student) / "results.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({
+            "score": sum(r.points for r in mine),
+            "tests": [{"name": f"{r.exercise}: {r.check}", "score": r.points, "max_score": r.max_points,
+                       "output": r.feedback, "visibility": "after_published" if r.hidden else "visible"}
+                      for r in mine]}, indent=2))
+        written.append(target)
+    return written
+
+
+def score(exercise: str, folder: str | Path = "../exercises") -> str:
+    """Grade your copy of an exercise from a lesson notebook: points and feedback per check."""
+    results = grade(Path(folder) / f"{exercise}.py", progress=False)
+    rows = [(r.check, f"{r.points}/{r.max_points}", r.feedback) for r in results]
+    got, most = sum(r.points for r in results), sum(r.max_points for r in results)
+    return format_table(["check", "points", "feedback"], rows) + f"\n\n{exercise}: {got}/{most} points"

@@ -1,0 +1,187 @@
+"""The submission's side of a check: call the student's functions on the grader's cases.
+
+This runs only in the check's own process tree (the child and the ranks it starts), never in the
+grader. Each collector takes the imported submission and the cases the grader sent, and returns
+one outcome per case, as plain data: {"answer": ...}, {"missing": hint} for an untouched stub,
+{"raised": text}, or {"forbidden": text}. Which outcome is right is decided by the grader alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from edulib.grading import forbid
+from edulib.grading.plain import NotPlain, encode
+from edulib.launch import Pool, RankError
+
+RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
+_pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
+
+
+def outcome(call: Callable[[], Any]) -> dict:
+    """Run one call of the student's code and describe what happened, as plain data."""
+    try:
+        answer = {"answer": encode(call())}
+    except forbid.Forbidden:
+        answer = {}
+    except NotImplementedError as missing:
+        answer = {"missing": str(missing)}
+    except NotPlain as odd:
+        answer = {"raised": f"returned {odd}"}
+    except Exception as error:  # noqa: BLE001 - whatever the code raised is the outcome
+        answer = {"raised": f"{type(error).__name__}: {error}"}
+    return {"forbidden": forbid.attempts[0]} if forbid.attempts else answer
+
+
+def _rank_outcome(error: RankError) -> dict:
+    """The outcome of a case whose ranks failed, from the launcher's error."""
+    if forbid.Forbidden.__name__ in error.what.split(":")[0]:
+        return {"forbidden": error.what.partition(": ")[2].split(" at ")[0]}
+    if error.what.startswith("raised NotImplementedError"):
+        return {"missing": error.what.partition(": ")[2].rsplit(" at ", 1)[0]}
+    return {"raised": f"rank {error.rank} {error.what}".split("\n")[0]}
+
+
+def on_ranks(module: ModuleType, worker: str, cases: list[dict], forbidden: list) -> list[dict]:
+    """Run rank worker `worker` once per case on case["ranks"] ranks; one outcome per case."""
+    found: list[dict] = []
+    for case in cases:
+        if found and ("missing" in found[-1] or "forbidden" in found[-1]):
+            found.append(found[-1])  # a stub stays a stub: no need to start ranks again to see it
+            continue
+        ranks = case["ranks"]
+        if ranks not in _pools:
+            _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT)
+        try:
+            answers = _pools[ranks].run(rank_call, module.__name__, worker, forbidden, case)
+        except RankError as error:
+            found.append(_rank_outcome(error))
+        else:
+            found.append({"answer": answers})
+    return found
+
+
+def close_pools() -> None:
+    """Stop every rank this process started."""
+    for pool in _pools.values():
+        pool.close()
+    _pools.clear()
+
+
+_guarded = False
+
+
+def rank_call(module_name: str, worker: str, forbidden: list, case: dict) -> Any:
+    """In a rank: guard the answering functions (once), import the submission, run one case."""
+    global _guarded
+    if not _guarded:
+        forbid.forbid(forbidden)
+        _guarded = True
+    student = importlib.import_module(module_name)
+    result = RANK_WORKERS[worker](student, case)
+    if forbid.attempts:
+        raise forbid.Forbidden(forbid.attempts[0])
+    return encode(result)
+
+
+def _ring(student: ModuleType, case: dict) -> dict:
+    """The student's ring_allreduce on this rank's input, with the bytes of each send and isend."""
+    originals = {name: getattr(dist, name) for name in ("send", "isend")}
+    sent: list[int] = []
+
+    def counted(name: str) -> Callable:
+        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            sent.append(tensor.numel() * tensor.element_size())
+            return originals[name](tensor, *args, **kwargs)
+        return call
+    tensor = case["inputs"][dist.get_rank()].clone()
+    for name in originals:
+        setattr(dist, name, counted(name))
+    try:
+        student.ring_allreduce(tensor)
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {"result": tensor, "sent": sent}
+
+
+def _tensor_parallel(student: ModuleType, case: dict) -> dict:
+    """The student's four layer functions on this rank's shards; each part's outcome on its own."""
+    x, weight, grad_y = case["x"], case["weight"], case["grad_y"]
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    rows, columns = weight.chunk(parts, dim=0)[rank], weight.chunk(parts, dim=1)[rank]
+    x_shard = x.chunk(parts, dim=1)[rank]
+    calls = {"column": lambda: student.column_parallel_forward(x, rows),
+             "row": lambda: student.row_parallel_forward(x_shard, columns),
+             "column_backward": lambda: student.column_parallel_backward(grad_y, x, rows),
+             "row_backward": lambda: student.row_parallel_backward(grad_y, x_shard, columns)}
+    return {name: outcome(calls[name]) for name in case["parts"]}
+
+
+def _sharded_step(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's sharded_sgd_step with this rank's gradient."""
+    return student.sharded_sgd_step(case["parameters"].clone(),
+                                    case["gradients"][dist.get_rank()].clone(), case["lr"])
+
+
+def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's ring_attention_forward on this rank's contiguous chunk of the sequence."""
+    from edulib.cp.layout import shard_sequence
+
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    q, k, v = (shard_sequence(case[name], rank, ranks) for name in ("q", "k", "v"))
+    return student.ring_attention_forward(q, k, v, case["length"], case["causal"])
+
+
+RANK_WORKERS = {"ring": _ring, "tensor_parallel": _tensor_parallel, "sharded_step": _sharded_step,
+                "ring_attention": _ring_attention}
+
+
+def _schedule(schedule: Any) -> dict:
+    """An edulib Schedule as plain data (the grader rebuilds and checks it)."""
+    from edulib.comm import Schedule
+
+    if type(schedule) is not Schedule:
+        raise NotPlain(f"a {type(schedule).__name__}, where an edulib Schedule was expected")
+    return {"name": schedule.name, "collective": schedule.collective, "world_size": schedule.world_size,
+            "chunks": schedule.chunks, "root": schedule.root,
+            "rounds": [[[m.src, m.dst, m.lo, m.hi, m.op, m.at] for m in messages]
+                       for messages in schedule.rounds]}
+
+
+def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
+    """A collector that calls the student's code in this process, once per case."""
+    def collect(module: ModuleType, cases: list[dict], forbidden: list) -> list[dict]:
+        return [outcome(lambda case=case: call(module, case)) for case in cases]
+    return collect
+
+
+def _on_ranks(worker: str) -> Callable:
+    """A collector that runs rank worker `worker` on real ranks, once per case."""
+    def collect(module: ModuleType, cases: list[dict], forbidden: list) -> list[dict]:
+        return on_ranks(module, worker, cases, forbidden)
+    return collect
+
+
+COLLECTORS: dict[str, Callable[[ModuleType, list[dict], list], list[dict]]] = {
+    "server_step": _in_process(lambda s, c: s.server_step(c["parameters"].clone(),
+                                                          [g.clone() for g in c["gradients"]], c["lr"])),
+    "ring": _on_ranks("ring"),
+    "halving_doubling": _in_process(lambda s, c: _schedule(s.halving_doubling_schedule(c["n"]))),
+    "tensor_parallel": _on_ranks("tensor_parallel"),
+    "one_f_one_b": _in_process(lambda s, c: s.one_f_one_b(c["p"], c["m"])),
+    "bubble_fraction": _in_process(lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"])),
+    "shard_bounds": _in_process(lambda s, c: s.shard_bounds(c["length"], c["ranks"])),
+    "sharded_step": _on_ranks("sharded_step"),
+    "merge": _in_process(lambda s, c: s.merge(*(c[name].clone() for name in ("out_a", "lse_a", "out_b",
+                                                                                 "lse_b")))),
+    "ring_attention": _on_ranks("ring_attention"),
+    "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
+                                                            c["microbatches"])),
+}

@@ -1,0 +1,139 @@
+"""Run one submission's process tree under limits, and leave not one of its processes behind.
+
+The grader starts this script (standard library only, so it starts in milliseconds) with a JSON
+configuration on stdin. It makes itself a child subreaper, so every process the submission
+starts, detached or not, stays its descendant; it starts the command under `resource` limits
+(address space, CPU seconds, file size, processes); and it watches the tree's CPU time, its wall
+time and its size. When the command exits or a limit is reached, it kills every descendant,
+reaps them until none is left, and only then writes its status (JSON) on the status pipe.
+It is not dumpable, so the submission cannot open that pipe through /proc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+POLL = 0.05  # seconds between looks at the tree
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, float, int]]:
+    """Every process now: pid -> (parent pid, CPU seconds it and its reaped children used, uid)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            uid = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue  # it ended while we looked
+        found[int(name)] = (int(fields[1]), sum(map(int, fields[11:15])) / TICKS, uid)
+    return found
+
+
+def descendants(root: int, processes: dict[int, tuple[int, float, int]] | None = None) -> list[int]:
+    """The pids below `root` in the process tree."""
+    processes = _processes() if processes is None else processes
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in processes.items():
+        children.setdefault(parent, []).append(pid)
+    below, queue = [], list(children.get(root, []))
+    while queue:
+        pid = queue.pop()
+        below.append(pid)
+        queue += children.get(pid, [])
+    return below
+
+
+def _reap(main: int, status: dict) -> None:
+    """Collect every child that has ended; note the main command's exit status."""
+    while True:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == main:
+            status["exit"] = os.waitstatus_to_exitcode(code)
+
+
+def _kill_all(main: int, status: dict) -> None:
+    """Kill every descendant and reap them until this process has no child left."""
+    while True:
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(main, status)
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return  # no child, so (being the subreaper) no descendant either
+        time.sleep(0.01)
+
+
+def _limits(config: dict) -> None:
+    """In the command's process, before it starts: the resource limits."""
+    for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu"]) + 5),
+                        ("RLIMIT_FSIZE", config["file_size"]), ("RLIMIT_CORE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    if os.getuid() != 0:  # the kernel does not hold root to a process count
+        mine = sum(uid == os.getuid() for _, _, uid in _processes().values())
+        resource.setrlimit(resource.RLIMIT_NPROC, (mine + config["processes"],) * 2)
+
+
+def main() -> None:
+    """Read the configuration, run the command under watch, report how it ended."""
+    config = json.loads(sys.stdin.read())
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    status_pipe = os.fdopen(config["status_fd"], "w")
+    began = time.monotonic()
+    child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
+                             pass_fds=(config["answer_fd"],), start_new_session=True,
+                             preexec_fn=lambda: _limits(config))
+    os.close(config["answer_fd"])
+    child.stdin.write(config["request"].encode())
+    child.stdin.close()
+    status: dict = {"exit": None, "limit": None, "most_processes": 1}
+    while True:
+        _reap(child.pid, status)
+        if status["exit"] is not None:
+            break
+        processes = _processes()
+        tree = descendants(os.getpid(), processes)
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        status["cpu"] = used.ru_utime + used.ru_stime + sum(processes[p][1] for p in tree if p in processes)
+        status["most_processes"] = max(status["most_processes"], len(tree))
+        if status["cpu"] > config["cpu"]:
+            status["limit"] = "cpu"
+        elif time.monotonic() - began > config["wall"]:
+            status["limit"] = "wall"
+        elif len(tree) > config["processes"]:
+            status["limit"] = "processes"
+        if status["limit"]:
+            break
+        time.sleep(POLL)
+    _kill_all(child.pid, status)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    status["cpu"] = max(status.get("cpu", 0.0), used.ru_utime + used.ru_stime)
+    status["wall"] = time.monotonic() - began
+    status_pipe.write(json.dumps(status))
+    status_pipe.close()
+
+
+if __name__ == "__main__":
+    main()
