@@ -126,7 +126,7 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|attention|dp|memory|moe|pipeline|plan`: measured against a
+    """`edulib bench launch|allreduce|attention|dp|grade|memory|moe|pipeline|plan`: measured against a
     baseline or the model."""
     from edulib import bench
 
@@ -146,6 +146,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_attention(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "moe":
         print(bench.bench_moe(tuple(options.world_sizes), backend=options.backend))
+    elif options.what == "grade":
+        print(bench.bench_grade(options.students))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend))
@@ -227,13 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "attention", "dp", "memory", "moe", "pipeline",
-                                        "plan"])
+    bench.add_argument("what", choices=["launch", "allreduce", "attention", "dp", "grade", "memory", "moe",
+                                        "pipeline", "plan"])
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
                        help="allreduce, dp, memory: rank counts to measure")
     bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce: largest tensor, MiB")
+    bench.add_argument("--students", type=_whole, default=30, help="grade: students in the class")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.set_defaults(handler=_bench_command)
     planner = commands.add_parser("plan", help="search an Alpa plan for a model on a cluster")

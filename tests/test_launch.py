@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from edulib import examples
 from edulib.launch import Pool, RankError, RankTimeout, run
 from tests import ranks
 from tests.conftest import rank_processes, wait_until_gone
+
+ROOT = Path(__file__).resolve().parent.parent  # where `tests` imports from, whatever the current folder
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -186,7 +189,7 @@ def _script(body: str) -> subprocess.Popen:
         {body}
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=sys.path[0] or None)
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
 def test_an_interrupt_stops_every_rank_and_reaches_the_caller():

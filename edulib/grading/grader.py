@@ -225,8 +225,10 @@ def _why(tree: _Tree, cpu: float) -> str:
                     f"{_tail(tree.output)}")
     else:
         where = "during this check"
-    if status.get("limit") in ("cpu", "wall"):
-        return f"no answer within {cpu:g} s of CPU time: an infinite loop or a deadlock?"
+    if status.get("limit") == "cpu":
+        return f"no answer within {cpu:g} s of CPU time: an infinite loop?"
+    if status.get("limit") == "wall":
+        return f"no answer within {status.get('wall', 0):.0f} s: a deadlock?"
     if status.get("limit") == "processes":
         return f"started more than {Limits.processes} processes {where}"
     code = status.get("exit")
@@ -244,10 +246,11 @@ def _judge(check: Check, cases: list[Case], outcomes: list) -> tuple[str, str]:
         try:
             check.judge(case, answer_of(outcome))
         except Unanswered as missing:
-            failed[case.hidden] = (f"a hidden case ({check.hidden}): {missing.general}" if case.hidden else
-                                   missing.args[0] if missing.args[0].startswith(("not implemented",
-                                                                                  "this exercise"))
-                                   else f"{case.label}: {missing.args[0]}")
+            if missing.args[0].startswith(("not implemented", "this exercise")):
+                failed[case.hidden] = missing.args[0]  # the same whatever the case
+            else:
+                failed[case.hidden] = (f"a hidden case ({check.hidden}): {missing.general}" if case.hidden
+                                       else f"{case.label}: {missing.args[0]}")
         except Wrong as wrong:
             failed[case.hidden] = (f"a hidden case ({check.hidden}): {wrong.general}" if case.hidden
                                    else f"{case.label}: {wrong.args[0]}")

@@ -25,23 +25,31 @@ def totals(results: list[Result]) -> dict[str, dict[str, tuple[int, int]]]:
     return table
 
 
+def _table(results: list[Result], lessons: bool = True) -> str:
+    """One student's results as a table: a row per check part, feedback wrapped."""
+    rows, shown = [], set()
+    for r in results:
+        lesson = r.exercise.split("_")[0].removeprefix("lesson") if r.exercise not in shown else ""
+        shown.add(r.exercise)
+        first, *rest = textwrap.wrap(r.feedback, FEEDBACK_WIDTH) or [""]
+        rows.append((lesson, r.check.removesuffix(" (hidden)") if not r.hidden else "",
+                     "hidden" if r.hidden else "visible", f"{r.points}/{r.max_points}", f"{r.seconds:.1f} s",
+                     first))
+        rows += [("", "", "", "", "", line) for line in rest]
+    header = ["lesson", "check", "cases", "points", "time", "feedback"]
+    keep = [i for i in range(len(header)) if lessons or header[i] not in ("lesson", "time")]
+    return format_table([header[i] for i in keep], [tuple(row[i] for i in keep) for row in rows])
+
+
 def report(results: list[Result], json_file: Path | None = None) -> str:
     """The results as one table per student, under its total (and, given `json_file`, as JSON)."""
     if json_file is not None:
         write_json(results, json_file)
     blocks = []
     for student, exercises in totals(results).items():
-        rows, shown = [], set()
-        for r in (r for r in results if r.student == student):
-            lesson = r.exercise.split("_")[0].removeprefix("lesson") if r.exercise not in shown else ""
-            shown.add(r.exercise)
-            first, *rest = textwrap.wrap(r.feedback, FEEDBACK_WIDTH) or [""]
-            rows.append((lesson, r.check.removesuffix(" (hidden)"), "hidden" if r.hidden else "visible",
-                         f"{r.points}/{r.max_points}", f"{r.seconds:.1f} s", first))
-            rows += [("", "", "", "", "", line) for line in rest]
         got, most = (sum(values) for values in zip(*exercises.values(), strict=True))
-        blocks.append(f"{student}: {got}/{most} points\n\n"
-                      + format_table(["lesson", "check", "cases", "points", "time", "feedback"], rows))
+        mine = [r for r in results if r.student == student]
+        blocks.append(f"{student}: {got}/{most} points\n\n" + _table(mine))
     if {r.sandbox for r in results if r.submission} - {"bubblewrap"}:
         blocks.append("(graded without a sandbox: resource limits and process cleanup only)")
     return "\n\n".join(blocks)
@@ -86,6 +94,5 @@ def write_gradescope(results: list[Result], folder: Path) -> list[Path]:
 def score(exercise: str, folder: str | Path = "../exercises") -> str:
     """Grade your copy of an exercise from a lesson notebook: points and feedback per check."""
     results = grade(Path(folder) / f"{exercise}.py", progress=False)
-    rows = [(r.check, f"{r.points}/{r.max_points}", r.feedback) for r in results]
     got, most = sum(r.points for r in results), sum(r.max_points for r in results)
-    return format_table(["check", "points", "feedback"], rows) + f"\n\n{exercise}: {got}/{most} points"
+    return _table(results, lessons=False) + f"\n\n{exercise}: {got}/{most} points"

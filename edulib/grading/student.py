@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from edulib.grading import forbid
 from edulib.grading.plain import NotPlain, encode
-from edulib.launch import Pool, RankError
+from edulib.launch import Pool, RankError, RankTimeout
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
 _pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
@@ -52,16 +52,18 @@ def on_ranks(module: ModuleType, worker: str, cases: list[dict], forbidden: list
     """Run rank worker `worker` once per case on case["ranks"] ranks; one outcome per case."""
     found: list[dict] = []
     for case in cases:
-        if found and ("missing" in found[-1] or "forbidden" in found[-1]):
-            found.append(found[-1])  # a stub stays a stub: no need to start ranks again to see it
+        if found and ("missing" in found[-1] or "forbidden" in found[-1] or "deadlock" in found[-1]):
+            found.append(found[-1])  # a stub stays a stub, and a deadlock would cost its timeout again
             continue
         ranks = case["ranks"]
         if ranks not in _pools:
-            _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT)
+            _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT, start="fork")
         try:
             answers = _pools[ranks].run(rank_call, module.__name__, worker, forbidden, case)
         except RankError as error:
             found.append(_rank_outcome(error))
+            if isinstance(error, RankTimeout):
+                found[-1]["deadlock"] = True
         else:
             found.append({"answer": answers})
     return found
