@@ -120,7 +120,7 @@ def _start(submission: Path, exercise: str, checks: list[Check], cases: dict[str
         argv = bubblewrap.wrap(argv, [submission.resolve().parent, Path(scratch)], sandbox["hidden"])
     env = {**os.environ, "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
     config = {"argv": argv, "cwd": scratch, "env": env, "request": json.dumps(request),
-              "answer_fd": answer_write, "status_fd": status_write, "cpu": cpu, "wall": 2 * cpu + 30,
+              "answer_fd": answer_write, "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30,
               "memory": limits.memory, "processes": limits.processes, "file_size": limits.file_size}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
@@ -225,7 +225,7 @@ def _why(tree: _Tree, cpu: float) -> str:
                     f"{_tail(tree.output)}")
     else:
         where = "during this check"
-    if status.get("limit") == "cpu":
+    if status.get("limit") == "cpu_time":
         return f"no answer within {cpu:g} s of CPU time: an infinite loop?"
     if status.get("limit") == "wall":
         return f"no answer within {status.get('wall', 0):.0f} s: a deadlock?"

@@ -86,7 +86,7 @@ def _kill_all(main: int, status: dict) -> None:
 
 def _limits(config: dict) -> None:
     """In the command's process, before it starts: the resource limits."""
-    for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu"]) + 5),
+    for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu_time"]) + 5),
                         ("RLIMIT_FSIZE", config["file_size"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
     if os.getuid() != 0:  # the kernel does not hold root to a process count
@@ -116,10 +116,11 @@ def main() -> None:
         processes = _processes()
         tree = descendants(os.getpid(), processes)
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
-        status["cpu"] = used.ru_utime + used.ru_stime + sum(processes[p][1] for p in tree if p in processes)
+        live = sum(processes[pid][1] for pid in tree if pid in processes)
+        status["cpu_time"] = used.ru_utime + used.ru_stime + live
         status["most_processes"] = max(status["most_processes"], len(tree))
-        if status["cpu"] > config["cpu"]:
-            status["limit"] = "cpu"
+        if status["cpu_time"] > config["cpu_time"]:
+            status["limit"] = "cpu_time"
         elif time.monotonic() - began > config["wall"]:
             status["limit"] = "wall"
         elif len(tree) > config["processes"]:
@@ -129,7 +130,7 @@ def main() -> None:
         time.sleep(POLL)
     _kill_all(child.pid, status)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    status["cpu"] = max(status.get("cpu", 0.0), used.ru_utime + used.ru_stime)
+    status["cpu_time"] = max(status.get("cpu_time", 0.0), used.ru_utime + used.ru_stime)
     status["wall"] = time.monotonic() - began
     status_pipe.write(json.dumps(status))
     status_pipe.close()
