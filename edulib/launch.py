@@ -179,9 +179,11 @@ class Pool:
             return
         import torch.distributed as dist
 
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         try:
             self._ranks = [self._spawn(rank) for rank in range(self.world_size)]
+            # The store's server thread starts after the forks: a forked rank could inherit a held lock.
+            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            self._send_all(pickle.dumps(self._store.port))
             self._gather("start")
         except BaseException:
             self.close()
@@ -192,15 +194,19 @@ class Pool:
         message = call_message(fn, args, kwargs)
         try:
             self.start()
-            for handle in self._ranks:
-                try:
-                    handle.commands.send_bytes(message)
-                except OSError:
-                    pass  # the rank has died; gathering reports how
+            self._send_all(message)
             return self._gather("finish")
         except BaseException:  # an interrupt included: never leave ranks running a call
             self.close()
             raise
+
+    def _send_all(self, message: bytes) -> None:
+        """Send one message to every rank; a rank that has died is reported by the gathering after."""
+        for handle in self._ranks:
+            try:
+                handle.commands.send_bytes(message)
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Stop every rank now and reap it; safe to call twice."""
@@ -220,7 +226,7 @@ class Pool:
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
         argv = [sys.executable, "-c", _SEND_SIDE, str(rank), str(self.world_size), self.backend,
-                str(self._store.port), str(self.timeout), str(command_read), str(result_write)]
+                str(self.timeout), str(command_read), str(result_write)]
         try:
             if self.start_method == "fork":
                 process = _fork(argv[3:], keep=(command_read, result_write))

@@ -115,8 +115,13 @@ def _control(commands: Connection, tasks: queue.Queue, send: Callable[[tuple], N
 
 def serve(argv: list[str]) -> None:
     """Entry point of a launched rank: join the group, then run calls until the parent closes."""
-    rank, world_size, backend, port, timeout, command_fd, result_fd = argv
+    rank, world_size, backend, timeout, command_fd, result_fd = argv
+    commands = Connection(int(command_fd), writable=False)
     results = Connection(int(result_fd), readable=False)
+    try:
+        port = pickle.loads(commands.recv_bytes())  # the parent starts its store after every rank exists
+    except (EOFError, OSError):
+        os._exit(0)
     lock = threading.Lock()
 
     def send(message: tuple) -> None:
@@ -129,7 +134,7 @@ def serve(argv: list[str]) -> None:
     sys.stdin = open(os.devnull)
     tasks: queue.Queue = queue.Queue()
     threading.Thread(target=_control, daemon=True,
-                     args=(Connection(int(command_fd), writable=False), tasks, send,
+                     args=(commands, tasks, send,
                            threading.main_thread().ident)).start()
     try:
         import torch.distributed as dist

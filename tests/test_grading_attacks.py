@@ -13,6 +13,7 @@ import pytest
 
 from edulib.grading import grade, write_json
 from edulib.grading import sandbox as bubblewrap
+from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = (ROOT / "solutions" / "lesson01_data_parallelism.py").read_text()
@@ -20,9 +21,10 @@ needs_bubblewrap = pytest.mark.skipif(not bubblewrap.available(), reason="bubble
 
 
 def _strays() -> list[str]:
-    """Processes of a grading tree still alive: a check's process, a rank, or a warden."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """Processes of a grading tree still alive: a check's process, a rank, or a warden (not the ranks of
+    the pools that other tests of this session keep open)."""
+    found, ours = [], {str(pid) for pool in _open_pools for pid in pool.pids}
+    for pid in set(filter(str.isdigit, os.listdir("/proc"))) - ours:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
