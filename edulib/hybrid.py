@@ -15,11 +15,13 @@ training on the whole batch.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from edulib import comm
 from edulib.comm.groups import Grid
 from edulib.dp.data_parallel import GradientBuckets
 from edulib.dp.zero import ZeroDataParallel
@@ -30,7 +32,17 @@ from edulib.tp.layers import ParallelBlock
 from edulib.tp.ops import gather, sync_gradients
 from edulib.tp.ops import split as split_sequence
 
-__all__ = ["Grid", "gpt_reference", "gpt_reference_adam", "hybrid_step"]
+__all__ = ["Grid", "by_dimension", "gpt_reference", "gpt_reference_adam", "hybrid_step"]
+
+
+def by_dimension(transfers: list[comm.Transfer]) -> dict[str, int]:
+    """Bytes a rank sent, by the grid dimension that sent them: the pipeline's messages (pp), the
+    gradients' reductions (dp) and the tensor-parallel layers' collectives (tp)."""
+    sent = {"dp": 0, "pp": 0, "tp": 0}
+    for transfer in transfers:
+        axis = "pp" if transfer.operation == "send" else "dp" if transfer.direction == "gradients" else "tp"
+        sent[axis] += transfer.nbytes
+    return sent
 
 
 class _SequenceSplit(nn.Module):
@@ -49,7 +61,9 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
                 hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0,
                 algorithm: str = "builtin", schedule: str = "gpipe", zero: int | None = None,
                 lr: float = 1e-3, sequence_parallel: bool = False, tokens: int = TOKENS) -> dict:
-    """One training step of tiny_gpt on the grid; this rank's gradients, named as in the full model.
+    """One training step of tiny_gpt on the grid; this rank's gradients, named as in the full model,
+    with what it measured: its pipeline actions and gradient reduction as (start, end) times, the
+    bytes it sent along each dimension and the bytes of the weights it holds.
 
     With `zero` (a ZeRO stage), the data-parallel dimension is sharded instead: ZeRO averages the
     gradients and takes one AdamW step of `lr`; the report also holds the updated weights.
@@ -80,20 +94,25 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
     inputs, targets = (tensor.chunk(dp)[d].chunk(microbatches)
                        for tensor in gpt_batch(batch, hidden, seed, tokens))
     neighbours = {q: grid.rank(d, q, t) for q in range(pp)}
-    with accumulate:
-        execute(build_schedule(schedule, pp, microbatches), p, {p: stage},
-                lambda y, target: nn.functional.mse_loss(y, target) / microbatches, inputs, targets,
-                shape=inputs[0].shape, links=Links({q: [r] for q, r in neighbours.items()}, neighbours))
-    if zero is None:
-        if sequence_parallel:  # each tp rank saw its tokens only: sum the replicated weights' parts
-            sync_gradients([w for block in blocks for w in block.replicated()], tensor_group, algorithm)
-        data_parallel.finish()
-        weights, gradients = {}, {id(p): p.grad for p in stage.parameters()}
-    else:
-        data_parallel.step()
-        weights, gradients = data_parallel.gathered(), data_parallel.gathered(gradients=True)
+    with comm.count_communication() as sent:
+        with accumulate:
+            events = execute(build_schedule(schedule, pp, microbatches), p, {p: stage},
+                             lambda y, target: nn.functional.mse_loss(y, target) / microbatches, inputs,
+                             targets, shape=inputs[0].shape,
+                             links=Links({q: [r] for q, r in neighbours.items()}, neighbours))
+        began = time.perf_counter()
+        if zero is None:
+            if sequence_parallel:  # each tp rank saw its tokens only: sum the replicated weights' parts
+                sync_gradients([w for block in blocks for w in block.replicated()], tensor_group, algorithm)
+            data_parallel.finish()
+            weights, gradients = {}, {id(p): p.grad for p in stage.parameters()}
+        else:
+            data_parallel.step()
+            weights, gradients = data_parallel.gathered(), data_parallel.gathered(gradients=True)
     report: dict = {"coordinates": (d, p, t), "gradients": {}, "parameters": {}, "sources": {},
-                    "process_groups": dist.get_pg_count()}
+                    "process_groups": dist.get_pg_count(), "events": events,
+                    "reduce": (began, time.perf_counter()), "sent": by_dimension(sent),
+                    "weight_bytes": sum(w.numel() * w.element_size() for w in stage.parameters())}
     for index, block in enumerate(blocks):
         for name, (full, where) in block.sources().items():  # the same names as in the full Block
             key = f"{offset + index}.{name}"

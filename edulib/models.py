@@ -46,6 +46,31 @@ def mlp(width: int = 32, depth: int = 8, seed: int = 0) -> nn.Sequential:
     return nn.Sequential(*blocks)
 
 
+class TiedLM(nn.Module):
+    """A tiny language model whose output layer reuses the embedding's weight (a tied weight) and
+    whose parameters differ in size: the case that tests where gradient buckets break."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.embed, self.mix = nn.Embedding(vocab, hidden), nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.head_bias = nn.Parameter(torch.zeros(vocab))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.norm(torch.tanh(self.mix(self.embed(tokens)))) @ self.embed.weight.t() + self.head_bias
+
+
+@built_on_host
+def tied_lm(vocab: int = 11, hidden: int = 6, seed: int = 0) -> TiedLM:
+    """A TiedLM with the same weights for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    model = TiedLM(vocab, hidden)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
+
+
 def split(model: nn.Sequential, parts: int) -> list[nn.Sequential]:
     """Cut a Sequential into `parts` consecutive pieces whose lengths differ by at most one."""
     if not 1 <= parts <= len(model):

@@ -1,4 +1,6 @@
-"""Lesson 02 exercises: a chunked ring all-reduce on real ranks, and halving-doubling as data."""
+"""Lesson 02 exercises: a chunked ring all-reduce on real ranks, halving-doubling as data, and an
+algorithm edulib does not ship: the 2D-torus all-reduce, as data that edulib simulates, prices and
+runs."""
 
 from __future__ import annotations
 
@@ -22,3 +24,18 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 def halving_doubling_schedule(n: int) -> Schedule:
     """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
     raise NotImplementedError('round k pairs v with v ^ (1 << k); keep half of your chunks, send the other half')
+
+
+def torus_schedule(rows: int, cols: int) -> Schedule:
+    """The 2D-torus all-reduce on rows x cols ranks (rank r * cols + c sits at row r, column c),
+    as an edulib Schedule of rows * cols chunks, every message between torus neighbours.
+
+    1. In each row, a ring reduce-scatter over cols super-chunks (super-chunk j is chunks
+       j * rows .. (j + 1) * rows - 1): column c ends with the row's sum of super-chunk c.
+    2. In each column, a ring all-reduce (reduce-scatter, then all-gather) of that super-chunk,
+       one chunk per row.
+    3. In each row, a ring all-gather of the super-chunks.
+    That is 2(cols - 1) + 2(rows - 1) rounds; each rank sends 2(cols - 1)/cols of the tensor in the
+    rows and 2(rows - 1)/(rows cols) of it in the columns.
+    """
+    raise NotImplementedError('ring round s: member i sends piece (i - s - 1) % size on (reduce); all-gather: (i - s) % size')

@@ -1,4 +1,4 @@
-"""Lesson 03 exercises: column- and row-parallel linear layers, forward and backward, by hand."""
+"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g."""
 
 from __future__ import annotations
 
@@ -26,3 +26,39 @@ def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_sh
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
     raise NotImplementedError('grad_y is the same on every rank (after the all-reduce): no communication is needed')
+
+
+class F(torch.autograd.Function):
+    """Megatron's f: the identity going forward, an all-reduce of the gradient going backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError('return x unchanged (x.view_as(x) keeps autograd happy)')
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("every rank's partial gradient of x, summed: all-reduce a copy of grad")
+
+
+class G(torch.autograd.Function):
+    """Megatron's g: an all-reduce going forward, the identity going backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("all-reduce a copy of x (never the caller's tensor in place)")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("the sum's gradient reaches every partial product unchanged")
+
+
+def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_shard: torch.Tensor
+                           ) -> torch.Tensor:
+    """This rank's output features x W_i^T + b_i, its input passed through F: the output stays split."""
+    raise NotImplementedError("F.apply(x), then a linear layer with this rank's rows of W and b")
+
+
+def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor
+                        ) -> torch.Tensor:
+    """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
+    raise NotImplementedError('G.apply of the partial product, then the bias once (after the sum)')

@@ -1,6 +1,13 @@
-"""Lesson 04 exercises: the 1F1B schedule as text, and the bubble fraction."""
+"""Lesson 04 exercises: the 1F1B schedule as text, the bubble fraction, and an executor that runs
+a 1F1B row on real ranks with sends and receives."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
 
 
 def one_f_one_b(p: int, m: int) -> list[str]:
@@ -11,3 +18,20 @@ def one_f_one_b(p: int, m: int) -> list[str]:
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The lecture's bubble fraction: bubble time over ideal time, with v chunks per device."""
     raise NotImplementedError('(p - 1) / m, divided by v for interleaving')
+
+
+def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], targets: list[torch.Tensor],
+                 shape: tuple[int, ...], loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Run this rank's row of a pipeline schedule, such as "F0 F1 B0 F2 B1 B2", on real ranks.
+
+    Rank r holds stage r of N = world size. `inputs` are the micro-batches (used by rank 0) and
+    `targets` their targets (used by rank N - 1), whose F computes loss(output, targets[mb]) and
+    whose B starts backward from that loss. Messages carry tensors of `shape` and no tags, so
+    each rank must send and receive in exactly this order:
+      F mb: if r > 0, receive the input from r - 1; run the stage; if r < N - 1, send the output to r + 1.
+      B mb: if r < N - 1, receive the output's gradient from r + 1; backward; if r > 0, send the
+            input's gradient to r - 1.
+    Receive with dist.recv; send with dist.isend and wait for every send at the end (two
+    neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
+    """
+    raise NotImplementedError("keep each micro-batch's (input, output) from its F until its B; input.requires_grad_() past rank 0")

@@ -1,4 +1,4 @@
-"""Lesson 08 exercise: Alpa's stage-slicing recurrence on a chain of operators."""
+"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes."""
 
 from __future__ import annotations
 
@@ -9,3 +9,18 @@ def best_slicing(costs: list[float], stages: int, microbatches: int) -> float:
     """The least pipeline latency sum(t_i) + (B - 1) max(t_j) over ways of cutting `costs` (one
     per operator, in order) into `stages` contiguous, non-empty stages, t_i = the stage's sum."""
     raise NotImplementedError('for each t_max, F(s, k) = min over i of cost(k..i) + F(s - 1, i + 1), cost <= t_max')
+
+
+def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: int,
+             microbatches: int) -> tuple[float, int]:
+    """Alpa's inter-op pass: the least pipeline latency over slicings into stages and submeshes.
+
+    times[s - 1][k][i][m] is the time of clusters k..i (inclusive) as a stage that has s - 1
+    stages after it, on submesh m of sizes[m] devices (inf where it does not fit). The stages use
+    all `devices` exactly. For each t_max among the distinct finite times, smallest first,
+    F(s, k, d; t_max) = min over i, m of times[s - 1][k][i][m] + F(s - 1, i + 1, d - sizes[m]),
+    counting only stages no slower than t_max, and the latency is min over s of F(s, 0, devices)
+    + (B - 1) t_max. Stop before a t_max with B t_max >= the best latency so far (Alpa's rule).
+    Returns (best latency, how many t_max values were tried); (inf, n) if nothing fits.
+    """
+    raise NotImplementedError('@cache a function of (s, k, d) inside the t_max loop; F(0, K, 0) = 0, F(0, other) = inf')

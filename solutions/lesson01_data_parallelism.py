@@ -1,8 +1,11 @@
-"""Lesson 01 exercise: one step of a synchronous parameter server."""
+"""Lesson 01 exercises: one step of a synchronous parameter server, then bucketed, overlapped
+gradient all-reduces driven by backward hooks (what PyTorch's DDP does)."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 
 def server_step(parameters: torch.Tensor, gradients: list[torch.Tensor], lr: float) -> torch.Tensor:
@@ -11,3 +14,69 @@ def server_step(parameters: torch.Tensor, gradients: list[torch.Tensor], lr: flo
     # HINT: w <- w - lr * (1/K) * sum of the K gradients
     return parameters - lr * torch.stack(gradients).mean(dim=0)
     # END SOLUTION
+
+
+class GradientBuckets:
+    """Average a model's gradients over all ranks in buckets, each all-reduced as one flat tensor.
+
+    Buckets fill in reverse order of model.parameters() (the order backward produces gradients):
+    a parameter joins the current bucket unless that would take the bucket past `bucket_bytes`
+    and the bucket is not empty, in which case it starts a new one. A post-accumulate-grad hook on
+    every parameter counts the gradients that are ready; with `overlap`, a bucket's all-reduce is
+    launched asynchronously (async_op=True) the moment its last gradient is ready, while backward
+    goes on. Without `overlap`, nothing is launched before `finish`.
+    """
+
+    def __init__(self, model: nn.Module, bucket_bytes: int, overlap: bool = True) -> None:
+        # BEGIN SOLUTION
+        # HINT: walk reversed(list(model.parameters())); register_post_accumulate_grad_hook(self.ready)
+        self.overlap, self.buckets, size = overlap, [[]], 0
+        for parameter in reversed(list(model.parameters())):
+            nbytes = parameter.numel() * parameter.element_size()
+            if self.buckets[-1] and size + nbytes > bucket_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(parameter)
+            size += nbytes
+            parameter.register_post_accumulate_grad_hook(self.ready)
+        self.bucket_of = {id(p): index for index, bucket in enumerate(self.buckets) for p in bucket}
+        self.waiting = [len(bucket) for bucket in self.buckets]
+        self.launched: dict[int, tuple[torch.Tensor, dist.Work]] = {}
+        # END SOLUTION
+
+    def ready(self, parameter: nn.Parameter) -> None:
+        """Backward's hook: `parameter.grad` is final for this step."""
+        # BEGIN SOLUTION
+        # HINT: count down the parameter's bucket; at zero (and with overlap) launch it
+        index = self.bucket_of[id(parameter)]
+        self.waiting[index] -= 1
+        if self.waiting[index] == 0 and self.overlap:
+            self.launch(index)
+        # END SOLUTION
+
+    def launch(self, index: int) -> None:
+        """Start the all-reduce of bucket `index`, flattened into one tensor, without waiting."""
+        # BEGIN SOLUTION
+        # HINT: torch.cat of the gradients reshaped to 1-D, then dist.all_reduce(flat, async_op=True)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
+        self.launched[index] = (flat, dist.all_reduce(flat, async_op=True))
+        # END SOLUTION
+
+    def finish(self) -> None:
+        """After backward: launch the buckets not launched yet, wait for all of them, and replace
+        every gradient by its average over the ranks; then get ready for the next step."""
+        # BEGIN SOLUTION
+        # HINT: wait() each launched work; copy slices of flat / world_size back with view_as
+        for index in range(len(self.buckets)):
+            if index not in self.launched:
+                self.launch(index)
+        for index, (flat, work) in sorted(self.launched.items()):
+            work.wait()
+            offset = 0
+            for parameter in self.buckets[index]:
+                count = parameter.numel()
+                parameter.grad.copy_(flat[offset:offset + count].view_as(parameter) / dist.get_world_size())
+                offset += count
+        self.waiting = [len(bucket) for bucket in self.buckets]
+        self.launched = {}
+        # END SOLUTION

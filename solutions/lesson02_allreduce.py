@@ -1,4 +1,6 @@
-"""Lesson 02 exercises: a chunked ring all-reduce on real ranks, and halving-doubling as data."""
+"""Lesson 02 exercises: a chunked ring all-reduce on real ranks, halving-doubling as data, and an
+algorithm edulib does not ship: the 2D-torus all-reduce, as data that edulib simulates, prices and
+runs."""
 
 from __future__ import annotations
 
@@ -59,4 +61,45 @@ def halving_doubling_schedule(n: int) -> Schedule:
         rounds.append(tuple(Message(v, v ^ (1 << step), *held[v][step + 1], "copy")
                             for v in range(n)))
     return Schedule("halving_doubling", "all_reduce", n, n, tuple(rounds))
+    # END SOLUTION
+
+
+def torus_schedule(rows: int, cols: int) -> Schedule:
+    """The 2D-torus all-reduce on rows x cols ranks (rank r * cols + c sits at row r, column c),
+    as an edulib Schedule of rows * cols chunks, every message between torus neighbours.
+
+    1. In each row, a ring reduce-scatter over cols super-chunks (super-chunk j is chunks
+       j * rows .. (j + 1) * rows - 1): column c ends with the row's sum of super-chunk c.
+    2. In each column, a ring all-reduce (reduce-scatter, then all-gather) of that super-chunk,
+       one chunk per row.
+    3. In each row, a ring all-gather of the super-chunks.
+    That is 2(cols - 1) + 2(rows - 1) rounds; each rank sends 2(cols - 1)/cols of the tensor in the
+    rows and 2(rows - 1)/(rows cols) of it in the columns.
+    """
+    # BEGIN SOLUTION
+    # HINT: ring round s: member i sends piece (i - s - 1) % size on (reduce); all-gather: (i - s) % size
+    def rounds(size: int, rank, piece, op: str, shift: int) -> list[tuple[Message, ...]]:
+        """Ring rounds along every row (or column): `rank(line, i)` is member i of a line."""
+        return [tuple(Message(rank(line, i), rank(line, (i + 1) % size),
+                              *piece(line, (i - s - shift) % size), op)
+                      for line in range(rows * cols // size) for i in range(size))
+                for s in range(size - 1)]
+
+    def row_member(r: int, c: int) -> int:
+        return r * cols + c
+
+    def column_member(c: int, r: int) -> int:
+        return r * cols + c
+
+    def super_chunk(r: int, j: int) -> tuple[int, int]:
+        return j * rows, (j + 1) * rows
+
+    def chunk(c: int, i: int) -> tuple[int, int]:
+        return c * rows + i, c * rows + i + 1
+
+    plan = (rounds(cols, row_member, super_chunk, "reduce", 1)  # 1. reduce-scatter in the rows
+            + rounds(rows, column_member, chunk, "reduce", 1)  # 2. all-reduce in the columns
+            + rounds(rows, column_member, chunk, "copy", 0)
+            + rounds(cols, row_member, super_chunk, "copy", 0))  # 3. all-gather in the rows
+    return Schedule("torus", "all_reduce", rows * cols, rows * cols, tuple(plan))
     # END SOLUTION

@@ -1,4 +1,4 @@
-"""Lesson 03 exercises: column- and row-parallel linear layers, forward and backward, by hand."""
+"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g."""
 
 from __future__ import annotations
 
@@ -46,4 +46,62 @@ def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_sh
     # BEGIN SOLUTION
     # HINT: grad_y is the same on every rank (after the all-reduce): no communication is needed
     return grad_y @ weight_shard, grad_y.t() @ x_shard
+    # END SOLUTION
+
+
+class F(torch.autograd.Function):
+    """Megatron's f: the identity going forward, an all-reduce of the gradient going backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: return x unchanged (x.view_as(x) keeps autograd happy)
+        return x.view_as(x)
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: every rank's partial gradient of x, summed: all-reduce a copy of grad
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+        # END SOLUTION
+
+
+class G(torch.autograd.Function):
+    """Megatron's g: an all-reduce going forward, the identity going backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: all-reduce a copy of x (never the caller's tensor in place)
+        total = x.clone()
+        dist.all_reduce(total)
+        return total
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: the sum's gradient reaches every partial product unchanged
+        return grad
+        # END SOLUTION
+
+
+def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_shard: torch.Tensor
+                           ) -> torch.Tensor:
+    """This rank's output features x W_i^T + b_i, its input passed through F: the output stays split."""
+    # BEGIN SOLUTION
+    # HINT: F.apply(x), then a linear layer with this rank's rows of W and b
+    return F.apply(x) @ weight_shard.t() + bias_shard
+    # END SOLUTION
+
+
+def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor
+                        ) -> torch.Tensor:
+    """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
+    # BEGIN SOLUTION
+    # HINT: G.apply of the partial product, then the bias once (after the sum)
+    return G.apply(x_shard @ weight_shard.t()) + bias
     # END SOLUTION

@@ -1,4 +1,4 @@
-"""Lesson 08 exercise: Alpa's stage-slicing recurrence on a chain of operators."""
+"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def best_slicing(costs: list[float], stages: int, microbatches: int) -> float:
     candidates = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)})
     best = float("inf")
     for t_max in candidates:
-        if (microbatches - 1) * t_max >= best:
-            break  # Alpa's early stop: later t_max can only be worse
+        if microbatches * t_max >= best:
+            break  # Alpa's early stop: every later plan has a stage slower than t_max
 
         @cache
         def fewest(s: int, k: int, t_max: float = t_max) -> float:
@@ -31,4 +31,41 @@ def best_slicing(costs: list[float], stages: int, microbatches: int) -> float:
         total = fewest(stages, 0)
         best = min(best, total + (microbatches - 1) * t_max)
     return best
+    # END SOLUTION
+
+
+def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: int,
+             microbatches: int) -> tuple[float, int]:
+    """Alpa's inter-op pass: the least pipeline latency over slicings into stages and submeshes.
+
+    times[s - 1][k][i][m] is the time of clusters k..i (inclusive) as a stage that has s - 1
+    stages after it, on submesh m of sizes[m] devices (inf where it does not fit). The stages use
+    all `devices` exactly. For each t_max among the distinct finite times, smallest first,
+    F(s, k, d; t_max) = min over i, m of times[s - 1][k][i][m] + F(s - 1, i + 1, d - sizes[m]),
+    counting only stages no slower than t_max, and the latency is min over s of F(s, 0, devices)
+    + (B - 1) t_max. Stop before a t_max with B t_max >= the best latency so far (Alpa's rule).
+    Returns (best latency, how many t_max values were tried); (inf, n) if nothing fits.
+    """
+    # BEGIN SOLUTION
+    # HINT: @cache a function of (s, k, d) inside the t_max loop; F(0, K, 0) = 0, F(0, other) = inf
+    count = len(times[0])
+    candidates = sorted({t for by_s in times for by_k in by_s for by_i in by_k for t in by_i
+                         if t != float("inf")})
+    best, tried = float("inf"), 0
+    for t_max in candidates:
+        if microbatches * t_max >= best:
+            break
+        tried += 1
+
+        @cache
+        def least(s: int, k: int, d: int, t_max: float = t_max) -> float:
+            if s == 0:
+                return 0.0 if k == count and d == 0 else float("inf")
+            return min((times[s - 1][k][i][m] + least(s - 1, i + 1, d - size)
+                        for i in range(k, count) for m, size in enumerate(sizes)
+                        if size <= d and times[s - 1][k][i][m] <= t_max), default=float("inf"))
+
+        total = min(least(s, 0, devices) for s in range(1, len(times) + 1))
+        best = min(best, total + (microbatches - 1) * t_max)
+    return best, tried
     # END SOLUTION

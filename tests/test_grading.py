@@ -84,7 +84,7 @@ def test_a_planted_wrong_answer_gets_expected_against_got_on_the_visible_case(tm
         def server_step(parameters, gradients, lr):
             return parameters  # forgot the update
     """)
-    visible, hidden = grade(path, progress=False)
+    visible, hidden, *_ = grade(path, progress=False)
     assert visible.points == hidden.points == 0
     assert visible.feedback.startswith("3 workers, 5 parameters: server_step's result holds")
     assert "expected" in visible.feedback
@@ -156,12 +156,64 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
             schedule = edulib.pp.build_schedule("1f1b", p, m)
             return [" ".join(str(a) for a in row) for row in schedule.rows]
      """, "1F1B schedule", "the 1F1B schedule"),
+    ("lesson01_data_parallelism", """
+        from edulib.dp.data_parallel import GradientBuckets as Theirs
+
+        class GradientBuckets(Theirs):
+            def finish(self):
+                super().finish()
+     """, "gradient buckets", "gradient buckets"),
+    ("lesson03_tensor_parallelism", """
+        from torch.distributed.nn.functional import all_reduce
+
+        def column_parallel_linear(x, weight_shard, bias_shard):
+            return x @ weight_shard.t() + bias_shard
+
+        def row_parallel_linear(x_shard, weight_shard, bias):
+            return all_reduce(x_shard @ weight_shard.t()) + bias
+     """, "f and g", "f and g"),
+    ("lesson04_pipeline", """
+        from edulib.pp.executor import execute
+
+        def run_pipeline(actions, stage, inputs, targets, shape, loss):
+            execute(actions, 0, {0: stage}, loss, inputs, targets, shape)
+     """, "pipeline executor", "the pipeline executor"),
 ])
 def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, body, check, what):
     results = [r for r in grade(_submit(tmp_path, name, body), progress=False) if r.check.startswith(check)]
     assert [r.points for r in results] == [0, 0]
     assert all(r.feedback.startswith(f"this exercise must implement {what} itself") for r in results), \
         [r.feedback for r in results]
+
+
+@pytest.mark.parametrize(("name", "wrong", "right", "check", "said"), [
+    ("lesson01_data_parallelism", "if self.waiting[index] == 0 and self.overlap:", "if False:",
+     "gradient buckets", "with overlap every bucket is launched with async_op=True during backward"),
+    ("lesson01_data_parallelism", "if self.buckets[-1] and size + nbytes > bucket_bytes:",
+     "if self.buckets[-1]:", "gradient buckets",
+     "buckets of at most 1048576 bytes filled in reverse order hold [131]"),
+    ("lesson01_data_parallelism", "/ dist.get_world_size())", ")", "gradient buckets",
+     "step 1, rank 0: the gradient of head_bias holds"),
+    ("lesson02_allreduce", "rank(line, (i + 1) % size)", "rank(line, (i + 2) % size)", "2D-torus schedule",
+     "a 2 x 2 torus: rank"),
+    ("lesson03_tensor_parallelism", "unchanged\n        return grad",
+     "unchanged\n        dist.all_reduce(grad)\n        return grad", "f and g", "2 ranks, x of shape"),
+    ("lesson04_pipeline", "for action in actions.split():",
+     "for action in sorted(actions.split(), key=lambda action: action[0] == 'B'):", "pipeline executor",
+     "rank 0 sent and received"),
+    ("lesson07_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
+     "grid_groups(2, 2, 2): the pp groups are"),
+    ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
+     "        if (microbatches - 1) * t_max >= best:\n            break\n        tried", "inter-op program",
+     "with Alpa's stop rule (B t_max >= the best so far) the program tries"),
+])
+def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
+    source = (ROOT / "solutions" / f"{name}.py").read_text()
+    assert source.count(wrong) == 1, wrong
+    path = _submit(tmp_path, name, source.replace(wrong, right))
+    visible, hidden = (r for r in grade(path, progress=False) if r.check in (check, f"{check} (hidden)"))
+    assert visible.points + hidden.points < visible.max_points + hidden.max_points
+    assert said in visible.feedback + hidden.feedback, (visible.feedback, hidden.feedback)
 
 
 def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
@@ -186,7 +238,7 @@ def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
             while True:
                 pass
     """)
-    visible, hidden = grade(path, time_limit=3, progress=False)
+    visible, hidden, *_ = grade(path, time_limit=3, progress=False)
     assert visible.points == hidden.points == 0
     assert visible.feedback == "no answer within 3 s of CPU time: an infinite loop?"
     assert visible.seconds < 3 + 15 + 10
@@ -212,7 +264,7 @@ def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
 ])
 def test_a_crash_at_import_is_named_as_such(tmp_path, body, feedback):
     results = grade(_submit(tmp_path, "lesson01_data_parallelism", body), progress=False)
-    assert [r.feedback for r in results] == [feedback, feedback]
+    assert [r.feedback for r in results] == [feedback] * 4  # both checks, visible and hidden
 
 
 def test_a_file_that_is_not_an_exercise_is_refused_clearly(tmp_path):
@@ -235,7 +287,8 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["submissions"], "wrote into the current folder"
     captured = capsys.readouterr()
     most = sum(c.points + c.hidden_points for checks in CHECKS.values() for c in checks)
-    assert f"alice: 2/{most} points" in captured.out and f"bob: 0/{most} points" in captured.out
+    full = sum(c.points + c.hidden_points for c in CHECKS["lesson01_data_parallelism"])  # alice's score
+    assert f"alice: {full}/{most} points" in captured.out and f"bob: 0/{most} points" in captured.out
     for warning in ("alice/notes.py: ignored, not an exercise file", "alice/old/lesson08_alpa.py: ignored, "
                     "a copy in a subfolder", "stray.py: ignored, a file outside any student's folder"):
         assert warning in captured.err
@@ -251,9 +304,10 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     with open(tmp_path / "out" / "grades.csv") as file:
         table = list(csv.DictReader(file))
     assert [(r["student"], r["lesson01_data_parallelism"], r["lesson02_allreduce"], r["total"], r["max"])
-            for r in table] == [("alice", "2", "0", "2", str(most)), ("bob", "0", "0", "0", str(most))]
+            for r in table] == [("alice", str(full), "0", str(full), str(most)),
+                                ("bob", "0", "0", "0", str(most))]
     gradescope = json.loads((tmp_path / "out" / "gradescope" / "alice" / "results.json").read_text())
-    assert gradescope["score"] == 2 and len(gradescope["tests"]) == len(rows) // 2
+    assert gradescope["score"] == full and len(gradescope["tests"]) == len(rows) // 2
     hidden = [t for t in gradescope["tests"] if t["name"].endswith("(hidden)")]
     assert hidden and all(t["visibility"] == "after_published" for t in hidden)
     assert {"name", "score", "max_score", "output", "visibility"} == set(gradescope["tests"][0])

@@ -43,6 +43,8 @@ def _graded(tmp_path: Path, body: str, name: str = "lesson01_data_parallelism", 
     path.write_text(textwrap.dedent(body))
     results = grade(path, progress=False, **options)
     assert not _strays(), _strays()
+    if name == "lesson01_data_parallelism":  # the plants answer the server step only
+        return [result for result in results if result.check.startswith("server step")]
     return results
 
 
@@ -241,7 +243,7 @@ def test_in_the_sandbox_a_classmate_and_the_network_are_out_of_reach(tmp_path):
     results = grade(course, progress=False, sandbox=True)
     assert not _strays()
     points = {student: sum(r.points for r in results if r.student == student and
-                           r.exercise == "lesson01_data_parallelism") for student in ("alice", "bob")}
+                           r.check.startswith("server step")) for student in ("alice", "bob")}
     assert points == {"alice": 2, "bob": 0}, [r.feedback for r in results if r.exercise[6:8] == "01"]
     assert (course / "alice" / "lesson01_data_parallelism.py").read_text() == SOLUTION
 

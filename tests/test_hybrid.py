@@ -80,3 +80,19 @@ def test_a_grid_that_does_not_match_the_ranks_is_refused():
             pool.run(hybrid_step, 1, 1, 2, sequence_parallel=True)
         with pytest.raises(RankError, match="use it with zero=None"):
             pool.run(hybrid_step, 2, 1, 1, sequence_parallel=True, zero=1)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 1), (1, 2, 2), (2, 1, 2)])
+def test_each_dimension_sends_what_its_formula_says(shape, pool4):
+    dp, pp, tp = shape
+    microbatches, batch, hidden = 2, 8, 16
+    reports = pool4.run(hybrid_step, *shape, batch=batch, microbatches=microbatches, hidden=hidden,
+                        algorithm="ring", schedule="1f1b")
+    activation = 4 * (batch // dp // microbatches) * TOKENS * hidden  # one micro-batch between stages
+    for report in reports:
+        sent, weights = report["sent"], report["weight_bytes"]
+        assert sent["dp"] == 2 * (dp - 1) * weights // dp  # the ring over the replicas, once per step
+        assert sent["pp"] == microbatches * activation * (pp > 1)  # forward from stage 0, backward from 1
+        assert (sent["tp"] > 0) == (tp > 1)
+        assert all(start <= end for _, start, end in [*report["events"], (None, *report["reduce"])])
+        assert {action.kind for action, _, _ in report["events"]} == {"F", "B"}

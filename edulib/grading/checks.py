@@ -125,6 +125,71 @@ def _server_judge(case: Case, answer: Any) -> None:
     _tensor(answer, want, "server_step's result", atol=1e-6)
 
 
+def _bucket_sizes(model: torch.nn.Module, bucket_bytes: int) -> list[int]:
+    """Elements in each bucket, first launched first: parameters in reverse order, greedily packed."""
+    sizes, used = [[]], 0
+    for parameter in reversed(list(model.parameters())):
+        nbytes = 4 * parameter.numel()
+        if sizes[-1] and used + nbytes > bucket_bytes:
+            sizes.append([])
+            used = 0
+        sizes[-1].append(parameter.numel())
+        used += nbytes
+    return [sum(bucket) for bucket in sizes]
+
+
+def _bucket_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, vocab: int, hidden: int, bucket_bytes: int, overlap: bool, hide: bool) -> Case:
+        generator = torch.Generator().manual_seed(rng.randrange(2**31))
+        batch = rng.randint(1, 3)
+        tokens, targets = (torch.randint(vocab, (2, ranks, batch, 2), generator=generator) for _ in range(2))
+        return Case({"ranks": ranks, "vocab": vocab, "hidden": hidden, "seed": rng.randrange(1000),
+                     "bucket_bytes": bucket_bytes, "overlap": overlap, "tokens": tokens, "targets": targets},
+                    f"{ranks} ranks, vocabulary {vocab}, hidden {hidden}, buckets of {bucket_bytes} bytes, "
+                    f"overlap={overlap}", hide)
+    hidden = [case(rng.randint(3, 4), rng.randint(5, 13), rng.randint(2, 7), rng.randint(40, 400), overlap,
+                   True) for overlap in (True, False)]
+    return [case(2, 11, 6, 1 << 20, True, False), case(2, 11, 6, 400, True, False),  # 1 and 2 buckets
+            case(2, 11, 6, 300, False, False), *hidden, case(3, 11, 6, 100, True, True)]  # 3, then more
+
+
+def _bucket_judge(case: Case, answer: Any) -> None:
+    from edulib.models import tied_lm
+
+    inputs = case.inputs
+    model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
+    sizes = _bucket_sizes(model, inputs["bucket_bytes"])
+    for rank, found in enumerate(_per_rank(answer, inputs["ranks"])):
+        if type(found) is not dict or len(found.get("grads", ())) != 2 or len(found.get("launches", ())) != 2:
+            raise Wrong(f"rank {rank} sent no result for both steps", "a rank sent no result")
+        for step in range(2):
+            model.zero_grad()
+            tokens, targets = inputs["tokens"][step], inputs["targets"][step]
+            torch.nn.functional.cross_entropy(model(tokens).flatten(0, -2), targets.flatten()).backward()
+            names = [name for name, _ in model.named_parameters()]
+            grads = found["grads"][step]
+            if type(grads) is not list or len(grads) != len(names):
+                raise Wrong(f"rank {rank}: {len(grads)} gradients, the model has {len(names)} parameters",
+                            "not one gradient per parameter")
+            for name, got, parameter in zip(names, grads, model.parameters(), strict=True):
+                _tensor(got, parameter.grad, f"step {step + 1}, rank {rank}: the gradient of {name}")
+            launches = found["launches"][step]
+            got = sorted(launch[0] for launch in launches)  # launched as they fill: any order
+            if got != sorted(sizes):
+                raise Wrong(f"step {step + 1}, rank {rank}: all-reduces of {got} elements through "
+                            f"dist.all_reduce; buckets of at most {inputs['bucket_bytes']} bytes filled in "
+                            f"reverse order hold {sorted(sizes)}", "not the buckets the lesson's rule makes")
+            early = [launch[2] for launch in launches]
+            if inputs["overlap"] and not all(early) or not all(launch[1] for launch in launches):
+                raise Wrong(f"step {step + 1}, rank {rank}: with overlap every bucket is launched with "
+                            "async_op=True during backward, the moment it fills",
+                            "buckets not launched asynchronously during backward")
+            if not inputs["overlap"] and any(early):
+                raise Wrong(f"step {step + 1}, rank {rank}: without overlap nothing is launched before "
+                            "finish",
+                            "launched during backward without overlap")
+
+
 # -- lesson 2: all-reduce --------------------------------------------------------------------------
 
 def _ring_sends(length: int, ranks: int, rank: int) -> int:
@@ -174,19 +239,20 @@ def _halving_cases(rng: random.Random) -> list[Case]:
     return [Case({"n": n}, f"{n} ranks", n > 4) for n in (2, 4, 8, 16)]
 
 
-def _halving_judge(case: Case, answer: Any) -> None:
+def _all_reduce_schedule(answer: Any, n: int) -> Any:
+    """Rebuild a submitted schedule, check that it is an all-reduce on n ranks whose simulation
+    gives every rank the sum, and return its cost for chunks of 8 bytes."""
     import numpy as np
 
     from edulib.comm import Message, Schedule, cost, expected, simulate
 
-    n = case.inputs["n"]
     try:
         schedule = Schedule(answer["name"], answer["collective"], answer["world_size"], answer["chunks"],
                             tuple(tuple(Message(*message) for message in messages)
                                   for messages in answer["rounds"]), answer["root"])
-        buffers = [np.arange(n * 3) * (rank + 1) for rank in range(n)]
+        buffers = [np.arange(schedule.chunks * 3) * (rank + 1) for rank in range(n)]
         pairs = list(zip(simulate(schedule, buffers), expected(schedule, buffers), strict=True))
-        counted = cost(schedule, 8 * n)
+        counted = cost(schedule, 8 * schedule.chunks)
     except (TypeError, ValueError, KeyError) as error:
         raise Wrong(f"the schedule for {n} ranks is not a valid edulib Schedule: {error}",
                     "not a valid edulib Schedule") from error
@@ -196,10 +262,54 @@ def _halving_judge(case: Case, answer: Any) -> None:
     for rank, (got, want) in enumerate(pairs):
         if not np.array_equal(got, want):
             raise Wrong(f"rank {rank} ends with {got[:4]}..., expected {want[:4]}...", "wrong sums")
+    return schedule, counted
+
+
+def _halving_judge(case: Case, answer: Any) -> None:
+    n = case.inputs["n"]
+    counted = _all_reduce_schedule(answer, n)[1]
     rounds, most = 2 * (n.bit_length() - 1), 2 * (n - 1) * 8
     if counted.rounds != rounds or counted.max_bytes_per_rank != most:
         raise Wrong(f"{counted.rounds} rounds and {counted.max_bytes_per_rank} bytes per rank; "
                     f"halving-doubling takes {rounds} and {most}", "not halving-doubling's rounds or bytes")
+
+
+def _torus_cases(rng: random.Random) -> list[Case]:
+    grids = [(2, 2), (2, 4), (rng.randint(2, 5), rng.randint(2, 5)), (1, rng.randint(2, 6)),
+             (rng.randint(2, 6), 1), (3, 5)]
+    return [Case({"rows": rows, "cols": cols}, f"a {rows} x {cols} torus", index >= 2)
+            for index, (rows, cols) in enumerate(grids)]
+
+
+def _torus_judge(case: Case, answer: Any) -> None:
+    rows, cols = case.inputs["rows"], case.inputs["cols"]
+    schedule, counted = _all_reduce_schedule(answer, rows * cols)
+    for message in (m for messages in schedule.rounds for m in messages):
+        (r1, c1), (r2, c2) = divmod(message.src, cols), divmod(message.dst, cols)
+        if not (r1 == r2 and (c2 - c1) % cols in (1, cols - 1)
+                or c1 == c2 and (r2 - r1) % rows in (1, rows - 1)):
+            raise Wrong(f"rank {message.src} sends to rank {message.dst}, not its neighbour on the torus",
+                        "a message between ranks that are not torus neighbours")
+    rounds = 2 * (cols - 1) + 2 * (rows - 1)
+    most = 8 * (2 * (cols - 1) * rows + 2 * (rows - 1))  # chunks of 8 bytes: M = 8 rows cols
+    if counted.rounds != rounds or counted.max_bytes_per_rank != most:
+        raise Wrong(f"{counted.rounds} rounds and {counted.max_bytes_per_rank} bytes per rank (chunks of 8 "
+                    f"bytes); the torus takes {rounds} and {most}", "not the torus's rounds or bytes")
+
+
+def _torus_run_cases(rng: random.Random) -> list[Case]:
+    def case(rows: int, cols: int, hidden: bool) -> Case:
+        length = rng.randint(0, 20) if hidden else 10
+        return Case({"ranks": rows * cols, "rows": rows, "cols": cols,
+                     "inputs": _tensors(rng, *[(length,)] * (rows * cols), integers=True)},
+                    f"a {rows} x {cols} torus, length {length}", hidden)
+    return [case(2, 2, False), case(2, 3, True), case(3, 2, True)]
+
+
+def _torus_run_judge(case: Case, answer: Any) -> None:
+    total = sum(case.inputs["inputs"])
+    for rank, got in enumerate(_per_rank(answer, case.inputs["ranks"])):
+        _tensor(got, total, f"rank {rank}'s tensor after running your schedule", atol=0)
 
 
 # -- lesson 3: tensor parallelism ----------------------------------------------------------------
@@ -239,6 +349,38 @@ def _tensor_parallel_judge(case: Case, answer: Any) -> None:
                 got = [got]
             for value, want, name in zip(got, wants[part], names, strict=True):
                 _tensor(value, want, f"rank {rank}: {function}'s {name}")
+
+
+def _mlp_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, hidden: bool) -> Case:
+        batch, width, inner = rng.randint(1, 4), rng.randint(2, 6), ranks * rng.randint(1, 3)
+        tensors = _tensors(rng, (batch, width), (inner, width), (inner,), (width, inner), (width,),
+                           (batch, width))
+        names = ("x", "w1", "b1", "w2", "b2", "grad_y")
+        return Case({"ranks": ranks, **dict(zip(names, tensors, strict=True))},
+                    f"{ranks} ranks, x of shape {(batch, width)}, {inner} hidden features", hidden)
+    return [case(2, False), case(3, True), case(4, True), case(2, True)]
+
+
+def _mlp_judge(case: Case, answer: Any) -> None:
+    names = ("x", "w1", "b1", "w2", "b2")
+    leaves = {name: case.inputs[name].clone().requires_grad_() for name in names}
+    y = torch.nn.functional.linear(torch.nn.functional.gelu(
+        torch.nn.functional.linear(leaves["x"], leaves["w1"], leaves["b1"])), leaves["w2"], leaves["b2"])
+    (y * case.inputs["grad_y"]).sum().backward()
+    ranks = case.inputs["ranks"]
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", *names}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        _tensor(found["y"], y.detach(), f"rank {rank}'s output")
+        shards = {"x": leaves["x"].grad, "w1": leaves["w1"].grad.chunk(ranks, 0)[rank],
+                  "b1": leaves["b1"].grad.chunk(ranks, 0)[rank],
+                  "w2": leaves["w2"].grad.chunk(ranks, 1)[rank], "b2": leaves["b2"].grad}
+        for name, want in shards.items():
+            what = "the input's gradient" if name == "x" else f"the gradient of {name}'s shard"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
+            _tensor(found[name], want, f"rank {rank}: {what}")
 
 
 # -- lesson 4: pipelines ---------------------------------------------------------------------------
@@ -284,6 +426,51 @@ def _bubble_judge(case: Case, answer: Any) -> None:
     want = simulate(build_schedule("interleaved_1f1b" if v > 1 else "1f1b", p, m, v), 1, 2).bubble_fraction
     if type(answer) not in (int, float) or abs(answer - want) > 1e-9:
         raise Wrong(f"returned {answer!r}, the simulator measures {want}", "differs from the simulator")
+
+
+def _pipeline_cases(rng: random.Random) -> list[Case]:
+    from edulib.pp import build_schedule
+
+    def case(stages: int, microbatches: int, hidden: bool) -> Case:
+        width, batch, depth = rng.randint(2, 6), rng.randint(1, 3), stages + rng.randint(0, 2)
+        inputs = _tensors(rng, *[(batch, width)] * microbatches)
+        targets = _tensors(rng, *[(batch, width)] * microbatches)
+        rows = [" ".join(action.short(1) for action in row)
+                for row in build_schedule("1f1b", stages, microbatches).actions]
+        return Case({"ranks": stages, "width": width, "depth": depth, "batch": batch,
+                     "seed": rng.randrange(1000), "inputs": inputs, "targets": targets, "actions": rows},
+                    f"1F1B on {stages} stages, {microbatches} micro-batches of {batch} x {width}", hidden)
+    return [case(2, 4, False), case(3, 4, False), case(4, rng.randint(5, 7), True), case(3, 2, True),
+            case(2, 1, True)]
+
+
+def _pipeline_judge(case: Case, answer: Any) -> None:
+    from edulib.models import mlp, split
+
+    inputs = case.inputs
+    ranks, model = inputs["ranks"], mlp(inputs["width"], inputs["depth"], inputs["seed"])
+    torch.nn.functional.mse_loss(model(torch.cat(inputs["inputs"])), torch.cat(inputs["targets"])).backward()
+    size = inputs["batch"] * inputs["width"]
+    for rank, (found, stage) in enumerate(zip(_per_rank(answer, ranks), split(model, ranks), strict=True)):
+        if type(found) is not dict or type(found.get("messages")) is not list or "grads" not in found:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        want = []
+        for action in inputs["actions"][rank].split():
+            toward, back = (rank - 1, rank + 1) if action[0] == "F" else (rank + 1, rank - 1)
+            want += [["recv", toward, size]] * (0 <= toward < ranks)
+            want += [["send", back, size]] * (0 <= back < ranks)
+        if found["messages"] != want:
+            raise Wrong(f"rank {rank} sent and received {found['messages']}; the row "
+                        f"{inputs['actions'][rank]!r} needs [kind, peer, elements] = {want}",
+                        f"rank {rank}'s messages are not in the schedule's order")
+        grads = found["grads"]
+        parameters = list(stage.named_parameters())
+        if type(grads) is not list or len(grads) != len(parameters):
+            raise Wrong(f"rank {rank}: not one gradient per parameter of its stage", "gradients missing")
+        for (name, parameter), got in zip(parameters, grads, strict=True):
+            if got is None:
+                raise Wrong(f"rank {rank}: {name} has no gradient", "a parameter has no gradient")
+            _tensor(got, parameter.grad, f"rank {rank}: the gradient of stage parameter {name}")
 
 
 # -- lesson 5: sharding ----------------------------------------------------------------------------
@@ -368,6 +555,34 @@ def _attention_judge(case: Case, answer: Any) -> None:
         _tensor(got, shard_sequence(full, rank, inputs["ranks"]), f"rank {rank}'s output")
 
 
+# -- lesson 7: hybrid parallelism ------------------------------------------------------------------
+
+def _grid_cases(rng: random.Random) -> list[Case]:
+    shapes = [(2, 2, 2), (1, 2, 4), (rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 3)),
+              (4, 1, 2), (2, 3, 1)]
+    return [Case({"dp": dp, "pp": pp, "tp": tp}, f"grid_groups({dp}, {pp}, {tp})", index >= 2)
+            for index, (dp, pp, tp) in enumerate(shapes)]
+
+
+def _grid_judge(case: Case, answer: Any) -> None:
+    sizes = {axis: case.inputs[axis] for axis in ("dp", "pp", "tp")}
+    ranks = {coordinates: number for number, coordinates in
+             enumerate(itertools.product(*(range(size) for size in sizes.values())))}
+    if type(answer) is not dict or set(answer) != set(sizes):
+        raise Wrong("grid_groups must return a dict with the keys 'dp', 'pp' and 'tp'", "not the three axes")
+    for position, axis in enumerate(sizes):
+        want = sorted(sorted(number for coordinates, number in ranks.items()
+                             if coordinates[:position] + coordinates[position + 1:] == rest)
+                      for rest in {c[:position] + c[position + 1:] for c in ranks})
+        got = answer[axis]
+        if (type(got) is not list or not all(type(group) is list and all(type(r) is int for r in group)
+                                             for group in got) or sorted(got) != want):
+            raise Wrong(f"the {axis} groups are {got}, expected {want}", f"wrong {axis} groups")
+        if any(group != sorted(group) for group in got):
+            raise Wrong(f"the {axis} groups {got} are not each in increasing order",
+                        "groups not in increasing order")
+
+
 # -- lesson 8: the planner ---------------------------------------------------------------------------
 
 def _slicing_cases(rng: random.Random) -> list[Case]:
@@ -390,12 +605,52 @@ def _slicing_judge(case: Case, answer: Any) -> None:
                     "differs from exhaustive search")
 
 
+def _inter_op_cases(rng: random.Random) -> list[Case]:
+    def case(clusters: int, sizes: list[int], devices: int, batches: int, hidden: bool) -> Case:
+        work = [rng.randint(1, 9) for _ in range(clusters)]
+        stages = min(clusters, devices)
+        times = torch.full((stages, clusters, clusters, len(sizes)), float("inf"), dtype=torch.float64)
+        for s, k, m in itertools.product(range(stages), range(clusters), range(len(sizes))):
+            for i in range(k, clusters):
+                if rng.random() > 0.15:  # a stage that does not fit in memory stays inf
+                    times[s, k, i, m] = round(sum(work[k:i + 1]) / sizes[m] ** 0.8 + 0.25 * s, 3)
+        return Case({"times": times, "sizes": sizes, "devices": devices, "microbatches": batches},
+                    f"{clusters} clusters on {devices} devices, submeshes of {sizes} devices, "
+                    f"B = {batches}", hidden)
+    return [case(3, [1, 2], 2, 4, False), case(4, [1, 2, 4], 4, 8, False),
+            *(case(rng.randint(2, 5), [1, 2, 4][:rng.randint(1, 3)], rng.randint(1, 4), rng.randint(1, 12),
+                   True) for _ in range(3))]
+
+
+def _inter_op_judge(case: Case, answer: Any) -> None:
+    from types import SimpleNamespace
+
+    from edulib.planner.inter import exhaustive_inter_op, inter_op
+
+    times, sizes = case.inputs["times"].numpy(), case.inputs["sizes"]
+    table = SimpleNamespace(time=times, sizes=sizes, ranges=[(k, k + 1) for k in range(times.shape[1])])
+    devices, batches = case.inputs["devices"], case.inputs["microbatches"]
+    best = exhaustive_inter_op(table, devices, batches)
+    tried = inter_op(table, devices, batches)[2]["t_max tried"]
+    if type(answer) is not list or len(answer) != 2 or type(answer[0]) not in (int, float):
+        raise Wrong("inter_op must return (latency, t_max values tried)", "not (latency, t_max tried)")
+    if not (answer[0] == best or abs(answer[0] - best) <= 1e-9):
+        raise Wrong(f"latency {answer[0]!r}, exhaustive search finds {best}",
+                    "differs from exhaustive search")
+    if answer[1] != tried:
+        raise Wrong(f"tried {answer[1]!r} values of t_max; with Alpa's stop rule (B t_max >= the best so "
+                    f"far) the program tries {tried}",
+                    "tried a different number of t_max values than Alpa's rule")
+
+
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
                 "scatter")
 
 FORBIDDEN: dict[str, list[tuple[str, str]]] = {
-    "lesson01_data_parallelism": [("edulib.dp.server.parameter_server", "the server's update")],
+    "lesson01_data_parallelism": [("edulib.dp.server.parameter_server", "the server's update"),
+                                  ("edulib.dp.data_parallel.GradientBuckets", "gradient buckets"),
+                                  ("torch.nn.parallel.DistributedDataParallel", "gradient buckets")],
     "lesson02_allreduce": [
         *((f"torch.distributed.{name}", "the ring all-reduce") for name in _COLLECTIVES),
         *((f"edulib.comm.collectives.{name}", "the ring all-reduce")
@@ -407,42 +662,63 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         *((f"edulib.tp.ops.{name}", "the column- and row-parallel layers")
           for name in ("f", "g", "gather", "split", "gathered_linear")),
         *((f"edulib.tp.layers.{name}", "the column- and row-parallel layers")
-          for name in ("ColumnParallelLinear", "RowParallelLinear"))],
+          for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")),
+        *((f"torch.distributed.nn.functional.{name}", "f and g")
+          for name in ("all_reduce", "reduce_scatter"))],
     "lesson04_pipeline": [
         *((f"edulib.pp.schedules.{name}", "the 1F1B schedule")
           for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
-        *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio"))],
+        *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio")),
+        *((f"edulib.pp.{name}", "the pipeline executor")
+          for name in ("executor.execute", "runtime.train_step")),
+        *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
+          for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))],
     "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
                           ("edulib.dp.zero.ZeroDataParallel", "the sharded step")],
     "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
-    "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the stage slicing")
-                      for name in ("inter_op", "exhaustive_inter_op", "latency_table")],
+    "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups")],
+    "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
+                      for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
 }
 
 CHECKS: dict[str, list[Check]] = {
     "lesson01_data_parallelism": [
         Check("server step", 1, 1, "server_step", _server_cases, _server_judge,
               "the average of the workers' gradients, one SGD step",
-              "other worker counts, 0 and 1 parameters")],
+              "other worker counts, 0 and 1 parameters"),
+        Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
+              "gradients equal to one process's, buckets launched as they fill",
+              "3 and 4 ranks, other models and bucket sizes, with and without overlap")],
     "lesson02_allreduce": [
         Check("ring all-reduce", 3, 3, "ring", _ring_cases, _ring_judge,
               "every rank holds the sum and sends a ring's bytes",
               "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1"),
         Check("halving-doubling schedule", 2, 1, "halving_doubling", _halving_cases, _halving_judge,
-              "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks")],
+              "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks"),
+        Check("2D-torus schedule", 3, 2, "torus", _torus_cases, _torus_judge,
+              "simulated sums, neighbours only, the torus's rounds and bytes",
+              "other torus shapes, rows or columns of 1"),
+        Check("2D torus on real ranks", 2, 1, "torus_run", _torus_run_cases, _torus_run_judge,
+              "edulib's runtime gives every rank the sum", "6 ranks, other lengths")],
     "lesson03_tensor_parallelism": [
-        Check("forward", 2, 1, "tensor_parallel", _tensor_parallel_cases(["column", "row"]),
+        Check("forward", 1, 1, "tensor_parallel", _tensor_parallel_cases(["column", "row"]),
               _tensor_parallel_judge, "equal to the full layer's forward pass",
               "3 and 4 ranks, other shapes"),
-        Check("backward", 2, 1, "tensor_parallel",
+        Check("backward", 1, 1, "tensor_parallel",
               _tensor_parallel_cases(["column_backward", "row_backward"]), _tensor_parallel_judge,
-              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes")],
+              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes"),
+        Check("f and g", 3, 3, "parallel_mlp", _mlp_cases, _mlp_judge,
+              "an MLP of your layers: output and every gradient equal to the full module's",
+              "3 and 4 ranks, other shapes")],
     "lesson04_pipeline": [
-        Check("1F1B schedule", 2, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
+        Check("1F1B schedule", 1, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
               "valid, 1F1B's bubble, at most p micro-batches in flight",
               "other stage and micro-batch counts, fewer micro-batches than stages"),
         Check("bubble fraction", 1, 1, "bubble_fraction", _bubble_cases, _bubble_judge,
-              "matches the simulator", "other sizes, interleaved or not")],
+              "matches the simulator", "other sizes, interleaved or not"),
+        Check("pipeline executor", 4, 3, "pipeline", _pipeline_cases, _pipeline_judge,
+              "gradients equal to the unsplit model's, messages in the schedule's order",
+              "4 stages, fewer micro-batches than stages, one micro-batch")],
     "lesson05_sharding": [
         Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
               "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
@@ -453,7 +729,14 @@ CHECKS: dict[str, list[Check]] = {
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
               "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths")],
+    "lesson07_hybrid": [
+        Check("grid groups", 3, 2, "grid_groups", _grid_cases, _grid_judge,
+              "every data-, pipeline- and tensor-parallel group of the grid",
+              "other grid shapes, sizes of 1")],
     "lesson08_alpa": [
-        Check("stage slicing", 2, 1, "best_slicing", _slicing_cases, _slicing_judge,
-              "equal to exhaustive search", "random small graphs")],
+        Check("stage slicing", 1, 1, "best_slicing", _slicing_cases, _slicing_judge,
+              "equal to exhaustive search", "random small graphs"),
+        Check("inter-op program", 3, 2, "inter_op", _inter_op_cases, _inter_op_judge,
+              "equal to exhaustive search, stopping by Alpa's rule",
+              "random stage tables, submeshes and micro-batch counts")],
 }

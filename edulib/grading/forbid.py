@@ -31,11 +31,23 @@ def _resolve(dotted: str) -> tuple[ModuleType, object]:
 
 
 def _stub(dotted: str, what: str) -> Callable:
-    """A function that stands in for `dotted`: it records the call and raises Forbidden."""
+    """What stands in for `dotted`: calling it records the attempt and raises Forbidden; a class's
+    stand-in also records being subclassed (and raises once an instance is made)."""
     def refused(*args: object, **kwargs: object) -> None:
         attempts.append(f"this exercise must implement {what} itself (it called {dotted})")
         raise Forbidden(attempts[-1])
-    return functools.update_wrapper(refused, _resolve(dotted)[1], updated=())
+    original = _resolve(dotted)[1]
+    if not isinstance(original, type):
+        return functools.update_wrapper(refused, original, updated=())
+
+    class Refused:
+        def __new__(cls, *args: object, **kwargs: object) -> None:
+            refused()
+
+        def __init_subclass__(cls, **kwargs: object) -> None:
+            attempts.append(f"this exercise must implement {what} itself (it subclassed {dotted})")
+    Refused.__name__ = Refused.__qualname__ = original.__name__
+    return Refused
 
 
 class _NoReload:

@@ -113,6 +113,44 @@ def _ring(student: ModuleType, case: dict) -> dict:
     return {"result": tensor, "sent": sent}
 
 
+def _buckets(student: ModuleType, case: dict) -> dict:
+    """Two steps of the student's GradientBuckets on a tied-weight model: the averaged gradients,
+    and each all-reduce launched (elements, asynchronous, during backward)."""
+    from edulib.models import tied_lm
+
+    original, launches, during = dist.all_reduce, [], [False]
+
+    def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        launches[-1].append([tensor.numel(), bool(kwargs.get("async_op")), during[0]])
+        return original(tensor, *args, **kwargs)
+    model, grads = tied_lm(case["vocab"], case["hidden"], case["seed"]), []
+    dist.all_reduce = counted
+    try:
+        buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
+        for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
+            launches.append([])
+            logits = model(tokens[dist.get_rank()]).flatten(0, -2)
+            loss = torch.nn.functional.cross_entropy(logits, targets[dist.get_rank()].flatten())
+            during[0] = True
+            loss.backward()
+            during[0] = False
+            buckets.finish()
+            grads.append([parameter.grad.clone() for parameter in model.parameters()])
+            model.zero_grad(set_to_none=False)
+    finally:
+        dist.all_reduce = original
+    return {"grads": grads, "launches": launches}
+
+
+def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's torus schedule run by edulib's runtime on this rank's input."""
+    from edulib.comm.runtime import run_schedule
+
+    tensor = case["inputs"][dist.get_rank()].clone()
+    run_schedule(student.torus_schedule(case["rows"], case["cols"]), tensor)
+    return tensor
+
+
 def _tensor_parallel(student: ModuleType, case: dict) -> dict:
     """The student's four layer functions on this rank's shards; each part's outcome on its own."""
     x, weight, grad_y = case["x"], case["weight"], case["grad_y"]
@@ -124,6 +162,51 @@ def _tensor_parallel(student: ModuleType, case: dict) -> dict:
              "column_backward": lambda: student.column_parallel_backward(grad_y, x, rows),
              "row_backward": lambda: student.row_parallel_backward(grad_y, x_shard, columns)}
     return {name: outcome(calls[name]) for name in case["parts"]}
+
+
+def _parallel_mlp(student: ModuleType, case: dict) -> dict:
+    """The student's column- then row-parallel layers as an MLP, forward and backward on this rank."""
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    x = case["x"].clone().requires_grad_()
+    w1, b1 = case["w1"].chunk(parts, 0)[rank].clone(), case["b1"].chunk(parts, 0)[rank].clone()
+    w2, b2 = case["w2"].chunk(parts, 1)[rank].clone(), case["b2"].clone()
+    for parameter in (w1, b1, w2, b2):
+        parameter.requires_grad_()
+    hidden = torch.nn.functional.gelu(student.column_parallel_linear(x, w1, b1))
+    y = student.row_parallel_linear(hidden, w2, b2)
+    (y * case["grad_y"]).sum().backward()
+    return {"y": y.detach(), **{name: tensor.grad for name, tensor in
+                                (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}}
+
+
+def _pipeline(student: ModuleType, case: dict) -> dict:
+    """The student's run_pipeline on this rank's stage: its gradients and its messages, in order."""
+    from edulib.models import mlp, split
+
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    stage = split(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
+    originals = {name: getattr(dist, name) for name in ("send", "isend", "recv", "irecv")}
+    messages: list[list] = []
+
+    def counted(name: str) -> Callable:
+        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
+            messages.append([name.lstrip("i"), peer, tensor.numel()])
+            return originals[name](tensor, *args, **kwargs)
+        return call
+    microbatches = len(case["inputs"])
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(output, target) / microbatches
+    for name in originals:
+        setattr(dist, name, counted(name))
+    try:
+        student.run_pipeline(case["actions"][rank], stage, [x.clone() for x in case["inputs"]],
+                             list(case["targets"]), (case["batch"], case["width"]), loss)
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {"grads": [parameter.grad for parameter in stage.parameters()], "messages": messages}
 
 
 def _sharded_step(student: ModuleType, case: dict) -> torch.Tensor:
@@ -141,8 +224,9 @@ def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
     return student.ring_attention_forward(q, k, v, case["length"], case["causal"])
 
 
-RANK_WORKERS = {"ring": _ring, "tensor_parallel": _tensor_parallel, "sharded_step": _sharded_step,
-                "ring_attention": _ring_attention}
+RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
+                "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
+                "sharded_step": _sharded_step, "ring_attention": _ring_attention}
 
 
 def _schedule(schedule: Any) -> dict:
@@ -174,16 +258,24 @@ def _on_ranks(worker: str) -> Callable:
 COLLECTORS: dict[str, Callable[[ModuleType, list[dict], list], list[dict]]] = {
     "server_step": _in_process(lambda s, c: s.server_step(c["parameters"].clone(),
                                                           [g.clone() for g in c["gradients"]], c["lr"])),
+    "buckets": _on_ranks("buckets"),
     "ring": _on_ranks("ring"),
     "halving_doubling": _in_process(lambda s, c: _schedule(s.halving_doubling_schedule(c["n"]))),
+    "torus": _in_process(lambda s, c: _schedule(s.torus_schedule(c["rows"], c["cols"]))),
+    "torus_run": _on_ranks("torus_run"),
     "tensor_parallel": _on_ranks("tensor_parallel"),
+    "parallel_mlp": _on_ranks("parallel_mlp"),
     "one_f_one_b": _in_process(lambda s, c: s.one_f_one_b(c["p"], c["m"])),
     "bubble_fraction": _in_process(lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"])),
     "shard_bounds": _in_process(lambda s, c: s.shard_bounds(c["length"], c["ranks"])),
+    "pipeline": _on_ranks("pipeline"),
     "sharded_step": _on_ranks("sharded_step"),
     "merge": _in_process(lambda s, c: s.merge(*(c[name].clone() for name in ("out_a", "lse_a", "out_b",
                                                                                  "lse_b")))),
     "ring_attention": _on_ranks("ring_attention"),
+    "grid_groups": _in_process(lambda s, c: s.grid_groups(c["dp"], c["pp"], c["tp"])),
+    "inter_op": _in_process(lambda s, c: s.inter_op(c["times"].tolist(), list(c["sizes"]), c["devices"],
+                                                    c["microbatches"])),
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
                                                             c["microbatches"])),
 }

@@ -1,0 +1,77 @@
+"""3D parallelism drawn: the grid's process groups, and one training step on every rank."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from edulib.comm.groups import Grid
+from edulib.viz.pipeline import KIND_COLOURS, KIND_NAMES
+
+AXIS_COLOURS = {"tp": "#c44e52", "pp": "#4c72b0", "dp": "#55a868"}
+AXIS_NAMES = {"tp": "tensor parallel", "pp": "pipeline", "dp": "data parallel"}
+REDUCE_COLOUR = "#8c8c8c"
+
+
+def grid_figure(grid: Grid) -> Figure:
+    """Every rank at its (d, p, t) place, one panel per data-parallel replica, with a line for each
+    process group: tensor-parallel partners side by side, pipeline stages top to bottom, and each
+    replica's rank joined to the same place in the next replica."""
+    figure = Figure(figsize=(1.6 * grid.dp * grid.tp + 1.5, 1.1 * grid.pp + 1.2))
+    axes = figure.subplots()
+
+    def place(rank: int) -> tuple[float, float]:
+        d, p, t = grid.coordinates(rank)
+        return d * (grid.tp + 0.8) + t, -p
+
+    arc = np.linspace(0, 1, 30)
+    for axis in ("dp", "pp", "tp"):
+        for group in grid.groups(axis):
+            for (x1, y1), (x2, y2) in itertools.pairwise(place(rank) for rank in group):
+                lift = 0.3 * np.sin(np.pi * arc) if axis == "dp" else 0 * arc  # dp links arc over the panels
+                axes.plot(x1 + (x2 - x1) * arc, y1 + (y2 - y1) * arc + lift, color=AXIS_COLOURS[axis],
+                          linewidth=2.5, linestyle="--" if axis == "dp" else "-", zorder=1)
+    for rank in range(grid.size):
+        x, y = place(rank)
+        d, p, t = grid.coordinates(rank)
+        axes.text(x, y, f"rank {rank}\n({d}, {p}, {t})", ha="center", va="center", fontsize=8, zorder=2,
+                  bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#444444"})
+    for d in range(grid.dp):
+        axes.text(d * (grid.tp + 0.8) + (grid.tp - 1) / 2, 0.75, f"replica d = {d}", ha="center",
+                  fontsize=9)
+    axes.legend(handles=[Patch(color=AXIS_COLOURS[a], label=f"{a}: {AXIS_NAMES[a]}") for a in AXIS_COLOURS],
+                loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
+    axes.set_xlim(-0.8, grid.dp * (grid.tp + 0.8) - 0.2)
+    axes.set_ylim(-grid.pp + 0.4, 1.1)
+    axes.axis("off")
+    figure.suptitle(f"a grid of dp x pp x tp = {grid.dp} x {grid.pp} x {grid.tp} ranks", fontsize=10)
+    return figure
+
+
+def step_figure(reports: list[dict], title: str = "one training step on every rank") -> Figure:
+    """A row per rank: its pipeline actions (numbered by micro-batch) and then its share of the
+    data-parallel gradient all-reduce, in seconds from the step's first action."""
+    origin = min(start for report in reports for _, start, _ in report["events"])
+    figure = Figure(figsize=(10, 0.38 * len(reports) + 1.4))
+    axes = figure.subplots()
+    for row, report in enumerate(reports):
+        for action, start, end in report["events"]:
+            axes.barh(row, end - start, left=start - origin, color=KIND_COLOURS[action.kind], height=0.8)
+            axes.text((start + end) / 2 - origin, row, str(action.microbatch), ha="center", va="center",
+                      fontsize=7, color="white")
+        start, end = report["reduce"]
+        axes.barh(row, end - start, left=start - origin, color=REDUCE_COLOUR, height=0.8)
+    axes.set_yticks(range(len(reports)), [f"rank {rank} {report['coordinates']}"
+                                          for rank, report in enumerate(reports)], fontsize=8)
+    axes.invert_yaxis()
+    axes.set_xlabel("seconds since the step's first action")
+    kinds = sorted({action.kind for report in reports for action, _, _ in report["events"]})
+    axes.legend(handles=[*(Patch(color=KIND_COLOURS[k], label=KIND_NAMES[k]) for k in kinds),
+                         Patch(color=REDUCE_COLOUR, label="gradient all-reduce (dp)")],
+                loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
+    axes.set_title(title, fontsize=10)
+    figure.tight_layout()
+    return figure

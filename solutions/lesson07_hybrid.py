@@ -1,0 +1,22 @@
+"""Lesson 07 exercise: the process groups of a (data, pipeline, tensor) grid of ranks."""
+
+from __future__ import annotations
+
+
+def grid_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
+    """Every process group of a dp x pp x tp grid, as lists of ranks, keyed "dp", "pp" and "tp".
+
+    Rank (d, p, t) is number (d * pp + p) * tp + t, so tensor-parallel partners are neighbours.
+    A group holds the ranks that differ along one axis only, in increasing order; a grid of
+    dp x pp x tp ranks has pp * tp data-parallel groups of dp ranks, dp * tp pipeline groups of pp
+    ranks and dp * pp tensor-parallel groups of tp ranks.
+    """
+    # BEGIN SOLUTION
+    # HINT: loop over the two other coordinates; collect the rank for each value of the axis's own
+    def rank(d: int, p: int, t: int) -> int:
+        return (d * pp + p) * tp + t
+
+    return {"dp": [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+            "pp": [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
+            "tp": [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)]}
+    # END SOLUTION
