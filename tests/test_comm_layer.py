@@ -101,8 +101,9 @@ def test_every_collective_closed_form_equals_its_schedules_count():
                 continue  # going-further schedules have no closed form
             for n in range(1, 17):
                 nbytes = 4 * 720720  # every chunk count up to 16 divides it, so the forms are exact
-                counted = comm.cost(comm.schedule_for(collective, name, n), nbytes, 1e-5, 1e-9, 4)
-                closed = comm.formula(name, n, nbytes, 1e-5, 1e-9, collective=collective)
+                schedule = comm.schedule_for(collective, name, n)
+                counted = comm.cost(schedule, nbytes, 1e-5, 1e-9, 4, gamma=3e-10)
+                closed = comm.formula(name, n, nbytes, 1e-5, 1e-9, collective=collective, gamma=3e-10)
                 assert (counted.rounds, counted.max_bytes_per_rank, counted.total_bytes) == (
                     closed.rounds, closed.max_bytes_per_rank, closed.total_bytes), (collective, name, n)
                 assert counted.time == pytest.approx(closed.time)

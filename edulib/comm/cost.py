@@ -6,6 +6,8 @@ alpha + beta x b; the messages of a round travel at once, but each rank sends it
 another (and receives them one after another), so a round lasts as long as its busiest rank.
 A rank that talks to N-1 others pays N-1 latencies, not one. A cluster with fast links inside
 a node and slow ones between nodes gives each message its own (alpha, beta) through `link`.
+Thakur, Rabenseifner and Gropp's gamma charges the arithmetic too: a rank that receives b bytes
+to add into its own spends gamma x b more on them (a copy costs nothing extra).
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
 
 
 def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
-         itemsize: int = 1, link: Link | None = None) -> Cost:
+         itemsize: int = 1, link: Link | None = None, gamma: float = 0.0) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.
 
-    alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth);
-    `link(src, dst)`, if given, returns the (alpha, beta) of each message's link instead.
+    alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth),
+    gamma the seconds per byte reduced; `link(src, dst)`, if given, returns the (alpha, beta) of
+    each message's link instead.
     """
     if nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"nbytes must be a whole number of {itemsize}-byte elements, 0 or more; "
@@ -59,9 +62,10 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
         busy = [[0.0, 0.0] for _ in range(schedule.world_size)]  # sending, receiving
         for m in messages:
             latency, per_byte = link(m.src, m.dst) if link else (alpha, beta)
-            seconds = latency + per_byte * (bounds[m.hi] - bounds[m.lo]) * itemsize
+            size = (bounds[m.hi] - bounds[m.lo]) * itemsize
+            seconds = latency + per_byte * size
             busy[m.src][0] += seconds
-            busy[m.dst][1] += seconds
+            busy[m.dst][1] += seconds + (gamma * size if m.op == "reduce" else 0.0)
         time += max(max(pair) for pair in busy)
     per_rank = bytes_sent(schedule, nbytes, itemsize)
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
@@ -75,12 +79,13 @@ def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float
 
 
 def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
-            beta: float = 0.0, collective: str = "all_reduce") -> Cost:
+            beta: float = 0.0, collective: str = "all_reduce", gamma: float = 0.0) -> Cost:
     """The closed form of a collective's cost (exact when every chunk has the same size).
 
     N ranks, M bytes (the whole tensor; for all-to-all, each rank's whole input); p is the
     largest power of two <= N and rem = N - p, the ranks that the recursive algorithms fold in
-    with one extra round before and one after.
+    with one extra round before and one after. gamma is charged on the bytes the busiest rank
+    reduces: (N-1)M/N in a ring, M per round of a tree or a butterfly.
     """
     check_choice(collective, FOR_COLLECTIVE, "collective")
     closed = ALGORITHMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
@@ -94,33 +99,36 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
         rounds = n - 1
         if collective == "all_to_all":
             rounds = 1 if name == "naive" else n - 1 if n & (n - 1) == 0 else n
-        return Cost(rounds, (n - 1) * m / n, (n - 1) * m,
-                    max(rounds, n - 1) * (alpha + beta * m / n))
+        added = gamma * m / n if collective == "reduce_scatter" else 0.0
+        return Cost(rounds, (n - 1) * m / n, (n - 1) * m, max(rounds, n - 1) * (alpha + beta * m / n + added))
     if collective in ("broadcast", "reduce"):  # a binomial tree: the root talks log2 N times
         depth = math.ceil(math.log2(n))
         most = depth * m if collective == "broadcast" else m  # a reduce's root only receives
-        return Cost(depth, most, (n - 1) * m, depth * (alpha + beta * m))
+        added = gamma * m if collective == "reduce" else 0.0
+        return Cost(depth, most, (n - 1) * m, depth * (alpha + beta * m + added))
     p = 1 << (n.bit_length() - 1)
     rem, steps = n - p, p.bit_length() - 1
     fold_rounds = 2 if rem else 0
-    fold_time = fold_rounds * (alpha + beta * m)
-    if name == "naive":  # one round; every rank sends M to each of the N-1 others
-        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (alpha + beta * m))
-    if name == "parameter_server":  # the server takes N-1 messages of M in, then sends N-1 out
-        return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * (n - 1) * (alpha + beta * m))
-    if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N
+    fold_time = fold_rounds * (alpha + beta * m) + (gamma * m if rem else 0.0)  # folding in adds M
+    if name == "naive":  # one round; every rank takes M from each of the N-1 others and adds it
+        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (alpha + beta * m + gamma * m))
+    if name == "parameter_server":  # the server takes N-1 messages of M in and adds them, then sends N-1 out
+        return Cost(2, (n - 1) * m, 2 * (n - 1) * m,
+                    (n - 1) * (2 * alpha + 2 * beta * m + gamma * m))
+    if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N, the first N-1 adding what arrives
         return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
-                    2 * (n - 1) * (alpha + beta * m / n))
+                    2 * (n - 1) * (alpha + beta * m / n) + (n - 1) * gamma * m / n)
     if name == "tree":  # every non-root sends M up and receives M down; the root sends log2 N times
         depth = math.ceil(math.log2(n))
-        return Cost(2 * depth, depth * m, 2 * (n - 1) * m, 2 * depth * (alpha + beta * m))
-    if name == "butterfly":  # log2 p rounds in which all p ranks send M
+        return Cost(2 * depth, depth * m, 2 * (n - 1) * m,
+                    2 * depth * (alpha + beta * m) + depth * gamma * m)
+    if name == "butterfly":  # log2 p rounds in which all p ranks swap M and add it
         return Cost(steps + fold_rounds, steps * m + (m if rem else 0),
-                    p * steps * m + 2 * rem * m, steps * (alpha + beta * m) + fold_time)
-    # halving_doubling: log2 p halvings (M/2, M/4, ...) and as many doublings
+                    p * steps * m + 2 * rem * m, steps * (alpha + beta * m + gamma * m) + fold_time)
+    # halving_doubling: log2 p halvings (M/2, M/4, ..., each added) and as many doublings
     return Cost(2 * steps + fold_rounds, 2 * (p - 1) * m / p + (m if rem else 0),
                 2 * (p - 1) * m + 2 * rem * m,
-                2 * steps * alpha + 2 * beta * m * (p - 1) / p + fold_time)
+                2 * steps * alpha + (2 * beta + gamma) * m * (p - 1) / p + fold_time)
 
 
 def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:

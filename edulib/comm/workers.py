@@ -96,6 +96,17 @@ def time_all_to_all(algorithms: list[str], sizes: list[int], repeats: int) -> di
     return times
 
 
+def time_reduction(sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median time to add a received buffer of each size into this rank's own, every rank at
+    once (as in a reduce-scatter round): what the cost model's gamma charges per byte."""
+    found = {}
+    for nbytes in sizes:
+        arrived = torch.ones(nbytes // 4, device=device())
+        found[nbytes] = statistics.median(timed(lambda mine, arrived=arrived: mine.add_(arrived), repeats,
+                                                arrived.clone))
+    return found
+
+
 def ping_pong(sizes: list[int], repeats: int) -> dict[int, float]:
     """Median time for ranks 2k and 2k+1 to swap a message of each size, every pair at once.
 
