@@ -77,9 +77,12 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
 
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
     reports = []
+    duplex = backend == "nccl"  # gloo on CPUs: both ends of a message are copies by a rank's CPU
     for world_size in world_sizes:
         with Pool(world_size, backend, timeout=600) as pool:
             alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, repeats)[0])
+            if not duplex:  # a swap costs each rank its send and its receive: one direction is half
+                alpha, beta = alpha / 2, beta / 2
             reductions = pool.run(time_reduction, sizes, repeats)
             gamma = max(fit_alpha_beta(reduction)[1] for reduction in reductions)  # the slowest rank's
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
@@ -91,7 +94,8 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                 algbw = nbytes / seconds / 1e9
                 predicted, ratio = "", ""
                 if name != "builtin":
-                    model = cost(build_schedule(name, world_size), nbytes, alpha, beta, 4, gamma=gamma).time
+                    model = cost(build_schedule(name, world_size), nbytes, alpha, beta, 4, gamma=gamma,
+                                 duplex=duplex).time
                     predicted, ratio = f"{model * 1e3:.3f}", f"{model / seconds:.2f}"
                     if nbytes >= AGREEMENT_FROM:
                         compared += 1
@@ -101,10 +105,10 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                              f"{seconds / builtin:.2f}x", predicted, ratio))
         cores = os.cpu_count() or 1
         reports.append(
-            f"{world_size} {backend} ranks on {cores} cores; fit in this run from pairs swapping messages, "
-            f"all at once: alpha = {alpha * 1e6:.1f} us, beta = {beta * 1e9:.3f} ns/B "
-            f"({1 / beta / 1e9:.2f} GB/s); from every rank adding buffers at once: gamma = "
-            f"{gamma * 1e9:.3f} ns/B\n"
+            f"{world_size} {backend} ranks on {cores} cores, {'full' if duplex else 'half'}-duplex; fit in "
+            f"this run from pairs swapping messages, all at once: alpha = {alpha * 1e6:.1f} us, "
+            f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / 1e9:.2f} GB/s) per direction; from every rank "
+            f"adding buffers at once: gamma = {gamma * 1e9:.3f} ns/B\n"
             f"predicted within 25 % of measured from {format_bytes(AGREEMENT_FROM)}: {close} of {compared}"
             + (" (more ranks than cores: ranks take turns on a core, which the model does not see)"
                if world_size > cores else "") + "\n\n"

@@ -65,22 +65,26 @@ def test_simulation_leaves_the_inputs_alone():
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("gamma", [0.0, 3e-10])
-def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma):
-    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma)
-    closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9, gamma=gamma)
+@pytest.mark.parametrize(("gamma", "duplex"), [(0.0, True), (3e-10, True), (3e-10, False)])
+def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma, duplex):
+    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex)
+    closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex)
     assert counted.rounds == closed.rounds
     assert counted.max_bytes_per_rank == closed.max_bytes_per_rank
     assert counted.total_bytes == closed.total_bytes
     assert counted.time == pytest.approx(closed.time, rel=1e-12)
 
 
-def test_gamma_charges_the_bytes_a_rank_adds_and_nothing_else():
+def test_gamma_charges_the_bytes_a_rank_adds_and_half_duplex_charges_both_ends():
     # a ring on 4 ranks, 400 bytes: 6 rounds of 100 bytes, the first 3 adding what arrives
     assert cost(build_schedule("ring", 4), 400, alpha=1.0, beta=0.01, gamma=0.001).time == pytest.approx(
         6 * (1.0 + 0.01 * 100) + 3 * 0.001 * 100)
     # a parameter server on 3 ranks: the server adds 2 x 400 bytes, then only copies go out
     assert cost(build_schedule("parameter_server", 3), 400, gamma=0.001).time == pytest.approx(2 * 0.4)
+    # half-duplex: a ring round costs a rank its send and its receive; a server's rounds are one-way
+    assert cost(build_schedule("ring", 4), 400, alpha=1.0, duplex=False).time == pytest.approx(6 * 2 * 1.0)
+    server = cost(build_schedule("parameter_server", 3), 400, alpha=1.0, duplex=False)
+    assert server.time == pytest.approx(4.0)  # 2 messages in, then 2 out: as with duplex links
     # an all-gather adds nothing, so gamma changes nothing
     assert formula("ring", 4, 400, 1.0, 0.01, collective="all_gather", gamma=5.0).time == pytest.approx(
         3 * (1.0 + 0.01 * 100))

@@ -46,12 +46,13 @@ def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
 
 
 def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
-         itemsize: int = 1, link: Link | None = None, gamma: float = 0.0) -> Cost:
+         itemsize: int = 1, link: Link | None = None, gamma: float = 0.0, duplex: bool = True) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.
 
     alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth),
     gamma the seconds per byte reduced; `link(src, dst)`, if given, returns the (alpha, beta) of
-    each message's link instead.
+    each message's link instead. A `duplex` rank sends and receives at once (a GPU's link); a
+    half-duplex one spends its time on both (ranks copying through one machine's memory).
     """
     if nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"nbytes must be a whole number of {itemsize}-byte elements, 0 or more; "
@@ -66,7 +67,7 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
             seconds = latency + per_byte * size
             busy[m.src][0] += seconds
             busy[m.dst][1] += seconds + (gamma * size if m.op == "reduce" else 0.0)
-        time += max(max(pair) for pair in busy)
+        time += max(max(pair) if duplex else sum(pair) for pair in busy)
     per_rank = bytes_sent(schedule, nbytes, itemsize)
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
 
@@ -79,14 +80,17 @@ def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float
 
 
 def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
-            beta: float = 0.0, collective: str = "all_reduce", gamma: float = 0.0) -> Cost:
+            beta: float = 0.0, collective: str = "all_reduce", gamma: float = 0.0,
+            duplex: bool = True) -> Cost:
     """The closed form of a collective's cost (exact when every chunk has the same size).
 
     N ranks, M bytes (the whole tensor; for all-to-all, each rank's whole input); p is the
     largest power of two <= N and rem = N - p, the ranks that the recursive algorithms fold in
     with one extra round before and one after. gamma is charged on the bytes the busiest rank
-    reduces: (N-1)M/N in a ring, M per round of a tree or a butterfly.
+    reduces: (N-1)M/N in a ring, M per round of a tree or a butterfly. Without `duplex`, a round in
+    which every rank both sends and receives (a ring's, a swap's) costs its messages twice.
     """
+    sides = 1 if duplex else 2  # what a round of swaps costs a rank, in messages
     check_choice(collective, FOR_COLLECTIVE, "collective")
     closed = ALGORITHMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
     check_choice(name, ["builtin", *closed], f"{collective} algorithm with a closed form")
@@ -100,7 +104,8 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
         if collective == "all_to_all":
             rounds = 1 if name == "naive" else n - 1 if n & (n - 1) == 0 else n
         added = gamma * m / n if collective == "reduce_scatter" else 0.0
-        return Cost(rounds, (n - 1) * m / n, (n - 1) * m, max(rounds, n - 1) * (alpha + beta * m / n + added))
+        return Cost(rounds, (n - 1) * m / n, (n - 1) * m,
+                    max(rounds, n - 1) * (sides * (alpha + beta * m / n) + added))
     if collective in ("broadcast", "reduce"):  # a binomial tree: the root talks log2 N times
         depth = math.ceil(math.log2(n))
         most = depth * m if collective == "broadcast" else m  # a reduce's root only receives
@@ -111,24 +116,25 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     fold_rounds = 2 if rem else 0
     fold_time = fold_rounds * (alpha + beta * m) + (gamma * m if rem else 0.0)  # folding in adds M
     if name == "naive":  # one round; every rank takes M from each of the N-1 others and adds it
-        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (alpha + beta * m + gamma * m))
+        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (sides * (alpha + beta * m) + gamma * m))
     if name == "parameter_server":  # the server takes N-1 messages of M in and adds them, then sends N-1 out
         return Cost(2, (n - 1) * m, 2 * (n - 1) * m,
                     (n - 1) * (2 * alpha + 2 * beta * m + gamma * m))
     if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N, the first N-1 adding what arrives
         return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
-                    2 * (n - 1) * (alpha + beta * m / n) + (n - 1) * gamma * m / n)
+                    2 * (n - 1) * sides * (alpha + beta * m / n) + (n - 1) * gamma * m / n)
     if name == "tree":  # every non-root sends M up and receives M down; the root sends log2 N times
         depth = math.ceil(math.log2(n))
         return Cost(2 * depth, depth * m, 2 * (n - 1) * m,
                     2 * depth * (alpha + beta * m) + depth * gamma * m)
     if name == "butterfly":  # log2 p rounds in which all p ranks swap M and add it
         return Cost(steps + fold_rounds, steps * m + (m if rem else 0),
-                    p * steps * m + 2 * rem * m, steps * (alpha + beta * m + gamma * m) + fold_time)
+                    p * steps * m + 2 * rem * m, steps * (sides * (alpha + beta * m) + gamma * m) + fold_time)
     # halving_doubling: log2 p halvings (M/2, M/4, ..., each added) and as many doublings
     return Cost(2 * steps + fold_rounds, 2 * (p - 1) * m / p + (m if rem else 0),
                 2 * (p - 1) * m + 2 * rem * m,
-                2 * steps * alpha + (2 * beta + gamma) * m * (p - 1) / p + fold_time)
+                sides * (2 * steps * alpha + 2 * beta * m * (p - 1) / p) + gamma * m * (p - 1) / p
+                + fold_time)
 
 
 def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
