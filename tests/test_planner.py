@@ -28,7 +28,7 @@ from edulib.planner.baselines import (
 from edulib.planner.cluster import Cluster
 from edulib.planner.execute import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
-from edulib.planner.inter import exhaustive_inter_op, inter_op, plan, stage_table
+from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, stage_table
 from edulib.planner.intra import (
     chain_optimum,
     costs,
@@ -331,3 +331,20 @@ def test_every_grid_tiles_the_cluster():
         assert dp * pp * tp == cluster.size and cluster.devices % tp == 0
     assert sorted(itertools.chain(*Cluster(2, 8).submeshes())) == sorted(
         itertools.chain((1, 1), (1, 2), (1, 4), (1, 8), (2, 8)))
+
+
+def test_the_planners_latency_is_the_pipeline_simulators_gpipe_makespan():
+    # one model, not two: Alpa's sum(t_i) + (B - 1) max(t_j) is what lesson 04's simulator measures
+    # for GPipe on the same stage costs (a backward pass twice its forward), and a bound for 1F1B
+    from edulib.pp import build_schedule, simulate
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        stages, microbatches = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        forward = rng.uniform(0.5, 3.0, stages).tolist()
+        times = [3 * t for t in forward]
+        costs = {"t_f": forward, "t_b": [2 * t for t in forward]}
+        gpipe = simulate(build_schedule("gpipe", stages, microbatches), **costs).makespan
+        one_f_one_b = simulate(build_schedule("1f1b", stages, microbatches), **costs).makespan
+        assert gpipe == pytest.approx(latency(times, microbatches), rel=1e-12)
+        assert one_f_one_b <= latency(times, microbatches) * (1 + 1e-12)
