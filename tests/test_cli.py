@@ -122,8 +122,11 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
     assert {row[2] for row in rows} == {"builtin", *ALGORITHMS}
     for row in rows:  # busbw = algbw x 2(n-1)/n, which is 1 for two ranks
         assert row[4] == row[5]
-        if row[2] != "builtin":  # the agreement column is the prediction over the measured time
-            assert float(row[8]) == pytest.approx(float(row[7]) / float(row[3]), abs=0.02)
+        if row[2] != "builtin":  # the agreement column is the prediction over the measured time,
+            # each printed to 0.001 ms and the ratio to 0.01: compare within what the rounding allows
+            predicted, measured, half = float(row[7]), float(row[3]), 0.0005
+            low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
+            assert low - 0.005 <= float(row[8]) <= high + 0.005, row
     assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
 
 
