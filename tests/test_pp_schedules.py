@@ -123,3 +123,57 @@ def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
     assert costs["t_w"] == pytest.approx([0.5 if schedule.split_backward else 0.0] * 4)
     assert costs["t_comm"] == pytest.approx(0.25)
     assert simulate(schedule, **costs).makespan == pytest.approx(timeline.makespan)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_a_replay_with_the_simulators_own_durations_is_the_simulated_run(name):
+    from edulib.pp import replay
+
+    chunks = 2 if name == "interleaved_1f1b" else 1
+    schedule = build_schedule(name, 4, 8, chunks)
+    timeline = simulate(schedule, t_f=[1.0, 1.5, 1.0, 0.5], t_b=2.0,
+                        t_w=0.5 if schedule.split_backward else 0.0, t_comm=0.25)
+    again = replay(timeline, t_comm=0.25)
+    assert sorted(again.events, key=str) == sorted(timeline.events, key=str)
+    assert again.makespan == timeline.makespan and again.busy == timeline.busy
+    # one action taking longer in the run delays what waits on it, as the replay shows
+    slow = {event.action: event.end - event.start for event in timeline.events}
+    first = timeline.events[0].action
+    slow[first] += 10.0
+    assert simulate(schedule, t_comm=0.25, durations=slow).makespan == pytest.approx(timeline.makespan + 10)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("cores", [4, 5, 8])
+def test_enough_cores_change_nothing(name, cores):
+    schedule = build_schedule(name, 4, 8, 2 if name == "interleaved_1f1b" else 1)
+    alone = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5, t_comm=0.1)
+    shared = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5, t_comm=0.1, cores=cores)
+    assert shared.events == alone.events and shared.makespan == alone.makespan
+
+
+@pytest.mark.parametrize("name", ["naive", "gpipe", "1f1b", "zero_bubble"])
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_on_one_core_the_makespan_is_all_the_work(name, p):
+    # with messages free something is always ready to run, and one core runs it all in turn
+    timeline = simulate(build_schedule(name, p, 4), t_f=1.0, t_b=2.0, t_w=1.0, cores=1)
+    assert timeline.makespan == pytest.approx(sum(timeline.busy))
+
+
+def test_two_devices_on_one_core_share_it_by_hand():
+    # GPipe, 2 devices, 2 micro-batches, F = B = 1: F1@0 and F0@1 both run over [1, 3] at half
+    # speed, then F1@1 and B0@1 alone, then B0@0 and B1@1 share [5, 7], then B1@0 alone.
+    timeline = simulate(build_schedule("gpipe", 2, 2), t_f=1.0, t_b=1.0, cores=1)
+    spans = {(event.device, str(event.action)): (event.start, event.end) for event in timeline.events}
+    assert spans == {(0, "F0@0"): (0, 1), (0, "F1@0"): (1, 3), (1, "F0@1"): (1, 3), (1, "F1@1"): (3, 4),
+                     (1, "B0@1"): (4, 5), (0, "B0@0"): (5, 7), (1, "B1@1"): (5, 7), (0, "B1@0"): (7, 8)}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cores": 0}, "cores a whole number from 1"),
+    ({"t_comm": -1.0}, "t_comm must be 0 or more"),
+    ({"durations": {}}, "durations must give every action a time of 0 or more; F0@0 has None"),
+])
+def test_bad_simulator_options_are_refused_clearly(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        simulate(build_schedule("1f1b", 2, 2), **kwargs)

@@ -8,10 +8,11 @@ from edulib.pp.simulate import (
     Event,
     Timeline,
     measured_costs,
+    replay,
     simulate,
     simulate_ratio,
     validate,
 )
 
 __all__ = ["KINDS", "MESSAGES", "SCHEDULES", "Action", "Event", "Schedule", "Timeline", "build_schedule",
-           "lower", "measured_costs", "parse_actions", "simulate", "simulate_ratio", "validate"]
+           "lower", "measured_costs", "parse_actions", "replay", "simulate", "simulate_ratio", "validate"]

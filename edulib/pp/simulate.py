@@ -8,7 +8,7 @@ both of the lecture's bubble fractions and the peak in-flight micro-batches per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from edulib.pp.schedule import Action, Schedule, action_of, check_messages, dependencies, key_of, needs
@@ -97,47 +97,63 @@ def _per_stage(value: float | Sequence[float], devices: int, what: str) -> list[
 
 def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
              t_b: float | Sequence[float] = 2.0, t_w: float | Sequence[float] = 0.0,
-             t_comm: float = 0.0) -> Timeline:
+             t_comm: float = 0.0, durations: Mapping[Action, float] | None = None,
+             cores: int | None = None) -> Timeline:
     """Time a schedule: each device runs its actions in order, each as soon as its inputs exist.
 
     Costs are per device for a whole device's share of the model; a device holding v stages
     spends t/v on each. A schedule without W actions does the weight gradient inside B, which
-    then takes t_b + t_w. A dependency on another device arrives t_comm later.
+    then takes t_b + t_w. `durations` gives each action its own time instead (a measured run's,
+    to replay it). A dependency on another device arrives t_comm later: one message's time,
+    latency plus bytes over bandwidth (`edulib.comm.message_time`). With `cores` fewer than the
+    devices, the devices share them: n actions running at once each run at min(1, cores / n).
     """
     rows = _keys(schedule)
-    p, v = schedule.devices, schedule.chunks
-    f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
-    if not schedule.split_backward:
-        b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
-    duration = [f, b, w]
-    stages, m = schedule.stages, schedule.microbatches
+    p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
+    if t_comm < 0 or (cores is not None and (not isinstance(cores, int) or cores < 1)):
+        raise ValueError(f"t_comm must be 0 or more and cores a whole number from 1 (or None); "
+                         f"got t_comm={t_comm!r}, cores={cores!r}")
+    if durations is None:
+        f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
+        if not schedule.split_backward:
+            b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
+        work = [[f, b, w][key // (stages * m)][d] / v for d in range(p) for key in rows[d]]
+    else:
+        work = [_given(durations, action_of(key, stages, m)) for d in range(p) for key in rows[d]]
+    time_of = {key: t for key, t in zip((key for row in rows for key in row), work, strict=True)}
     finished: list[float | None] = [None] * (3 * stages * m)
-    waiting: dict[int, list[int]] = {}
     position, clock = [0] * p, [0.0] * p
+    waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
+    running: dict[int, list[float]] = {}  # device -> [start, end at the current rate]
     timed: list[tuple[int, int, float, float]] = []
-    ready = list(range(p))
-    while ready:
-        device = ready.pop()
-        row = rows[device]
-        while position[device] < len(row):
-            key = row[position[device]]
-            start, blocked = clock[device], None
-            for needed in needs(key, stages, m):
-                done = finished[needed]
-                if done is None:
-                    blocked = needed
-                    break
-                if ((needed // m) % stages) % p != device:
-                    done += t_comm
-                start = max(start, done)
-            if blocked is not None:
-                waiting.setdefault(blocked, []).append(device)
-                break
-            end = start + duration[key // (stages * m)][device] / v
+    now, rate = 0.0, 1.0
+    while True:
+        for device in range(p):
+            if device in running or device in waiting or position[device] == len(rows[device]):
+                continue
+            inputs = [finished[k] for k in needs(rows[device][position[device]], stages, m)]
+            if None not in inputs:
+                waiting[device] = max([clock[device]] + [
+                    done + t_comm * (((k // m) % stages) % p != device)
+                    for k, done in zip(needs(rows[device][position[device]], stages, m), inputs,
+                                       strict=True)])
+        for device in [d for d, start in waiting.items() if start <= now]:
+            start = waiting.pop(device)
+            running[device] = [start, now + time_of[rows[device][position[device]]] / rate]
+        new_rate = 1.0 if cores is None else min(1.0, cores / max(len(running), 1))
+        if new_rate != rate:  # the work left on each running action, at the new speed
+            for span in running.values():
+                span[1] = now + (span[1] - now) * rate / new_rate
+            rate = new_rate
+        if not running and not waiting:
+            break
+        now = min([span[1] for span in running.values()] + list(waiting.values()))
+        for device in [d for d, span in running.items() if span[1] <= now]:
+            start, end = running.pop(device)
+            key = rows[device][position[device]]
             finished[key] = clock[device] = end
             timed.append((device, key, start, end))
             position[device] += 1
-            ready.extend(waiting.pop(key, []))
     stuck = [(device, action_of(rows[device][position[device]], stages, m))
              for device in range(p) if position[device] < len(rows[device])]
     if stuck:
@@ -149,8 +165,27 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         raise ValueError(f"{schedule.name} deadlocks: {details}")
     events = [Event(device, action_of(key, stages, m), start, end)
               for device, key, start, end in timed]
-    busy = tuple(sum(duration[key // (stages * m)][d] / v for key in rows[d]) for d in range(p))
+    busy = tuple(sum(time_of[key] for key in rows[d]) for d in range(p))
     return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
+
+
+def _given(durations: Mapping[Action, float], action: Action) -> float:
+    """An action's time from `durations`, which must give every action a number from 0."""
+    seconds = durations.get(action)
+    if not isinstance(seconds, (int, float)) or seconds < 0:
+        raise ValueError(f"durations must give every action a time of 0 or more; {action} has "
+                         f"{seconds!r}")
+    return float(seconds)
+
+
+def replay(timeline: Timeline, t_comm: float | None = None, cores: int | None = None) -> Timeline:
+    """Run a measured timeline's actions again through the simulator, each for as long as it
+    took, with messages of t_comm (by default the measured one): what the model predicts when
+    it knows every duration, so any gap left is what the model leaves out."""
+    if t_comm is None:
+        t_comm = float(measured_costs(timeline)["t_comm"])
+    return simulate(timeline.schedule, t_comm=t_comm, cores=cores,
+                    durations={event.action: event.end - event.start for event in timeline.events})
 
 
 def count_inflight(schedule: Schedule) -> tuple[int, ...]:
