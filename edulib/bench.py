@@ -64,6 +64,28 @@ def _median_slowest(per_rank: list[dict], key: object) -> float:
     return statistics.median(max(samples) for samples in repeats)
 
 
+def fit_link(pool: Pool, sizes: list[int], repeats: int, duplex: bool) -> tuple[float, float]:
+    """alpha and beta of one direction of a link, fitted from pairs of the pool's ranks swapping
+    messages all at once. Half-duplex (gloo's ranks copying through one machine's memory), a
+    swap costs each rank its send and its receive, so one direction is half of it."""
+    from edulib.comm.cost import fit_alpha_beta
+    from edulib.comm.workers import ping_pong
+
+    alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, repeats)[0])
+    return (alpha, beta) if duplex else (alpha / 2, beta / 2)
+
+
+def fit_overhead(pool: Pool, repeats: int = 15) -> float:
+    """LogGP's o: what each further small message in a stream costs, the slope of a stream's
+    time over its count of messages (rank 0 to rank 1)."""
+    import numpy as np
+
+    from edulib.comm.workers import message_stream
+
+    stream = pool.run(message_stream, 4, [1, 2, 4, 8, 16], repeats)[0]
+    return max(float(np.polyfit(list(stream), list(stream.values()), 1)[0]), 0.0)
+
+
 AGREEMENT_FROM = 64 * 2**10  # the smallest size whose prediction the bench holds to 25 %
 
 
@@ -73,16 +95,14 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
     prediction from alpha, beta and gamma fitted in the same run, and how far apart they are."""
     from edulib.comm import ALGORITHMS, build_schedule, cost
     from edulib.comm.cost import fit_alpha_beta
-    from edulib.comm.workers import ping_pong, time_allreduce, time_reduction
+    from edulib.comm.workers import time_allreduce, time_reduction
 
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
     reports = []
     duplex = backend == "nccl"  # gloo on CPUs: both ends of a message are copies by a rank's CPU
     for world_size in world_sizes:
         with Pool(world_size, backend, timeout=600) as pool:
-            alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, repeats)[0])
-            if not duplex:  # a swap costs each rank its send and its receive: one direction is half
-                alpha, beta = alpha / 2, beta / 2
+            alpha, beta = fit_link(pool, sizes, repeats, duplex)
             reductions = pool.run(time_reduction, sizes, repeats)
             gamma = max(fit_alpha_beta(reduction)[1] for reduction in reductions)  # the slowest rank's
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
@@ -120,10 +140,11 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
 
 
 def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, batch: int = 512,
-                     steps: int = 3):
+                     steps: int = 3, t_comm: float | None = None, overhead: float = 0.0):
     """Real training steps of `schedule` on the pool after one warm-up step, keeping the fastest
     (the least disturbed by the rest of the machine), and the simulated run with the per-device
-    costs measured in it: (measured Timeline, simulated Timeline)."""
+    costs measured in it and messages of `t_comm` (by default the lag measured in it) and
+    `overhead`: (measured Timeline, simulated Timeline)."""
     from edulib.pp import measured_costs, simulate
     from edulib.pp.runtime import measured_timeline, train_step
 
@@ -132,7 +153,20 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     step()
     measured = min((measured_timeline(schedule, step()) for _ in range(steps)),
                    key=lambda timeline: timeline.makespan)
-    return measured, simulate(schedule, **measured_costs(measured))
+    costs = measured_costs(measured)
+    if t_comm is not None:
+        costs["t_comm"] = t_comm
+    return measured, simulate(schedule, overhead=overhead, **costs)
+
+
+def pipeline_link(pool: Pool, message_bytes: int, backend: str = "gloo") -> tuple[float, float]:
+    """(t_comm, overhead) of a pipeline's messages on this pool: one message's time from the
+    alpha-beta fit, and LogGP's per-message overhead from a stream of messages."""
+    from edulib.comm import message_time
+
+    sizes = [4**k * 1024 for k in range(6)]
+    alpha, beta = fit_link(pool, sizes, 8, duplex=backend == "nccl")
+    return message_time(message_bytes, alpha, beta), fit_overhead(pool)
 
 
 def bench_split_backward(ranks: int = 2, width: int = 512, depth: int = 8, batch: int = 512,
@@ -177,23 +211,58 @@ def bench_split_backward(ranks: int = 2, width: int = 512, depth: int = 8, batch
             + format_table(["action", "median (ms)", "vs baseline"], rows))
 
 
-def bench_pipeline(stages: int = 4, microbatches: int = 8, backend: str = "gloo") -> str:
-    """Each schedule's measured bubble on real ranks beside the simulator's, from measured costs."""
-    from edulib.pp import SCHEDULES, build_schedule
+def _alone(alone: dict, run: dict) -> dict[str, list[float]]:
+    """t_f, t_b, t_w of each device computing alone (`alone`: a naive run's costs), the backward
+    split into B and W in the proportion `run` (a schedule's own costs) measured."""
+    share = [b / (b + w) if b + w else 1.0 for b, w in zip(run["t_b"], run["t_w"], strict=True)]
+    return {"t_f": alone["t_f"], "t_b": [b * f for b, f in zip(alone["t_b"], share, strict=True)],
+            "t_w": [b * (1 - f) for b, f in zip(alone["t_b"], share, strict=True)]}
 
-    rows = []
-    with Pool(stages, backend, timeout=300) as pool:
-        for name in SCHEDULES:
-            schedule = build_schedule(name, stages, microbatches,
-                                      2 if name == "interleaved_1f1b" else 1)
-            measured, simulated = measure_pipeline(pool, schedule, depth=4 * stages)
-            rows.append((name, f"{measured.makespan * 1e3:.1f}", f"{simulated.makespan * 1e3:.1f}",
-                         f"{measured.bubble_fraction:.3f}", f"{simulated.bubble_fraction:.3f}"))
-    return (f"fastest of 3 training steps, {stages} {backend} stages on {platform.node()}, "
-            f"{microbatches} micro-batches, MLP of width 512; simulated with the costs measured "
-            "in that step\n\n"
-            + format_table(["schedule", "measured (ms)", "simulated (ms)", "measured bubble",
-                            "simulated bubble"], rows))
+
+def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8, width: int = 512,
+                   batch: int = 512, backend: str = "gloo", cores: int | None = None) -> str:
+    """Each schedule's measured step beside two predictions: the replay of its own action times
+    with messages from the link fitted in the same run, and the simulator from per-device costs.
+    With more ranks than cores, a third: the cores model, fed what each device's actions take
+    alone (measured in the naive schedule, where one device computes at a time). `cores`: the
+    machine's, unless told."""
+    from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
+
+    cores = cores or os.cpu_count() or 1
+    reports = []
+    for stages in world_sizes:
+        with Pool(stages, backend, timeout=300) as pool:
+            t_comm, overhead = pipeline_link(pool, batch // microbatches * width * 4, backend)
+            runs = {}
+            for name in SCHEDULES:
+                schedule = build_schedule(name, stages, microbatches, 2 if name == "interleaved_1f1b" else 1)
+                runs[name] = measure_pipeline(pool, schedule, width, 4 * stages, batch,
+                                              t_comm=t_comm, overhead=overhead)
+        alone = measured_costs(runs["naive"][0])
+        shared = stages > cores
+        rows = []
+        for name, (measured, simulated) in runs.items():
+            replayed = replay(measured, t_comm, overhead)
+            row = [name, f"{measured.makespan * 1e3:.1f}", f"{replayed.makespan * 1e3:.1f}",
+                   f"{replayed.makespan / measured.makespan:.2f}", f"{simulated.makespan * 1e3:.1f}",
+                   f"{simulated.makespan / measured.makespan:.2f}"]
+            if shared:
+                modelled = simulate(measured.schedule, **_alone(alone, measured_costs(measured)),
+                                    t_comm=t_comm, overhead=overhead, cores=cores)
+                row += [f"{modelled.makespan * 1e3:.1f}", f"{modelled.makespan / measured.makespan:.2f}"]
+            rows.append(row)
+        headers = ["schedule", "measured (ms)", "replay (ms)", "replay / measured", "simulated (ms)",
+                   "simulated / measured"]
+        if shared:
+            headers += [f"{cores} cores model (ms)", "cores model / measured"]
+        reports.append(
+            f"{stages} {backend} stages on {cores} cores; a message of "
+            f"{format_bytes(batch // microbatches * width * 4)}: t_comm = {t_comm * 1e3:.3f} ms from the "
+            f"alpha-beta fit, overhead o = {overhead * 1e6:.1f} us a message at each end\n\n"
+            + format_table(headers, rows))
+    return (f"fastest of 3 training steps on {platform.node()}, {microbatches} micro-batches of "
+            f"mlp(width={width}, depth=4 x stages), batch {batch}; replay: every action as long as it "
+            "took; simulated: each device's median action times\n\n" + "\n\n".join(reports))
 
 
 def bench_memory(world_sizes: tuple[int, ...] = (2, 4), width: int = 512, depth: int = 8,

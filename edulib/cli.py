@@ -137,7 +137,7 @@ def _bench_command(options: argparse.Namespace) -> int:
     elif options.what == "pipeline":
         print(bench.bench_split_backward(backend=options.backend))
         print()
-        print(bench.bench_pipeline(options.world_size, backend=options.backend))
+        print(bench.bench_pipeline(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "plan":
         print(bench.bench_planner())
     elif options.what == "memory":

@@ -130,6 +130,21 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
     assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
 
 
+def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model():
+    from edulib.bench import bench_pipeline
+    from edulib.pp import SCHEDULES
+
+    report = bench_pipeline(world_sizes=(2,), microbatches=2, width=16, batch=8, cores=1)
+    rows = [line.split() for line in report.splitlines() if line.split() and line.split()[0] in SCHEDULES]
+    assert [row[0] for row in rows] == list(SCHEDULES)
+    assert "2 gloo stages on 1 cores" in report and "overhead o = " in report
+    for row in rows:  # measured, replay, its ratio, simulated, its ratio, cores model, its ratio
+        measured = float(row[1])
+        for model, ratio in ((row[2], row[3]), (row[4], row[5]), (row[6], row[7])):
+            low, high = (float(model) - 0.05) / (measured + 0.05), (float(model) + 0.05) / (measured - 0.05)
+            assert low - 0.005 <= float(ratio) <= high + 0.005, row
+
+
 def test_the_attention_and_moe_benchmarks_print_ratios_against_their_baselines():
     from edulib.bench import bench_attention, bench_moe
 

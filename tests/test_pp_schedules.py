@@ -169,9 +169,19 @@ def test_two_devices_on_one_core_share_it_by_hand():
                      (1, "B0@1"): (4, 5), (0, "B0@0"): (5, 7), (1, "B1@1"): (5, 7), (0, "B1@0"): (7, 8)}
 
 
+def test_messages_cost_latency_in_flight_and_overhead_at_both_ends_by_hand():
+    # F0@0 [0, 1]; its sender is busy to 1.1; it arrives at 1.6; the receiver spends 0.1 on it:
+    # F0@1 [1.7, 2.7], B0@1 [2.7, 4.7]; back the same way: B0@0 [5.4, 7.4]
+    timeline = simulate(build_schedule("gpipe", 2, 1), t_f=1.0, t_b=2.0, t_comm=0.5, overhead=0.1)
+    spans = {str(event.action): round(event.start, 9) for event in timeline.events}
+    assert spans == {"F0@0": 0, "F0@1": 1.7, "B0@1": 2.7, "B0@0": 5.4}
+    assert timeline.makespan == pytest.approx(7.4) and timeline.busy == (3.0, 3.0)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"cores": 0}, "cores a whole number from 1"),
-    ({"t_comm": -1.0}, "t_comm must be 0 or more"),
+    ({"t_comm": -1.0}, "t_comm and overhead must be 0 or more"),
+    ({"overhead": -1.0}, "got t_comm=0.0, overhead=-1.0"),
     ({"durations": {}}, "durations must give every action a time of 0 or more; F0@0 has None"),
 ])
 def test_bad_simulator_options_are_refused_clearly(kwargs, message):

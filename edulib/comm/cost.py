@@ -35,6 +35,11 @@ class Cost:
     time: float
 
 
+def message_time(nbytes: float, alpha: float, beta: float) -> float:
+    """One message's seconds in the alpha-beta model: its latency plus its bytes over bandwidth."""
+    return alpha + beta * nbytes
+
+
 def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
     """Bytes each rank sends in the whole schedule, for a tensor of `nbytes` bytes."""
     bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
@@ -64,7 +69,7 @@ def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
         for m in messages:
             latency, per_byte = link(m.src, m.dst) if link else (alpha, beta)
             size = (bounds[m.hi] - bounds[m.lo]) * itemsize
-            seconds = latency + per_byte * size
+            seconds = message_time(size, latency, per_byte)
             busy[m.src][0] += seconds
             busy[m.dst][1] += seconds + (gamma * size if m.op == "reduce" else 0.0)
         time += max(max(pair) if duplex else sum(pair) for pair in busy)

@@ -128,3 +128,30 @@ def ping_pong(sizes: list[int], repeats: int) -> dict[int, float]:
             samples.append(time.perf_counter() - began)
         swap[nbytes] = statistics.median(samples)
     return swap
+
+
+def message_stream(nbytes: int, counts: list[int], repeats: int) -> dict[int, float]:
+    """Median time for rank 2k to send `count` messages of `nbytes` back to back to rank 2k+1 and
+    hear its one-word answer, per count: the slope over the count is what each further message
+    costs the pair (LogGP's overhead and gap), the rest is one round trip's latency."""
+    rank, world_size, found = dist.get_rank(), dist.get_world_size(), {}
+    partner = rank ^ 1 if (rank ^ 1) < world_size else None
+    buffers = [torch.zeros(nbytes // 4, device=device()) for _ in range(max(counts))]
+    answer = torch.zeros(1, device=device())
+    for count in counts:
+        samples = []
+        for _ in range(repeats):
+            barrier()
+            began = time.perf_counter()
+            if partner is not None and rank % 2 == 0:
+                works = [isend(buffer, partner) for buffer in buffers[:count]]
+                irecv(answer, partner).wait()
+                for work in works:
+                    work.wait()
+            elif partner is not None:
+                for work in [irecv(buffer, partner) for buffer in buffers[:count]]:
+                    work.wait()
+                isend(answer, partner).wait()
+            samples.append(time.perf_counter() - began)
+        found[count] = statistics.median(samples)
+    return found

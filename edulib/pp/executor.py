@@ -19,8 +19,8 @@ from torch import nn
 
 from edulib import comm
 from edulib.pp.backward import Kept, backward_input, backward_weight, recording
-from edulib.pp.lower import consumer, lower
-from edulib.pp.schedule import Action, Schedule
+from edulib.pp.lower import lower
+from edulib.pp.schedule import Action, Schedule, consumer
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

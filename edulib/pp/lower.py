@@ -9,14 +9,8 @@ in the same order, which is all that order-matched messages (NCCL's, and gloo's 
 
 from __future__ import annotations
 
-from edulib.pp.schedule import Action, Schedule, key_of, needs
+from edulib.pp.schedule import Action, Schedule, consumer, key_of, needs
 from edulib.pp.simulate import validate
-
-
-def consumer(action: Action, stages: int) -> int | None:
-    """The stage that needs an action's result: F feeds the next stage, B the previous one."""
-    target = {"F": action.stage + 1, "B": action.stage - 1}.get(action.kind)
-    return target if target is not None and 0 <= target < stages else None
 
 
 def lower(schedule: Schedule) -> Schedule:

@@ -113,6 +113,12 @@ def needs(key: int, stages: int, microbatches: int) -> list[int]:
     return [key - stages * microbatches]
 
 
+def consumer(action: Action, stages: int) -> int | None:
+    """The stage that needs an action's result: F feeds the next stage, B the previous one."""
+    target = {"F": action.stage + 1, "B": action.stage - 1}.get(action.kind)
+    return target if target is not None and 0 <= target < stages else None
+
+
 def dependencies(action: Action, stages: int, microbatches: int) -> list[Action]:
     """The actions that must finish before `action` may start."""
     return [action_of(key, stages, microbatches)

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from edulib.pp.schedule import Action, Schedule, action_of, check_messages, dependencies, key_of, needs
+from edulib.pp.schedule import (
+    Action,
+    Schedule,
+    action_of,
+    check_messages,
+    consumer,
+    dependencies,
+    key_of,
+    needs,
+)
 
 
 @dataclass(frozen=True)
@@ -98,29 +107,33 @@ def _per_stage(value: float | Sequence[float], devices: int, what: str) -> list[
 def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
              t_b: float | Sequence[float] = 2.0, t_w: float | Sequence[float] = 0.0,
              t_comm: float = 0.0, durations: Mapping[Action, float] | None = None,
-             cores: int | None = None) -> Timeline:
+             cores: int | None = None, overhead: float = 0.0) -> Timeline:
     """Time a schedule: each device runs its actions in order, each as soon as its inputs exist.
 
     Costs are per device for a whole device's share of the model; a device holding v stages
     spends t/v on each. A schedule without W actions does the weight gradient inside B, which
     then takes t_b + t_w. `durations` gives each action its own time instead (a measured run's,
     to replay it). A dependency on another device arrives t_comm later: one message's time,
-    latency plus bytes over bandwidth (`edulib.comm.message_time`). With `cores` fewer than the
-    devices, the devices share them: n actions running at once each run at min(1, cores / n).
+    latency plus bytes over bandwidth (`edulib.comm.message_time`). Both ends of a message also
+    spend `overhead` on it (LogGP's o): the sender right after the action, the receiver before
+    the action that uses it. With `cores` fewer than the devices, the devices share them: n
+    actions running at once each run at min(1, cores / n).
     """
     rows = _keys(schedule)
     p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
-    if t_comm < 0 or (cores is not None and (not isinstance(cores, int) or cores < 1)):
-        raise ValueError(f"t_comm must be 0 or more and cores a whole number from 1 (or None); "
-                         f"got t_comm={t_comm!r}, cores={cores!r}")
+    if t_comm < 0 or overhead < 0 or (cores is not None and (not isinstance(cores, int) or cores < 1)):
+        raise ValueError(f"t_comm and overhead must be 0 or more and cores a whole number from 1 (or "
+                         f"None); got t_comm={t_comm!r}, overhead={overhead!r}, cores={cores!r}")
     if durations is None:
         f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
         if not schedule.split_backward:
             b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
-        work = [[f, b, w][key // (stages * m)][d] / v for d in range(p) for key in rows[d]]
+        time_of = {key: [f, b, w][key // (stages * m)][d] / v for d in range(p) for key in rows[d]}
     else:
-        work = [_given(durations, action_of(key, stages, m)) for d in range(p) for key in rows[d]]
-    time_of = {key: t for key, t in zip((key for row in rows for key in row), work, strict=True)}
+        time_of = {key: _given(durations, action_of(key, stages, m)) for row in rows for key in row}
+    held_by = {key: device for device in range(p) for key in rows[device]}
+    sends = {key: (target := consumer(action_of(key, stages, m), stages)) is not None
+                 and schedule.device_of(target) != held_by[key] for key in held_by}
     finished: list[float | None] = [None] * (3 * stages * m)
     position, clock = [0] * p, [0.0] * p
     waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
@@ -131,12 +144,10 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         for device in range(p):
             if device in running or device in waiting or position[device] == len(rows[device]):
                 continue
-            inputs = [finished[k] for k in needs(rows[device][position[device]], stages, m)]
-            if None not in inputs:
-                waiting[device] = max([clock[device]] + [
-                    done + t_comm * (((k // m) % stages) % p != device)
-                    for k, done in zip(needs(rows[device][position[device]], stages, m), inputs,
-                                       strict=True)])
+            needed = needs(rows[device][position[device]], stages, m)
+            if all(finished[k] is not None for k in needed):
+                arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
+                waiting[device] = max([clock[device], *arriving]) + overhead * len(arriving)
         for device in [d for d, start in waiting.items() if start <= now]:
             start = waiting.pop(device)
             running[device] = [start, now + time_of[rows[device][position[device]]] / rate]
@@ -151,7 +162,7 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         for device in [d for d, span in running.items() if span[1] <= now]:
             start, end = running.pop(device)
             key = rows[device][position[device]]
-            finished[key] = clock[device] = end
+            finished[key] = clock[device] = end + overhead * sends[key]
             timed.append((device, key, start, end))
             position[device] += 1
     stuck = [(device, action_of(rows[device][position[device]], stages, m))
@@ -178,13 +189,14 @@ def _given(durations: Mapping[Action, float], action: Action) -> float:
     return float(seconds)
 
 
-def replay(timeline: Timeline, t_comm: float | None = None, cores: int | None = None) -> Timeline:
+def replay(timeline: Timeline, t_comm: float | None = None, overhead: float = 0.0,
+           cores: int | None = None) -> Timeline:
     """Run a measured timeline's actions again through the simulator, each for as long as it
-    took, with messages of t_comm (by default the measured one): what the model predicts when
-    it knows every duration, so any gap left is what the model leaves out."""
+    took, with messages of t_comm (by default the measured one) and `overhead`: what the model
+    predicts when it knows every duration, so any gap left is what the model leaves out."""
     if t_comm is None:
         t_comm = float(measured_costs(timeline)["t_comm"])
-    return simulate(timeline.schedule, t_comm=t_comm, cores=cores,
+    return simulate(timeline.schedule, t_comm=t_comm, overhead=overhead, cores=cores,
                     durations={event.action: event.end - event.start for event in timeline.events})
 
 
