@@ -348,3 +348,26 @@ def test_the_planners_latency_is_the_pipeline_simulators_gpipe_makespan():
         one_f_one_b = simulate(build_schedule("1f1b", stages, microbatches), **costs).makespan
         assert gpipe == pytest.approx(latency(times, microbatches), rel=1e-12)
         assert one_f_one_b <= latency(times, microbatches) * (1 + 1e-12)
+
+
+def test_stages_pay_for_the_messages_between_them_by_hand():
+    from edulib.planner.inter import boundary_seconds
+
+    # a chain: a stage hands its last output forward and sends its input's gradient back
+    graph, cluster = mlp_graph(2, 256, 64), Cluster(2, 2, intra=(1e-6, 1e-9), inter=(1e-5, 1e-8))
+    out = [op.output_bytes for op in graph.operators]
+    assert boundary_seconds(graph, cluster, 0, 1, (1, 1)) == pytest.approx(1e-6 + 1e-9 * out[1])
+    assert boundary_seconds(graph, cluster, 2, 3, (1, 2)) == pytest.approx(1e-5 + 1e-8 * out[1])  # whole node
+    assert boundary_seconds(graph, cluster, 1, 2, (1, 1)) == pytest.approx(2e-6 + 1e-9 * (out[0] + out[2]))
+    assert boundary_seconds(graph, cluster, 0, 3, (2, 2)) == 0.0  # one stage talks to no one
+    # a skip edge (0 -> 3) across the cut is a second message; operator 0's output crosses once
+    skip = Graph("skip", graph.operators, (*graph.edges, (0, 3)))
+    assert boundary_seconds(skip, cluster, 0, 1, (1, 1)) == pytest.approx(2e-6 + 1e-9 * (out[0] + out[1]))
+    # and a plan's stage times are its operators' times plus those messages
+    found = plan(graph, cluster, 4, clusters=2, submeshes=[(1, 2)])
+    assert len(found.stages) == 2
+    for stage in found.stages:
+        table = costs(graph.part(stage.first, stage.last), stage.mesh, 4)
+        alone = ilp(table).time
+        assert stage.time == pytest.approx(alone + boundary_seconds(graph, cluster, stage.first, stage.last,
+                                                                    stage.submesh))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from edulib.models import split
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, moe_graph
-from edulib.planner.inter import Plan, Stage, latency, plan
+from edulib.planner.inter import Plan, Stage, boundary_seconds, latency, plan
 from edulib.planner.intra import costs, evaluate
 from edulib.table import format_bytes
 
@@ -61,7 +61,8 @@ def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
         if memory > cluster.memory:
             return None
         names = tuple(",".join(want) for want in loops)
-        stages.append(Stage(first, last, submesh, mesh, names, sharding.time, memory))
+        stages.append(Stage(first, last, submesh, mesh, names,
+                            sharding.time + boundary_seconds(graph, cluster, first, last, submesh), memory))
     return Plan(graph, cluster, microbatches, tuple(stages), latency([s.time for s in stages], microbatches),
                 0.0, {"grid (dp, pp, tp)": (dp, pp, tp)})
 

@@ -58,6 +58,11 @@ class Cluster:
         shapes = [(1, 2**i) for i in range(int(math.log2(self.devices)) + 1) if 2**i < self.devices]
         return shapes + [(n, self.devices) for n in range(1, self.nodes + 1)]
 
+    def boundary_link(self, submesh: tuple[int, int]) -> Link:
+        """The link a stage on `submesh` talks to its neighbouring stages over: between nodes when
+        it fills whole nodes of a cluster of several, else inside its node."""
+        return self.inter if self.nodes > 1 and submesh[1] == self.devices else self.intra
+
     def logical_meshes(self, submesh: tuple[int, int]) -> list[Mesh]:
         """Every 2-D view (a, b) of a submesh whose axis 1 stays inside a node; links per axis."""
         nodes, per_node = submesh

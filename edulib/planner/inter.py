@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edulib.comm.cost import message_time
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
 from edulib.planner.intra import Costs, Sharding, costs, ilp, priced_optimum, solve, viterbi
@@ -78,6 +79,17 @@ class StageTable:
         return self.meshes[m][j], solve(table, memory, in_flight)
 
 
+def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int,
+                     submesh: tuple[int, int]) -> float:
+    """What the stage of operators first..last on `submesh` spends per micro-batch on messages
+    to its neighbours: the activations it hands on forward and the gradients of those it was
+    handed, sent back; each alpha + beta x bytes over the link between the submeshes."""
+    alpha, beta = cluster.boundary_link(submesh)
+    out = {u for u, v in graph.edges if first <= u <= last < v}
+    back = {u for u, v in graph.edges if u < first <= v <= last}
+    return sum(message_time(graph.operators[u].output_bytes, alpha, beta) for u in out | back)
+
+
 def _fastest_stages(table: Costs, first: int, ends: dict[int, int]) -> Iterator[tuple[int, Sharding]]:
     """The least-time choice for operators first..v, for every cluster end v after `first`,
     memory aside: one Viterbi sweep on a chain, the ILP once per end on any other graph."""
@@ -96,7 +108,8 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                 submeshes: Sequence[tuple[int, int]], stages: int,
                 meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None,
                 progress: Progress | None = None) -> StageTable:
-    """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s).
+    """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s),
+    with the stage's messages to its neighbours (`boundary_seconds`).
 
     On a chain, one Viterbi sweep per logical mesh and first cluster k gives the least time of
     every range k..i at once; where that choice overflows memory (1F1B keeps s micro-batches), a
@@ -139,7 +152,9 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
             part = tables[(where[3], j)].part(first, v)
             fits = priced_optimum if part.graph.is_chain else solve
             keep(where, fits(part, cluster.memory, int(in_flight[where[0]])).time, j)
-    return StageTable(ranges, list(submeshes), tried, best, which, least, tables)
+    messages = np.array([[[boundary_seconds(graph, cluster, ranges[k][0], ranges[i][1], submesh)
+                           for submesh in submeshes] for i in range(count)] for k in range(count)])
+    return StageTable(ranges, list(submeshes), tried, best + messages[None], which, least, tables)
 
 
 def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
@@ -279,7 +294,8 @@ def build_plan(graph: Graph, cluster: Cluster, microbatches: int, table: StageTa
         j = table.meshes[m].index(mesh)
         options = table.tables[(m, j)].options
         names = tuple(options[first + v][c].name for v, c in enumerate(sharding.choice))
-        found.append(Stage(first, last, table.submeshes[m], mesh, names, sharding.time,
+        found.append(Stage(first, last, table.submeshes[m], mesh, names,
+                           sharding.time + boundary_seconds(graph, cluster, first, last, table.submeshes[m]),
                            sharding.memory(min(s, microbatches))))
     return Plan(graph, cluster, microbatches, tuple(found),
                 latency([stage.time for stage in found], microbatches),
