@@ -179,3 +179,14 @@ def test_plan_on_an_impossible_cluster_is_a_clear_error(capsys):
     assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "1", "--devices", "2",
                  "--memory-gib", "0.001", "--quiet"]) == 1
     assert "the smallest memory per device that fits is" in capsys.readouterr().err
+
+
+def test_the_executed_plan_benchmark_sets_the_measured_step_beside_the_prediction():
+    from edulib.bench import bench_executed_plan
+
+    report = bench_executed_plan(ranks=4, trials=1)
+    row = next(line.split() for line in report.splitlines() if line.split() and line.split()[0] == "1")
+    predicted, measured, ratio = (float(x) for x in row[-4:-1])
+    assert row[-1] == "yes"  # the plan trains like one process
+    low, high = (measured - 0.005) / (predicted + 0.005), (measured + 0.005) / (predicted - 0.005)
+    assert low - 0.005 <= ratio <= high + 0.005  # each printed to two decimals
