@@ -60,7 +60,9 @@ class Cluster:
 
     def boundary_link(self, submesh: tuple[int, int]) -> Link:
         """The link a stage on `submesh` talks to its neighbouring stages over: between nodes when
-        it fills whole nodes of a cluster of several, else inside its node."""
+        it fills whole nodes of a cluster of several, else inside its node. (The program does not
+        track where a stage lands, so a part-node stage whose neighbour is on the next node is
+        charged the faster link.)"""
         return self.inter if self.nodes > 1 and submesh[1] == self.devices else self.intra
 
     def logical_meshes(self, submesh: tuple[int, int]) -> list[Mesh]:
