@@ -16,9 +16,12 @@ import platform
 import socket
 import statistics
 import time
+from pathlib import Path
 
 from edulib import examples
 from edulib.launch import Pool
+from edulib.measured import pipeline_key
+from edulib.measured import save as save_measured
 from edulib.table import format_bytes, format_table
 
 
@@ -90,15 +93,16 @@ AGREEMENT_FROM = 64 * 2**10  # the smallest size whose prediction the bench hold
 
 
 def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 * 2**20,
-                    repeats: int = 12, backend: str = "gloo") -> str:
+                    repeats: int = 12, backend: str = "gloo", save_to: Path | None = None) -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and the cost model's
-    prediction from alpha, beta and gamma fitted in the same run, and how far apart they are."""
+    prediction from alpha, beta and gamma fitted in the same run, and how far apart they are;
+    with `save_to`, keep the times and the fit there for the cost explorer (`edulib.measured`)."""
     from edulib.comm import ALGORITHMS, build_schedule, cost
     from edulib.comm.cost import fit_alpha_beta
     from edulib.comm.workers import time_allreduce, time_reduction
 
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
-    reports = []
+    reports, saved = [], {}
     duplex = backend == "nccl"  # gloo on CPUs: both ends of a message are copies by a rank's CPU
     for world_size in world_sizes:
         with Pool(world_size, backend, timeout=600) as pool:
@@ -107,6 +111,10 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             gamma = max(fit_alpha_beta(reduction)[1] for reduction in reductions)  # the slowest rank's
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
         rows, close, compared = [], 0, 0
+        saved[str(world_size)] = {"backend": backend, "alpha": alpha, "beta": beta, "gamma": gamma,
+                                  "duplex": duplex, "times": {
+                                      name: [[n, _median_slowest(per_rank, (name, n))] for n in sizes]
+                                      for name in ALGORITHMS}}
         for nbytes in sizes:
             builtin = _median_slowest(per_rank, ("builtin", nbytes))
             for name in ["builtin", *ALGORITHMS]:
@@ -136,6 +144,8 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                             "vs built-in", "predicted (ms)", "predicted / measured"], rows))
     header = (f"all-reduce of float32 tensors on {platform.node()} ({platform.machine()}); "
               f"median over repeats of the slowest rank's time")
+    if save_to:
+        reports.append(f"saved for the cost explorer: {save_measured('allreduce', saved, save_to)}")
     return "\n\n".join([header, *reports])
 
 
@@ -220,16 +230,17 @@ def _alone(alone: dict, run: dict) -> dict[str, list[float]]:
 
 
 def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8, width: int = 512,
-                   batch: int = 512, backend: str = "gloo", cores: int | None = None) -> str:
+                   batch: int = 512, backend: str = "gloo", cores: int | None = None,
+                   save_to: Path | None = None) -> str:
     """Each schedule's measured step beside two predictions: the replay of its own action times
     with messages from the link fitted in the same run, and the simulator from per-device costs.
     With more ranks than cores, a third: the cores model, fed what each device's actions take
     alone (measured in the naive schedule, where one device computes at a time). `cores`: the
-    machine's, unless told."""
+    machine's, unless told. With `save_to`, keep each run's bubble there for the bubble explorer."""
     from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
 
     cores = cores or os.cpu_count() or 1
-    reports = []
+    reports, saved = [], {}
     for stages in world_sizes:
         with Pool(stages, backend, timeout=300) as pool:
             t_comm, overhead = pipeline_link(pool, batch // microbatches * width * 4, backend)
@@ -241,15 +252,18 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
         alone = measured_costs(runs["naive"][0])
         shared = stages > cores
         rows = []
-        for name, (measured, simulated) in runs.items():
-            replayed = replay(measured, t_comm, overhead)
-            row = [name, f"{measured.makespan * 1e3:.1f}", f"{replayed.makespan * 1e3:.1f}",
-                   f"{replayed.makespan / measured.makespan:.2f}", f"{simulated.makespan * 1e3:.1f}",
-                   f"{simulated.makespan / measured.makespan:.2f}"]
+        for name, (measured_run, simulated) in runs.items():
+            replayed = replay(measured_run, t_comm, overhead)
+            saved[pipeline_key(measured_run.schedule)] = {
+                "backend": backend, "bubble": measured_run.bubble_fraction, "makespan": measured_run.makespan,
+                "replay_bubble": replayed.bubble_fraction}
+            row = [name, f"{measured_run.makespan * 1e3:.1f}", f"{replayed.makespan * 1e3:.1f}",
+                   f"{replayed.makespan / measured_run.makespan:.2f}", f"{simulated.makespan * 1e3:.1f}",
+                   f"{simulated.makespan / measured_run.makespan:.2f}"]
             if shared:
-                modelled = simulate(measured.schedule, **_alone(alone, measured_costs(measured)),
+                modelled = simulate(measured_run.schedule, **_alone(alone, measured_costs(measured_run)),
                                     t_comm=t_comm, overhead=overhead, cores=cores)
-                row += [f"{modelled.makespan * 1e3:.1f}", f"{modelled.makespan / measured.makespan:.2f}"]
+                row += [f"{modelled.makespan * 1e3:.1f}", f"{modelled.makespan / measured_run.makespan:.2f}"]
             rows.append(row)
         headers = ["schedule", "measured (ms)", "replay (ms)", "replay / measured", "simulated (ms)",
                    "simulated / measured"]
@@ -260,6 +274,8 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
             f"{format_bytes(batch // microbatches * width * 4)}: t_comm = {t_comm * 1e3:.3f} ms from the "
             f"alpha-beta fit, overhead o = {overhead * 1e6:.1f} us a message at each end\n\n"
             + format_table(headers, rows))
+    if save_to:
+        reports.append(f"saved for the bubble explorer: {save_measured('pipeline', saved, save_to)}")
     return (f"fastest of 3 training steps on {platform.node()}, {microbatches} micro-batches of "
             f"mlp(width={width}, depth=4 x stages), batch {batch}; replay: every action as long as it "
             "took; simulated: each device's median action times\n\n" + "\n\n".join(reports))

@@ -127,8 +127,9 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 def _bench_command(options: argparse.Namespace) -> int:
     """`edulib bench launch|allreduce|attention|dp|grade|memory|moe|pipeline|plan`: measured against a
-    baseline or the model."""
+    baseline or the model; allreduce and pipeline also save theirs for the explorers."""
     from edulib import bench
+    from edulib.measured import results_path
 
     if options.what == "launch":
         print(bench.bench_launch(options.world_size, options.repeats))
@@ -137,7 +138,8 @@ def _bench_command(options: argparse.Namespace) -> int:
     elif options.what == "pipeline":
         print(bench.bench_split_backward(backend=options.backend))
         print()
-        print(bench.bench_pipeline(tuple(options.world_sizes), backend=options.backend))
+        print(bench.bench_pipeline(tuple(options.world_sizes), backend=options.backend,
+                                   save_to=results_path()))
     elif options.what == "plan":
         print(bench.bench_planner())
     elif options.what == "memory":
@@ -150,7 +152,7 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_grade(options.students))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
-                                    backend=options.backend))
+                                    backend=options.backend, save_to=results_path()))
     return 0
 
 

@@ -112,11 +112,12 @@ def test_the_launch_benchmark_prints_its_baseline_and_ratios():
     assert len(ratios) == 3 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
 
 
-def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
+def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_path):
     from edulib.bench import bench_allreduce
     from edulib.comm import ALGORITHMS
+    from edulib.measured import load
 
-    report = bench_allreduce(world_sizes=(2,), max_bytes=4096, repeats=2)
+    report = bench_allreduce(world_sizes=(2,), max_bytes=4096, repeats=2, save_to=tmp_path / "m.json")
     rows = [line.split() for line in report.splitlines() if line.startswith(("1 KiB", "4 KiB"))]
     assert len(rows) == 2 * (len(ALGORITHMS) + 1)
     assert {row[2] for row in rows} == {"builtin", *ALGORITHMS}
@@ -128,13 +129,20 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin():
             low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
             assert low - 0.005 <= float(row[8]) <= high + 0.005, row
     assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
+    saved = load("allreduce", tmp_path / "m.json")["2"]  # what the cost explorer will draw
+    for row in rows:
+        if row[2] != "builtin":
+            size = {"1 KiB": 1024, "4 KiB": 4096}[f"{row[0]} {row[1]}"]
+            assert [round(s * 1e3, 3) for n, s in saved["times"][row[2]] if n == size] == [float(row[3])]
 
 
-def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model():
+def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model(tmp_path):
     from edulib.bench import bench_pipeline
+    from edulib.measured import load
     from edulib.pp import SCHEDULES
 
-    report = bench_pipeline(world_sizes=(2,), microbatches=2, width=16, batch=8, cores=1)
+    report = bench_pipeline(world_sizes=(2,), microbatches=2, width=16, batch=8, cores=1,
+                            save_to=tmp_path / "m.json")
     rows = [line.split() for line in report.splitlines() if line.split() and line.split()[0] in SCHEDULES]
     assert [row[0] for row in rows] == list(SCHEDULES)
     assert "2 gloo stages on 1 cores" in report and "overhead o = " in report
@@ -143,6 +151,12 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
         for model, ratio in ((row[2], row[3]), (row[4], row[5]), (row[6], row[7])):
             low, high = (float(model) - 0.05) / (measured + 0.05), (float(model) + 0.05) / (measured - 0.05)
             assert low - 0.005 <= float(ratio) <= high + 0.005, row
+    saved = load("pipeline", tmp_path / "m.json")  # what the bubble explorer will name
+    assert sorted(saved) == sorted(f"{name} p=2 m=2 v={2 if name == 'interleaved_1f1b' else 1}"
+                                   for name in SCHEDULES)
+    assert [round(saved[key]["makespan"] * 1e3, 1) for key in
+            (f"{row[0]} p=2 m=2 v={2 if row[0] == 'interleaved_1f1b' else 1}" for row in rows)] == [
+        float(row[1]) for row in rows]
 
 
 def test_the_attention_and_moe_benchmarks_print_ratios_against_their_baselines():

@@ -251,3 +251,56 @@ def test_less_bandwidth_between_nodes_never_speeds_a_plan_up():
 
     fast, slow = (plan_case(2, "4", 100, gbps, 16) for gbps in (100, 0.1))
     assert slow.latency >= fast.latency
+
+
+SAVED_ALLREDUCE = {"16": {"backend": "gloo", "alpha": 1e-4, "beta": 1e-9, "gamma": 0.0, "duplex": False,
+                          "times": {"ring": [[1024, 1e-3], [4096, 2e-3]], "tree": [[1024, 3e-3]]}}}
+
+
+def _circles(figure: Figure) -> list[tuple[float, float]]:
+    """The measured points drawn on a cost figure (the winners' squares sit below the curves)."""
+    return [tuple(point) for collection in figure.axes[0].collections
+            for point in collection.get_offsets() if collection.get_facecolors().size == 0]
+
+
+def test_saved_measurements_merge_and_a_bad_file_reads_as_nothing(tmp_path):
+    from edulib.measured import load, save
+
+    path = tmp_path / "deep" / "measured.json"
+    assert load("allreduce", path) == {}
+    save("allreduce", {"2": {"alpha": 1.0}}, path)
+    save("allreduce", {"4": {"alpha": 2.0}}, path)
+    save("allreduce", {"2": {"alpha": 3.0}}, path)
+    assert {key: value["alpha"] for key, value in load("allreduce", path).items()} == {"2": 3.0, "4": 2.0}
+    assert load("pipeline", path) == {}
+    path.write_text("{not json")
+    assert load("allreduce", path) == {}
+
+
+def test_the_cost_explorer_shows_the_times_measured_here_but_never_in_its_static_figure(
+        tmp_path, monkeypatch):
+    from edulib.measured import save
+    from edulib.widgets.comm import _describe, _draw
+
+    monkeypatch.setenv("EDULIB_MEASURED", str(tmp_path / "measured.json"))
+    save("allreduce", SAVED_ALLREDUCE)
+    assert _circles(comm_cost_explorer(static=True)) == []  # nbval's figure stays the same anywhere
+    case = {"ranks": 16, "message_bytes": 2**20, "latency_us": 5, "bandwidth_gbs": 10}
+    saved = {key: {**value, "machine": "here"} for key, value in SAVED_ALLREDUCE.items()}
+    assert sorted(_circles(_draw(saved, **case))) == [(1024, 1e-3), (1024, 3e-3), (4096, 2e-3)]
+    assert _circles(_draw(saved, **{**case, "ranks": 8})) == []  # nothing measured on 8 ranks
+    assert "circles: measured on here with 16 gloo ranks" in _describe(saved, **case)
+    assert "alpha = 100.0 us and 1.00 GB/s per direction, half-duplex" in _describe(saved, **case)
+
+
+def test_the_bubble_explorer_names_the_bubble_measured_for_the_same_schedule():
+    from edulib.widgets.pipeline import _draw, describe_case
+
+    saved = {"1f1b p=4 m=8 v=1": {"machine": "here", "backend": "gloo", "bubble": 0.8, "makespan": 0.1,
+                                  "replay_bubble": 0.5}}
+    case = {"schedule": "1f1b", "stages": 4, "microbatches": 8, "chunks": 2, "backward_ratio": 2}
+    assert describe_case(saved, **case).endswith("bubble fraction 0.8000; replayed from its own action "
+                                                 "times: 0.5000")
+    assert "measured" not in describe_case(saved, **{**case, "microbatches": 16})
+    assert _draw(saved, **case).axes[0].get_title() == (
+        "simulated bubble 37.5%; measured here 80.0%, replayed 50.0%")

@@ -92,14 +92,19 @@ def cost_table(world_size: int, nbytes: float, alpha: float, beta: float) -> str
                          "MB sent in total"], rows)
 
 
-def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float) -> Figure:
-    """Alpha-beta time of every all-reduce against message size, with the winner at each size."""
+def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float,
+                measured: dict | None = None) -> Figure:
+    """Alpha-beta time of every all-reduce against message size, with the winner at each size;
+    `measured` (a saved `edulib bench allreduce` run on as many ranks) adds its times as circles."""
     sizes = np.logspace(1, 31, 61, base=2)
     figure = Figure(figsize=(7.5, 3.4))
     curves = figure.subplots()
     for name in ALGORITHMS:
         times = [formula(name, world_size, size, alpha, beta).time for size in sizes]
         curves.loglog(sizes, times, label=name, color=ALGORITHM_COLOURS[name])
+        points = np.array((measured or {}).get("times", {}).get(name, [])).reshape(-1, 2)
+        curves.scatter(points[:, 0], points[:, 1], s=18, facecolors="none", zorder=4,
+                       edgecolors=ALGORITHM_COLOURS[name])
     bottom = curves.get_ylim()[0]
     curves.scatter(sizes, np.full(len(sizes), bottom * 1.15), marker="s", s=12, zorder=3,
                    c=[ALGORITHM_COLOURS[winner(world_size, size, alpha, beta)] for size in sizes])
@@ -110,6 +115,8 @@ def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float) -> Fi
     curves.set_yticks([10.0**k for k in decades], [_seconds(10.0**k) for k in decades])
     curves.set_xlabel("message size M; squares: fastest at each size")
     curves.set_ylabel("time")
+    if measured:
+        curves.plot([], [], "o", mfc="none", color="grey", label="measured here")
     curves.legend(fontsize=7, loc="upper left")
     curves.set_title(f"{world_size} ranks, alpha = {alpha * 1e6:g} us, "
                      f"{1 / beta / 1e9:g} GB/s: at the dashed line "

@@ -1,11 +1,14 @@
-"""The communication-cost explorer of lesson 02: ranks, message size, latency and bandwidth."""
+"""The communication-cost explorer of lesson 02: ranks, message size, latency and bandwidth, and
+the times `edulib bench allreduce` measured here, where it has run."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from edulib.measured import load
 from edulib.viz.comm import cost_figure, cost_table
-from edulib.widgets.explorer import Slider, explore
+from edulib.widgets.explorer import Slider, drawn_once, explore
 
 
 def _case(ranks: float, message_bytes: float, latency_us: float, bandwidth_gbs: float
@@ -14,12 +17,31 @@ def _case(ranks: float, message_bytes: float, latency_us: float, bandwidth_gbs: 
     return int(ranks), message_bytes, latency_us * 1e-6, 1 / (bandwidth_gbs * 1e9)
 
 
+def _draw(saved: dict, **values: float) -> Any:
+    """The cost figure, with the times measured on as many ranks as the slider says, if any."""
+    case = _case(**values)
+    return cost_figure(*case, measured=saved.get(str(case[0])))
+
+
+def _describe(saved: dict, **values: float) -> str:
+    """The cost table, and the link fitted where this many ranks were measured."""
+    case = _case(**values)
+    found = saved.get(str(case[0]))
+    if not found:
+        return cost_table(*case)
+    return (cost_table(*case) + f"\n\ncircles: measured on {found['machine']} with {case[0]} "
+            f"{found['backend']} ranks (edulib bench allreduce), which fitted alpha = "
+            f"{found['alpha'] * 1e6:.1f} us and {1 / found['beta'] / 1e9:.2f} GB/s per direction"
+            + ("" if found["duplex"] else ", half-duplex (the sliders' model is full-duplex)"))
+
+
 def comm_cost_explorer(static: bool | None = None) -> Any:
     """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins."""
+    saved = {} if drawn_once(static) else load("allreduce")
     return explore(
-        lambda **values: cost_figure(*_case(**values)),
+        partial(_draw, saved),
         {"ranks": Slider(16, 1, 10, 1, log=True, base=2, integer=True),
          "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2, unit="bytes"),
          "latency_us": Slider(5, -1, 3, 0.1, log=True, unit="{} us"),
          "bandwidth_gbs": Slider(10, -1, 3, 0.1, log=True, unit="{} GB/s")},
-        static, describe=lambda **values: cost_table(*_case(**values)))
+        static, describe=partial(_describe, saved))

@@ -214,6 +214,12 @@ def png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
+def drawn_once(static: bool | None) -> bool:
+    """Whether an explorer asked for with `static` draws once at its defaults (forced, or no
+    widget front end): such a figure must not depend on this machine (nbval compares it)."""
+    return bool(static or (static is None and not has_widget_front_end()))
+
+
 def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
             static: bool | None = None, describe: Callable[..., str] | None = None,
             applies: dict[str, Callable[..., str | None]] | None = None) -> Any:
@@ -226,7 +232,7 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
     `static=True` forces the fallback, which returns `draw` at the default values.
     """
     defaults = {name: control.value for name, control in controls.items()}
-    if static or (static is None and not has_widget_front_end()):
+    if drawn_once(static):
         return draw(**defaults)
     import html
 

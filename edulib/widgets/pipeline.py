@@ -1,12 +1,15 @@
-"""The bubble explorer of lesson 04: schedule, stages, micro-batches, chunks, backward cost."""
+"""The bubble explorer of lesson 04: schedule, stages, micro-batches, chunks, backward cost, and
+the bubble `edulib bench pipeline` measured here for the same schedule, where it has run."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from edulib.measured import load, pipeline_key
 from edulib.pp import SCHEDULES, Timeline, build_schedule, simulate_ratio
 from edulib.viz.pipeline import timeline_figure
-from edulib.widgets.explorer import Choice, Slider, explore
+from edulib.widgets.explorer import Choice, Slider, drawn_once, explore
 
 
 def pipeline_case(schedule: str, stages: int, microbatches: int, chunks: int,
@@ -17,8 +20,19 @@ def pipeline_case(schedule: str, stages: int, microbatches: int, chunks: int,
                           backward_ratio)
 
 
-def describe_case(**case: Any) -> str:
-    """The numbers behind a timeline: both bubble fractions, the closed form, memory in flight."""
+def _measured(saved: dict, timeline: Timeline) -> str:
+    """What was measured here for this very schedule, in a line; "" if it never was."""
+    found = saved.get(pipeline_key(timeline.schedule))
+    if not found:
+        return ""
+    return (f"measured on {found['machine']} ({found['backend']} ranks, edulib bench pipeline): bubble "
+            f"fraction {found['bubble']:.4f}; replayed from its own action times: "
+            f"{found['replay_bubble']:.4f}")
+
+
+def describe_case(saved: dict | None = None, **case: Any) -> str:
+    """The numbers behind a timeline: both bubble fractions, the closed form, memory in flight,
+    and the bubble measured here (`saved`: the saved `edulib bench pipeline` runs)."""
     try:
         timeline = pipeline_case(**case)
     except ValueError as error:
@@ -30,25 +44,32 @@ def describe_case(**case: Any) -> str:
              f"idle fraction (idle / all device time): {timeline.idle_fraction:.4f}",
              f"makespan: {timeline.makespan:g} (one forward of one stage = 1)",
              "micro-batches in flight at most, per device: "
-             + " ".join(map(str, timeline.peak_inflight))]
-    return "\n".join(lines)
+             + " ".join(map(str, timeline.peak_inflight)),
+             _measured(saved or {}, timeline)]
+    return "\n".join(line for line in lines if line)
 
 
-def _draw(**case: Any) -> Any:
-    """The timeline of a case, or the reason it cannot be built."""
+def _draw(saved: dict, **case: Any) -> Any:
+    """The timeline of a case, titled with the bubble measured here if there is one, or the
+    reason it cannot be built."""
     try:
-        return timeline_figure(pipeline_case(**case))
+        timeline = pipeline_case(**case)
     except ValueError as error:
         return str(error)
+    found = saved.get(pipeline_key(timeline.schedule))
+    return timeline_figure(timeline, title=None if not found else
+                           f"simulated bubble {timeline.bubble_fraction:.1%}; measured here "
+                           f"{found['bubble']:.1%}, replayed {found['replay_bubble']:.1%}")
 
 
 def bubble_explorer(static: bool | None = None) -> Any:
     """Explore pipeline schedules: the timeline, its bubble and its memory, live."""
-    return explore(_draw, {
+    saved = {} if drawn_once(static) else load("pipeline")
+    return explore(partial(_draw, saved), {
         "schedule": Choice("1f1b", SCHEDULES),
         "stages": Slider(4, 1, 16, 1, integer=True),
         "microbatches": Slider(8, 1, 64, 1, integer=True),
         "chunks": Slider(2, 1, 4, 1, integer=True),
-        "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=describe_case,
+        "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=partial(describe_case, saved),
         applies={"chunks": lambda schedule, **_: None if schedule == "interleaved_1f1b" else
                  "chunks per stage: only the interleaved schedule (interleaved_1f1b) uses them"})
