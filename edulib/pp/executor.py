@@ -1,14 +1,17 @@
 """The one pipeline executor: it interprets a lowered schedule's row for one device.
 
 Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.runtime.train_step`), the 3D
-hybrid and the planner's plans. It takes any stages (modules) and a loss function. RECV posts a
-receive at once and the action that needs it waits for it; SEND starts a send and moves on; so
-messages match by order alone, as lowering arranged, and no tag is needed. A schedule with W
-actions runs the split backward of `edulib.pp.backward`.
+hybrid and the planner's plans. It takes any stages (modules) and a loss function. Every RECV
+of the row is posted before the first action, in the row's order, and the action that needs it
+waits for it; SEND starts a send and moves on; so messages match by order alone, as lowering
+arranged, and no tag is needed. (A receive posted early lets gloo write a message the moment it
+is sent: posted late, a message waited for the sender's busy core, up to a scheduler tick.) A
+schedule with W actions runs the split backward of `edulib.pp.backward`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -91,17 +94,20 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         else:
             outgoing[action.kind, action.stage, action.microbatch] = tensor
 
-    for action in program.actions[device]:
-        stage, mb = action.stage, action.microbatch
+    for action in program.actions[device]:  # every receive is posted at once, in the row's order
         if action.kind in ("RECV_F", "RECV_B"):
             buffer = torch.empty(tuple(shape))
             peer = links.receive_from(schedule.device_of(action.peer_stage()))
-            arriving[action.kind[-1], stage, mb] = (buffer, comm.irecv(buffer, peer))
+            arriving[action.kind[-1], action.stage, action.microbatch] = (buffer, comm.irecv(buffer, peer))
+    for action in program.actions[device]:
+        stage, mb = action.stage, action.microbatch
+        if action.kind in ("RECV_F", "RECV_B"):
             continue
         if action.kind in ("SEND_F", "SEND_B"):
             tensor = outgoing.pop((action.kind[-1], stage, mb))
             sends += [comm.isend(tensor, peer)
                       for peer in links.send_to(schedule.device_of(action.peer_stage()))]
+            os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
             continue
         if action.kind == "F":
             x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
