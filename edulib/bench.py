@@ -92,6 +92,26 @@ def fit_overhead(pool: Pool, repeats: int = 15) -> float:
 AGREEMENT_FROM = 64 * 2**10  # the smallest size whose prediction the bench holds to 25 %
 
 
+def agreement(measured: dict[tuple[str, int], float], predicted: dict[tuple[str, int], float]) -> str:
+    """How well predicted times, per (algorithm, bytes), match measured ones: how many lie within
+    25 % and 50 %, and at how many sizes the predicted fastest algorithm is the measured fastest
+    or within 20 % of it (closer than that, two measured times are a toss-up)."""
+    ratios = [predicted[key] / measured[key] for key in measured]
+    sizes = sorted({n for _, n in measured})
+    wrong = []
+    for n in sizes:
+        names = [name for name, size in measured if size == n]
+        fastest = min(names, key=lambda name: measured[name, n])
+        chosen = min(names, key=lambda name: predicted[name, n])
+        if measured[chosen, n] > 1.2 * measured[fastest, n]:
+            wrong.append(f"{format_bytes(n)}: {chosen} predicted, {fastest} measured")
+    return (f"predicted within 25 % of measured from {format_bytes(AGREEMENT_FROM)}: "
+            f"{sum(abs(r - 1) <= 0.25 for r in ratios)} of {len(ratios)}; within 50 %: "
+            f"{sum(abs(r - 1) <= 0.5 for r in ratios)}\n"
+            f"predicted fastest is the measured fastest, or within 20 % of it, at "
+            f"{len(sizes) - len(wrong)} of {len(sizes)} sizes" + "".join(f"; not at {w}" for w in wrong))
+
+
 def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 * 2**20,
                     repeats: int = 12, backend: str = "gloo", save_to: Path | None = None) -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and the cost model's
@@ -110,7 +130,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             reductions = pool.run(time_reduction, sizes, repeats)
             gamma = max(fit_alpha_beta(reduction)[1] for reduction in reductions)  # the slowest rank's
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
-        rows, close, compared = [], 0, 0
+        rows, times, models = [], {}, {}
         saved[str(world_size)] = {"backend": backend, "alpha": alpha, "beta": beta, "gamma": gamma,
                                   "duplex": duplex, "times": {
                                       name: [[n, _median_slowest(per_rank, (name, n))] for n in sizes]
@@ -126,8 +146,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                                  duplex=duplex).time
                     predicted, ratio = f"{model * 1e3:.3f}", f"{model / seconds:.2f}"
                     if nbytes >= AGREEMENT_FROM:
-                        compared += 1
-                        close += abs(model / seconds - 1) <= 0.25
+                        times[name, nbytes], models[name, nbytes] = seconds, model
                 rows.append((format_bytes(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
                              f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
                              f"{seconds / builtin:.2f}x", predicted, ratio))
@@ -137,9 +156,8 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             f"this run from pairs swapping messages, all at once: alpha = {alpha * 1e6:.1f} us, "
             f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / 1e9:.2f} GB/s) per direction; from every rank "
             f"adding buffers at once: gamma = {gamma * 1e9:.3f} ns/B\n"
-            f"predicted within 25 % of measured from {format_bytes(AGREEMENT_FROM)}: {close} of {compared}"
-            + (" (more ranks than cores: ranks take turns on a core, which the model does not see)"
-               if world_size > cores else "") + "\n\n"
+            + ("more ranks than cores: ranks take turns on a core, which the model does not see\n"
+               if world_size > cores else "") + agreement(times, models) + "\n\n"
             + format_table(["size", "algorithm", "time (ms)", "algbw (GB/s)", "busbw (GB/s)",
                             "vs built-in", "predicted (ms)", "predicted / measured"], rows))
     header = (f"all-reduce of float32 tensors on {platform.node()} ({platform.machine()}); "

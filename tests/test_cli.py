@@ -129,11 +129,24 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_p
             low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
             assert low - 0.005 <= float(row[8]) <= high + 0.005, row
     assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
+    assert "predicted fastest is the measured fastest, or within 20 % of it, at 0 of 0 sizes" in report
     saved = load("allreduce", tmp_path / "m.json")["2"]  # what the cost explorer will draw
     for row in rows:
         if row[2] != "builtin":
             size = {"1 KiB": 1024, "4 KiB": 4096}[f"{row[0]} {row[1]}"]
             assert [round(s * 1e3, 3) for n, s in saved["times"][row[2]] if n == size] == [float(row[3])]
+
+
+def test_the_agreement_counts_close_predictions_and_wrong_winners_by_hand():
+    from edulib.bench import agreement
+
+    measured = {("ring", 2**16): 1.0, ("tree", 2**16): 1.1, ("ring", 2**20): 1.0, ("tree", 2**20): 2.0}
+    predicted = {("ring", 2**16): 2.0, ("tree", 2**16): 1.0, ("ring", 2**20): 1.2, ("tree", 2**20): 1.0}
+    # ratios 2.0, 0.91, 1.2, 0.5; at 64 KiB tree is predicted and measured 10 % slower: a toss-up
+    assert agreement(measured, predicted) == (
+        "predicted within 25 % of measured from 64 KiB: 2 of 4; within 50 %: 3\n"
+        "predicted fastest is the measured fastest, or within 20 % of it, at 1 of 2 sizes; "
+        "not at 1 MiB: tree predicted, ring measured")
 
 
 def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model(tmp_path):

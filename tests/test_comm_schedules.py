@@ -156,3 +156,18 @@ def test_uniform_links_give_the_plain_alpha_beta_time():
 def test_a_cluster_needs_ranks_on_each_node():
     with pytest.raises(ValueError, match="per_node must be 1 or more ranks"):
         two_level_link(0, (0, 0), (0, 0))
+
+
+def test_alpha_comes_from_small_messages_and_beta_from_large_ones():
+    from edulib.comm.cost import fit_alpha_beta
+
+    sizes = [4**k * 1024 for k in range(9)]  # 1 KiB .. 64 MiB
+    exact = {n: 50e-6 + 0.4e-9 * n for n in sizes}
+    assert fit_alpha_beta(exact) == pytest.approx((50e-6, 0.4e-9))
+    # cache-sized messages a third faster per byte, a warm-up outlier at 1 KiB: the large ones
+    # still give beta and the small ones' median gives alpha
+    bent = {n: t - (0.1e-9 * n if 2**14 < n < 2**20 else 0.0) for n, t in exact.items()}
+    bent[1024] *= 3
+    assert fit_alpha_beta(bent) == pytest.approx((50e-6, 0.4e-9), rel=1e-3)
+    # few sizes: one least-squares line through them
+    assert fit_alpha_beta({256: 1e-5 + 256e-9, 4096: 1e-5 + 4096e-9}) == pytest.approx((1e-5, 1e-9))

@@ -142,9 +142,26 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
                 + fold_time)
 
 
+BANDWIDTH_FROM = 2**20  # messages this large are timed by their bytes: beta is fitted on them
+LATENCY_UP_TO = 2**14  # messages this small are timed by their latency: alpha is fitted on them
+
+
 def fit_alpha_beta(times_by_size: dict[int, float]) -> tuple[float, float]:
-    """Least-squares latency alpha (s) and seconds per byte beta from message times by size."""
+    """Latency alpha (s) and seconds per byte beta from message times by size.
+
+    beta is the least-squares slope over the messages of 1 MiB and more, where bandwidth rules,
+    and alpha the median of what the messages of 16 KiB and less take beyond their bytes. One
+    least-squares line over sizes from 1 KiB to 64 MiB lets the largest decide alone and puts
+    alpha anywhere (0 us on this machine), and a line weighted by relative error takes beta from
+    cache-sized messages, a third faster per byte than large ones. With too few sizes on either
+    side, one least-squares line over them all.
+    """
     sizes = np.array(list(times_by_size), dtype=float)
     times = np.array(list(times_by_size.values()))
-    beta, alpha = np.polyfit(sizes, times, 1)
-    return max(float(alpha), 0.0), float(beta)
+    large, small = sizes >= BANDWIDTH_FROM, sizes <= LATENCY_UP_TO
+    if large.sum() >= 2 and small.any():
+        beta = float(np.polyfit(sizes[large], times[large], 1)[0])
+        alpha = float(np.median(times[small] - beta * sizes[small]))
+    else:
+        beta, alpha = (float(x) for x in np.polyfit(sizes, times, 1))
+    return max(alpha, 0.0), beta
