@@ -290,7 +290,17 @@ def test_the_cost_explorer_shows_the_times_measured_here_but_never_in_its_static
     assert sorted(_circles(_draw(saved, **case))) == [(1024, 1e-3), (1024, 3e-3), (4096, 2e-3)]
     assert _circles(_draw(saved, **{**case, "ranks": 8})) == []  # nothing measured on 8 ranks
     assert "circles: measured on here with 16 gloo ranks" in _describe(saved, **case)
-    assert "alpha = 100.0 us and 1.00 GB/s per direction, half-duplex" in _describe(saved, **case)
+    assert "alpha = 100.0 us, 1.00 GB/s per direction and gamma = 0.000 ns/B; the model charges those " \
+        "and half-duplex links" in _describe(saved, **case)
+    # with measured points the curves are the bench's model: half-duplex, as its fit was
+    from edulib.comm import formula
+    from edulib.widgets.comm import _sliders
+
+    line = next(line for line in _draw(saved, **case).axes[0].lines if line.get_label() == "ring")
+    x, y = line.get_data()
+    assert y[-1] == pytest.approx(formula("ring", 16, x[-1], 5e-6, 1e-10, duplex=False).time)
+    opening = {name: slider.value for name, slider in _sliders(saved).items()}
+    assert opening == {"ranks": 16, "message_bytes": 2**20, "latency_us": 100.0, "bandwidth_gbs": 1.0}
 
 
 def test_the_bubble_explorer_names_the_bubble_measured_for_the_same_schedule():

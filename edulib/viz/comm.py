@@ -75,17 +75,20 @@ def _seconds(value: float) -> str:
     return f"{value:.0e} s"
 
 
-def winner(world_size: int, nbytes: float, alpha: float, beta: float) -> str:
-    """The all-reduce algorithm with the least alpha-beta time for this case."""
-    return min(ALGORITHMS, key=lambda name: formula(name, world_size, nbytes, alpha, beta).time)
+def winner(world_size: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0,
+           duplex: bool = True) -> str:
+    """The all-reduce algorithm with the least alpha-beta(-gamma) time for this case."""
+    return min(ALGORITHMS, key=lambda name: formula(name, world_size, nbytes, alpha, beta,
+                                                    gamma=gamma, duplex=duplex).time)
 
 
-def cost_table(world_size: int, nbytes: float, alpha: float, beta: float) -> str:
+def cost_table(world_size: int, nbytes: float, alpha: float, beta: float, gamma: float = 0.0,
+               duplex: bool = True) -> str:
     """Time, rounds and traffic of every all-reduce for one case, fastest marked."""
-    best = winner(world_size, nbytes, alpha, beta)
+    best = winner(world_size, nbytes, alpha, beta, gamma, duplex)
     rows = []
     for name in ALGORITHMS:
-        c = formula(name, world_size, nbytes, alpha, beta)
+        c = formula(name, world_size, nbytes, alpha, beta, gamma=gamma, duplex=duplex)
         rows.append((name + (" (fastest)" if name == best else ""), f"{c.time * 1e3:.3f}",
                      c.rounds, f"{c.max_bytes_per_rank / 1e6:,.3f}", f"{c.total_bytes / 1e6:,.3f}"))
     return format_table(["algorithm", "time (ms)", "rounds", "MB sent per rank (max)",
@@ -95,19 +98,23 @@ def cost_table(world_size: int, nbytes: float, alpha: float, beta: float) -> str
 def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float,
                 measured: dict | None = None) -> Figure:
     """Alpha-beta time of every all-reduce against message size, with the winner at each size;
-    `measured` (a saved `edulib bench allreduce` run on as many ranks) adds its times as circles."""
+    `measured` (a saved `edulib bench allreduce` run on as many ranks) adds its times as circles,
+    and the curves then charge its gamma and its links' duplex, as the bench's predictions do."""
+    gamma, duplex = (measured["gamma"], measured["duplex"]) if measured else (0.0, True)
     sizes = np.logspace(1, 31, 61, base=2)
     figure = Figure(figsize=(7.5, 3.4))
     curves = figure.subplots()
     for name in ALGORITHMS:
-        times = [formula(name, world_size, size, alpha, beta).time for size in sizes]
+        times = [formula(name, world_size, size, alpha, beta, gamma=gamma, duplex=duplex).time
+                 for size in sizes]
         curves.loglog(sizes, times, label=name, color=ALGORITHM_COLOURS[name])
         points = np.array((measured or {}).get("times", {}).get(name, [])).reshape(-1, 2)
         curves.scatter(points[:, 0], points[:, 1], s=18, facecolors="none", zorder=4,
                        edgecolors=ALGORITHM_COLOURS[name])
     bottom = curves.get_ylim()[0]
     curves.scatter(sizes, np.full(len(sizes), bottom * 1.15), marker="s", s=12, zorder=3,
-                   c=[ALGORITHM_COLOURS[winner(world_size, size, alpha, beta)] for size in sizes])
+                   c=[ALGORITHM_COLOURS[winner(world_size, size, alpha, beta, gamma, duplex)]
+                      for size in sizes])
     curves.minorticks_off()
     curves.axvline(nbytes, color="black", linestyle="--", linewidth=1)
     curves.set_xticks([2**10, 2**20, 2**30], ["1 KiB", "1 MiB", "1 GiB"])
@@ -120,6 +127,6 @@ def cost_figure(world_size: int, nbytes: float, alpha: float, beta: float,
     curves.legend(fontsize=7, loc="upper left")
     curves.set_title(f"{world_size} ranks, alpha = {alpha * 1e6:g} us, "
                      f"{1 / beta / 1e9:g} GB/s: at the dashed line "
-                     f"{winner(world_size, nbytes, alpha, beta)} wins", fontsize=9)
+                     f"{winner(world_size, nbytes, alpha, beta, gamma, duplex)} wins", fontsize=9)
     figure.subplots_adjust(left=0.12, right=0.97, bottom=0.15, top=0.9)
     return figure

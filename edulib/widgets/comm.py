@@ -29,19 +29,28 @@ def _describe(saved: dict, **values: float) -> str:
     found = saved.get(str(case[0]))
     if not found:
         return cost_table(*case)
-    return (cost_table(*case) + f"\n\ncircles: measured on {found['machine']} with {case[0]} "
-            f"{found['backend']} ranks (edulib bench allreduce), which fitted alpha = "
-            f"{found['alpha'] * 1e6:.1f} us and {1 / found['beta'] / 1e9:.2f} GB/s per direction"
-            + ("" if found["duplex"] else ", half-duplex (the sliders' model is full-duplex)"))
+    return (cost_table(*case, found["gamma"], found["duplex"]) + f"\n\ncircles: measured on "
+            f"{found['machine']} with {case[0]} {found['backend']} ranks (edulib bench allreduce), which "
+            f"fitted alpha = {found['alpha'] * 1e6:.1f} us, {1 / found['beta'] / 1e9:.2f} GB/s per "
+            f"direction and gamma = {found['gamma'] * 1e9:.3f} ns/B"
+            + ("" if found["duplex"] else "; the model charges those and half-duplex links"))
+
+
+def _sliders(saved: dict) -> dict[str, Slider]:
+    """The controls, opening on the largest measured case with its fitted link, if there is one."""
+    ranks, latency, bandwidth = 16, 5.0, 10.0
+    if saved:
+        ranks = max(int(key) for key in saved)
+        found = saved[str(ranks)]
+        latency, bandwidth = round(found["alpha"] * 1e6, 1), round(1 / found["beta"] / 1e9, 2)
+    return {"ranks": Slider(ranks, 1, 10, 1, log=True, base=2, integer=True),
+            "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2, unit="bytes"),
+            "latency_us": Slider(latency, -1, 3, 0.1, log=True, unit="{} us"),
+            "bandwidth_gbs": Slider(bandwidth, -1, 3, 0.1, log=True, unit="{} GB/s")}
 
 
 def comm_cost_explorer(static: bool | None = None) -> Any:
-    """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins."""
+    """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins; after
+    `edulib bench allreduce`, it opens on the measured case, its times drawn beside the curves."""
     saved = {} if drawn_once(static) else load("allreduce")
-    return explore(
-        partial(_draw, saved),
-        {"ranks": Slider(16, 1, 10, 1, log=True, base=2, integer=True),
-         "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2, unit="bytes"),
-         "latency_us": Slider(5, -1, 3, 0.1, log=True, unit="{} us"),
-         "bandwidth_gbs": Slider(10, -1, 3, 0.1, log=True, unit="{} GB/s")},
-        static, describe=partial(_describe, saved))
+    return explore(partial(_draw, saved), _sliders(saved), static, describe=partial(_describe, saved))
