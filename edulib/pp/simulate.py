@@ -138,16 +138,21 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     position, clock = [0] * p, [0.0] * p
     waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
     running: dict[int, list[float]] = {}  # device -> [start, end at the current rate]
+    blocked: dict[int, list[int]] = {}  # key not yet finished -> devices whose next action needs it
     timed: list[tuple[int, int, float, float]] = []
-    now, rate = 0.0, 1.0
+    now, rate, free = 0.0, 1.0, list(range(p))  # free: devices that may go on now
     while True:
-        for device in range(p):
-            if device in running or device in waiting or position[device] == len(rows[device]):
+        for device in sorted(free):
+            if position[device] == len(rows[device]):
                 continue
             needed = needs(rows[device][position[device]], stages, m)
-            if all(finished[k] is not None for k in needed):
-                arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
-                waiting[device] = max([clock[device], *arriving]) + overhead * len(arriving)
+            missing = next((k for k in needed if finished[k] is None), None)
+            if missing is not None:
+                blocked.setdefault(missing, []).append(device)
+                continue
+            arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
+            waiting[device] = max([clock[device], *arriving]) + overhead * len(arriving)
+        free = []
         for device in [d for d, start in waiting.items() if start <= now]:
             start = waiting.pop(device)
             running[device] = [start, now + time_of[rows[device][position[device]]] / rate]
@@ -165,6 +170,7 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
             finished[key] = clock[device] = end + overhead * sends[key]
             timed.append((device, key, start, end))
             position[device] += 1
+            free += [device, *blocked.pop(key, [])]
     stuck = [(device, action_of(rows[device][position[device]], stages, m))
              for device in range(p) if position[device] < len(rows[device])]
     if stuck:
