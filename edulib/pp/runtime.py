@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
+from edulib import comm
 from edulib.models import mlp, regression_batch, split
 from edulib.pp.executor import execute
 from edulib.pp.schedule import Schedule
@@ -33,7 +34,7 @@ def train_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: int =
     pieces = split(model, schedule.stages)
     mine = {stage: pieces[stage] for stage in range(device, schedule.stages, schedule.devices)}
     inputs, targets = (tensor.chunk(m) for tensor in regression_batch(batch, width, seed))
-    dist.barrier()  # every device starts the step together: the events time the schedule, not the set-up
+    comm.barrier()  # every device starts the step together: the events time the schedule, not the set-up
     events = execute(schedule, device, mine, lambda y, target: nn.functional.mse_loss(y, target) / m,
                      inputs, targets, shape=(batch // m, width))
     gradients = {names[id(parameter)]: parameter.grad
