@@ -241,12 +241,14 @@ def bench_split_backward(ranks: int = 2, width: int = 512, depth: int = 8, batch
             + format_table(["action", "median (ms)", "vs baseline"], rows))
 
 
-def _alone(alone: dict, run: dict) -> dict[str, list[float]]:
+def _alone(alone: dict, run: dict) -> dict:
     """t_f, t_b, t_w of each device computing alone (`alone`: a naive run's costs), the backward
-    split into B and W in the proportion `run` (a schedule's own costs) measured."""
+    split into B and W in the proportion `run` (a schedule's own costs) measured, and the
+    runtime's dispatch time measured in `run`."""
     share = [b / (b + w) if b + w else 1.0 for b, w in zip(run["t_b"], run["t_w"], strict=True)]
     return {"t_f": alone["t_f"], "t_b": [b * f for b, f in zip(alone["t_b"], share, strict=True)],
-            "t_w": [b * (1 - f) for b, f in zip(alone["t_b"], share, strict=True)]}
+            "t_w": [b * (1 - f) for b, f in zip(alone["t_b"], share, strict=True)],
+            "dispatch": run["dispatch"]}
 
 
 def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8, width: int = 512,
@@ -298,7 +300,8 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
         reports.append(f"saved for the bubble explorer: {save_measured('pipeline', saved, save_to)}")
     return (f"fastest of 3 training steps on {platform.node()}, {microbatches} micro-batches of "
             f"mlp(width={width}, depth=4 x stages), batch {batch}; replay: every action as long as it "
-            "took; simulated: each device's median action times\n\n" + "\n\n".join(reports))
+            "took; simulated: each device's median action times; both with the runtime's median time "
+            "between two actions (dispatch)\n\n" + "\n\n".join(reports))
 
 
 def bench_memory(world_sizes: tuple[int, ...] = (2, 4), width: int = 512, depth: int = 8,

@@ -111,7 +111,7 @@ def test_bad_costs_are_refused_clearly():
 
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
-    from edulib.pp import measured_costs
+    from edulib.pp import measured_costs, replay
 
     chunks = 2 if name == "interleaved_1f1b" else 1
     schedule = build_schedule(name, 4, 8, chunks)
@@ -122,7 +122,13 @@ def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
     assert costs["t_b"] == pytest.approx([2.0] * 4)
     assert costs["t_w"] == pytest.approx([0.5 if schedule.split_backward else 0.0] * 4)
     assert costs["t_comm"] == pytest.approx(0.25)
+    assert costs["dispatch"] == 0.0
     assert simulate(schedule, **costs).makespan == pytest.approx(timeline.makespan)
+    # a runtime that spends 0.125 between a device's actions: measured back, and replayed alike
+    slower = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5 if schedule.split_backward else 0.0,
+                      t_comm=0.25, dispatch=0.125)
+    assert measured_costs(slower)["dispatch"] == pytest.approx(0.125)
+    assert replay(slower, t_comm=0.25).makespan == pytest.approx(slower.makespan)
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -178,9 +184,20 @@ def test_messages_cost_latency_in_flight_and_overhead_at_both_ends_by_hand():
     assert timeline.makespan == pytest.approx(7.4) and timeline.busy == (3.0, 3.0)
 
 
+def test_a_runtime_that_dispatches_slowly_delays_each_device_by_hand():
+    # naive, 2 devices, 1 micro-batch, dispatch 0.5: F0@0 [0, 1]; F0@1 [1, 2] (its first action);
+    # B0@1 after dispatch [2.5, 4.5]; B0@0, device 0's second action, starts at 4.5 (its dispatch
+    # was spent while it waited)
+    timeline = simulate(build_schedule("naive", 2, 1), t_f=1.0, t_b=2.0, dispatch=0.5)
+    assert {str(e.action): (e.start, e.end) for e in timeline.events} == {
+        "F0@0": (0, 1), "F0@1": (1, 2), "B0@1": (2.5, 4.5), "B0@0": (4.5, 6.5)}
+    assert timeline.makespan == 6.5
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"cores": 0}, "cores a whole number from 1"),
-    ({"t_comm": -1.0}, "t_comm and overhead must be 0 or more"),
+    ({"t_comm": -1.0}, "t_comm, overhead and dispatch must be 0 or more"),
+    ({"dispatch": -1.0}, "dispatch=-1.0"),
     ({"overhead": -1.0}, "got t_comm=0.0, overhead=-1.0"),
     ({"durations": {}}, "durations must give every action a time of 0 or more; F0@0 has None"),
 ])

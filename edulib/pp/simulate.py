@@ -107,7 +107,7 @@ def _per_stage(value: float | Sequence[float], devices: int, what: str) -> list[
 def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
              t_b: float | Sequence[float] = 2.0, t_w: float | Sequence[float] = 0.0,
              t_comm: float = 0.0, durations: Mapping[Action, float] | None = None,
-             cores: int | None = None, overhead: float = 0.0) -> Timeline:
+             cores: int | None = None, overhead: float = 0.0, dispatch: float = 0.0) -> Timeline:
     """Time a schedule: each device runs its actions in order, each as soon as its inputs exist.
 
     Costs are per device for a whole device's share of the model; a device holding v stages
@@ -116,14 +116,17 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     to replay it). A dependency on another device arrives t_comm later: one message's time,
     latency plus bytes over bandwidth (`edulib.comm.message_time`). Both ends of a message also
     spend `overhead` on it (LogGP's o): the sender right after the action, the receiver before
-    the action that uses it. With `cores` fewer than the devices, the devices share them: n
-    actions running at once each run at min(1, cores / n).
+    the action that uses it. A device spends `dispatch` between two of its actions (a runtime's
+    own work: bookkeeping, posting messages). With `cores` fewer than the devices, the devices
+    share them: n actions running at once each run at min(1, cores / n).
     """
     rows = _keys(schedule)
     p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
-    if t_comm < 0 or overhead < 0 or (cores is not None and (not isinstance(cores, int) or cores < 1)):
-        raise ValueError(f"t_comm and overhead must be 0 or more and cores a whole number from 1 (or "
-                         f"None); got t_comm={t_comm!r}, overhead={overhead!r}, cores={cores!r}")
+    shared = cores is not None and (not isinstance(cores, int) or cores < 1)
+    if min(t_comm, overhead, dispatch) < 0 or shared:
+        raise ValueError(f"t_comm, overhead and dispatch must be 0 or more and cores a whole number from 1 "
+                         f"(or None); got t_comm={t_comm!r}, overhead={overhead!r}, dispatch={dispatch!r}, "
+                         f"cores={cores!r}")
     if durations is None:
         f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
         if not schedule.split_backward:
@@ -170,6 +173,8 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
             finished[key] = clock[device] = end + overhead * sends[key]
             timed.append((device, key, start, end))
             position[device] += 1
+            if position[device] < len(rows[device]):
+                clock[device] += dispatch
             free += [device, *blocked.pop(key, [])]
     stuck = [(device, action_of(rows[device][position[device]], stages, m))
              for device in range(p) if position[device] < len(rows[device])]
@@ -196,13 +201,15 @@ def _given(durations: Mapping[Action, float], action: Action) -> float:
 
 
 def replay(timeline: Timeline, t_comm: float | None = None, overhead: float = 0.0,
-           cores: int | None = None) -> Timeline:
+           cores: int | None = None, dispatch: float | None = None) -> Timeline:
     """Run a measured timeline's actions again through the simulator, each for as long as it
-    took, with messages of t_comm (by default the measured one) and `overhead`: what the model
-    predicts when it knows every duration, so any gap left is what the model leaves out."""
-    if t_comm is None:
-        t_comm = float(measured_costs(timeline)["t_comm"])
-    return simulate(timeline.schedule, t_comm=t_comm, overhead=overhead, cores=cores,
+    took, with messages of t_comm and `overhead`, and `dispatch` between a device's actions
+    (t_comm and dispatch by default as measured in it): what the model predicts when it knows
+    every duration, so any gap left is what the model leaves out."""
+    measured = measured_costs(timeline)
+    t_comm = float(measured["t_comm"]) if t_comm is None else t_comm
+    dispatch = float(measured["dispatch"]) if dispatch is None else dispatch
+    return simulate(timeline.schedule, t_comm=t_comm, overhead=overhead, cores=cores, dispatch=dispatch,
                     durations={event.action: event.end - event.start for event in timeline.events})
 
 
@@ -245,6 +252,8 @@ def measured_costs(timeline: Timeline) -> dict[str, float | list[float]]:
     t_f, t_b, t_w: per device, the median duration of each kind of action times the stages the
     device holds. t_comm: the median delay between an input being produced on another device
     and its use, counted where the receiving device was waiting for it (idle, not busy).
+    dispatch: the median time a device spent between two actions when the second's inputs were
+    there before the first began (the runtime's own work).
     """
     schedule = timeline.schedule
     costs: dict[str, float | list[float]] = {}
@@ -256,14 +265,22 @@ def measured_costs(timeline: Timeline) -> dict[str, float | list[float]]:
             per_device.append(durations[len(durations) // 2] * schedule.chunks if durations else 0.0)
         costs["t_" + kind.lower()] = per_device
     ended = {event.action: event.end for event in timeline.events}
-    previous_end: dict[Action, float] = {}
-    for device in range(schedule.devices):
-        ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
-        for before, after in zip(ran, ran[1:], strict=False):
-            previous_end[after.action] = before.end
+    previous_end = {after.action: before.end for device in range(schedule.devices)
+                    for before, after in _pairs(timeline, device)}
     lags = sorted(event.start - ended[needed] for event in timeline.events
                   for needed in dependencies(event.action, schedule.stages, schedule.microbatches)
                   if schedule.device_of(needed.stage) != event.device
                   and ended[needed] >= previous_end.get(event.action, 0.0))
     costs["t_comm"] = max(lags[len(lags) // 2], 0.0) if lags else 0.0
+    gaps = sorted(after.start - before.end for device in range(schedule.devices)
+                  for before, after in _pairs(timeline, device)
+                  if all(ended[needed] <= before.start
+                         for needed in dependencies(after.action, schedule.stages, schedule.microbatches)))
+    costs["dispatch"] = max(gaps[len(gaps) // 2], 0.0) if gaps else 0.0
     return costs
+
+
+def _pairs(timeline: Timeline, device: int) -> list[tuple[Event, Event]]:
+    """Each two actions that ran one after the other on `device`."""
+    ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
+    return list(zip(ran, ran[1:], strict=False))
