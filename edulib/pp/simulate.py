@@ -4,6 +4,8 @@ One engine serves both. `validate` runs it with unit times and reports the first
 a missing, repeated or misplaced action, or a deadlock with the action each device is stuck at.
 `simulate` runs it with the given costs and returns every action's start and end, the makespan,
 both of the lecture's bubble fractions and the peak in-flight micro-batches per device.
+`replay` runs a measured step again with every action as long as it took, to see what the
+model leaves out; `measured_costs` reads a measured step's costs back.
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     """
     rows = _keys(schedule)
     p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
-    shared = cores is not None and (not isinstance(cores, int) or cores < 1)
-    if min(t_comm, overhead, dispatch) < 0 or shared:
+    bad_cores = cores is not None and (not isinstance(cores, int) or cores < 1)
+    if min(t_comm, overhead, dispatch) < 0 or bad_cores:
         raise ValueError(f"t_comm, overhead and dispatch must be 0 or more and cores a whole number from 1 "
                          f"(or None); got t_comm={t_comm!r}, overhead={overhead!r}, dispatch={dispatch!r}, "
                          f"cores={cores!r}")
