@@ -17,24 +17,29 @@ def results_path() -> Path:
     return Path(os.environ.get("EDULIB_MEASURED") or Path.home() / ".cache" / "edulib" / "measured.json")
 
 
-def load(section: str, path: Path | None = None) -> dict[str, Any]:
-    """The saved results of one bench (`allreduce`, `pipeline`), keyed as it saved them; {} if none."""
+def _read(path: Path) -> dict[str, Any]:
+    """The whole file, keeping only sections that are tables of results; {} if it is missing or
+    unreadable (an explorer then draws its model alone)."""
     try:
-        found = json.loads((path or results_path()).read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return found.get(section, {}) if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    return {section: {key: value for key, value in table.items() if isinstance(value, dict)}
+            for section, table in found.items() if isinstance(table, dict)}
+
+
+def load(section: str, path: Path | None = None) -> dict[str, Any]:
+    """The saved results of one bench (`allreduce`, `pipeline`), keyed as it saved them; {} if none."""
+    return _read(path or results_path()).get(section, {})
 
 
 def save(section: str, results: dict[str, Any], path: Path | None = None) -> Path:
     """Merge one bench's results into the file (each key replaces the one saved before it),
     noting the machine they come from; return the file's path."""
     path = path or results_path()
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        found = {}
-    found = found if isinstance(found, dict) else {}
+    found = _read(path)
     found.setdefault(section, {}).update(
         {key: {**value, "machine": platform.node()} for key, value in results.items()})
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -275,6 +275,8 @@ def test_saved_measurements_merge_and_a_bad_file_reads_as_nothing(tmp_path):
     assert load("pipeline", path) == {}
     path.write_text("{not json")
     assert load("allreduce", path) == {}
+    path.write_text('{"allreduce": [1, 2], "pipeline": {"1f1b p=2 m=2 v=1": 3, "gpipe p=2 m=2 v=1": {}}}')
+    assert load("allreduce", path) == {} and load("pipeline", path) == {"gpipe p=2 m=2 v=1": {}}
 
 
 def test_the_cost_explorer_shows_the_times_measured_here_but_never_in_its_static_figure(
