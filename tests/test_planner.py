@@ -25,7 +25,7 @@ from edulib.planner.baselines import (
     manual_plan,
     moe_case,
 )
-from edulib.planner.cluster import Cluster
+from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.execute import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
 from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, stage_table
@@ -87,9 +87,47 @@ def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed
     assert priced.memory(3) <= tight and priced.time >= exact.time - 1e-12
 
 
+@pytest.mark.parametrize("axis, n", [(0, 2), (0, 4), (1, 2)])
+def test_the_planners_collectives_are_edulib_comms_closed_forms(axis, n):
+    from edulib.comm import formula
+
+    shape = (n, 2) if axis == 0 else (2, n)
+    mesh = Mesh(shape, ((3e-6, 1e-10), (7e-6, 2e-10)), 1e12)
+    alpha, beta = mesh.links[axis]
+    nbytes = 12_288
+    assert mesh.all_reduce(axis, nbytes) == pytest.approx(2 * (n - 1) * (alpha + beta * nbytes / n))
+    assert mesh.all_reduce(axis, nbytes) == formula("ring", n, nbytes, alpha, beta).time
+    assert mesh.all_gather(axis, nbytes) == formula("ring", n, nbytes, alpha, beta, "all_gather").time
+    assert mesh.all_to_all(axis, nbytes) == pytest.approx((n - 1) * (alpha + beta * nbytes / n**2))
+    assert Mesh((1, n), mesh.links, 1e12).all_reduce(0, nbytes) == 0.0  # one device: free
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stage_takes_its_input_whole_and_hands_its_output_on_whole(seed):
+    # What the executor does at a stage's ends (and Alpa's cross-mesh resharding at its simplest):
+    # the chain program from any first operator, charged for both ends, equals exhaustive search on
+    # that stage's part, and only the model's own input and output come as they are.
+    rng = np.random.default_rng(200 + seed)
+    graph = random_graph(rng, 6, chain=True)
+    table = costs(graph, MESHES[seed % len(MESHES)])
+    whole = ("-", "-")
+    for first in range(len(graph)):
+        for step in intra.viterbi(table, first):
+            part = table.part(first, step.v)
+            assert (step.cost[0] + table.ends(step.v, "leave")).min() == pytest.approx(
+                exhaustive(part).time, rel=1e-9)
+        last = table.options[first]
+        leave = [intra.reshard(s.output_layout, whole, graph.operators[first].output_bytes, table.mesh)
+                 for s in last]
+        expected = leave if first < len(graph) - 1 else [0.0] * len(last)
+        assert table.part(0, first).node[-1] - table.node[first] == pytest.approx(expected)
+    assert any(table.leave[v].any() for v in range(len(graph)))  # some strategy does pay
+
+
 def test_a_two_layer_mlp_that_wants_data_parallelism_costs_two_gradient_all_reduces():
     # Alpa's own solver test: with a large batch the best plan is data parallel, and its only
-    # communication is the all-reduce of each weight's gradient: alpha + 2 beta (n - 1)/n bytes.
+    # communication is the all-reduce of each weight's gradient, charged as edulib.comm.cost charges
+    # a ring: 2(n - 1) rounds of alpha + beta bytes / n.
     mesh = Cluster(1, 4).logical_meshes((1, 4))[0]
     assert mesh.shape == (4, 1)
     graph = mlp_graph(layers=2, hidden=256, batch=65536)
@@ -99,24 +137,28 @@ def test_a_two_layer_mlp_that_wants_data_parallelism_costs_two_gradient_all_redu
     alpha, beta = mesh.links[0]
     weight = 2 * (256 + 1) * 256  # weights and bias, fp16
     compute = sum(3 * op.flops / 4 / mesh.flops for op in graph.operators)
-    assert best.time - compute == pytest.approx(2 * (alpha + 2 * beta * 3 / 4 * weight), rel=1e-12)
+    assert best.time - compute == pytest.approx(2 * 2 * 3 * (alpha + beta * weight / 4), rel=1e-12)
 
 
 def test_a_two_layer_mlp_with_a_small_batch_wants_megatron():
     # Few rows, wide weights: no weight is replicated; one layer splits its reduction loop (an
     # all-reduce of the activations forward), the other its output loop (one backward): two
-    # all-reduces of the activation in all, Megatron's f and g.
+    # all-reduces of the activation in all, Megatron's f and g, each a ring of 2(n - 1) rounds.
+    # (With 8 rows, 12 latencies cost more than the 3/4 of the compute sharding saves.)
     mesh = Cluster(1, 4).logical_meshes((1, 4))[0]
-    graph = mlp_graph(layers=2, hidden=8192, batch=8)
+    graph = mlp_graph(layers=2, hidden=8192, batch=32)
     table = costs(graph, mesh)
     best = ilp(table)
     chosen = [table.options[v][s] for v, s in enumerate(best.choice)]
     matmuls = [s.name for s, op in zip(chosen, graph.operators, strict=True) if op.kind == "matmul"]
     assert sorted(matmuls) == ["i,-", "o,-"]
     alpha, beta = mesh.links[0]
-    activation = 2 * 8 * 8192
+    activation = 2 * 32 * 8192
     compute = sum(s.compute for s in chosen)
-    assert best.time - compute == pytest.approx(2 * (alpha + 2 * beta * 3 / 4 * activation), rel=1e-12)
+    assert best.time - compute == pytest.approx(2 * 2 * 3 * (alpha + beta * activation / 4), rel=1e-12)
+    replicated = mlp_graph(layers=2, hidden=8192, batch=8)
+    table = costs(replicated, mesh)
+    assert {table.options[v][s].name for v, s in enumerate(ilp(table).choice)} == {"-,-"}
 
 
 @pytest.mark.parametrize("graph, cluster, microbatches", [
@@ -171,7 +213,8 @@ def test_expert_parallelism_is_what_the_moe_plan_gains(monkeypatch):
     monkeypatch.setitem(intra.LOOPS, "experts", ("b",))
     intra.costs.cache_clear()  # strategy tables are kept per (graph, mesh): drop those made with "e"
     without = plan(graph, cluster, microbatches)
-    assert without.throughput <= found["best manual grid"].throughput * (1 + 1e-9)
+    # within 0.1 %: the program may still find a slightly better slicing than a uniform grid
+    assert without.throughput <= found["best manual grid"].throughput * 1.001
     assert without.throughput < found["Alpa (both)"].throughput
     with pytest.raises(ValueError, match="fits in no plan"):
         intra_only(graph, cluster, microbatches)
@@ -187,7 +230,7 @@ def test_plans_read_as_the_lecture_writes_them():
     assert in_words(("t", "-")) == "Megatron tensor parallel on axis 0, replicated on axis 1"
     assert [format_rate(v, "FLOP/s") for v in (7.25e14, 3.75e8, 12)] == ["725 TFLOP/s", "375 MFLOP/s",
                                                                           "12 FLOP/s"]
-    tiny = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=80e3))
+    tiny = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=70e3))
     text = describe(tiny)
     assert "0.0 TFLOP/s" not in text and re.search(r"\d+ MFLOP/s \(\d+% of peak\)", text)
     for name in {n for stage in tiny.stages for n in stage.strategies}:
@@ -304,9 +347,10 @@ def test_hand_made_layouts_train_like_one_process(pool4, name):
     assert not disagreements(reports, gpt_reference(**MODEL))
 
 
-@pytest.mark.parametrize("memory", [200e3, 80e3, 60e3])
+@pytest.mark.parametrize("memory", [200e3, 120e3, 70e3, 60e3])
 def test_the_planners_plan_runs_on_four_ranks_and_trains_like_one_process(pool4, memory):
-    # Less memory per device moves the plan from pipelined data parallelism to Megatron.
+    # Less memory per device moves the plan from data parallelism to pipelined data parallelism,
+    # then to Megatron in part of the model, then to Megatron along both axes of a 2 x 2 mesh.
     found = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=memory))
     stages = layouts(found)
     assert sum(stage.size for stage in stages) == 4

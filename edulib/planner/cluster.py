@@ -3,8 +3,9 @@
 Alpa slices the cluster into submeshes of shape (1, 2^i) (part of one node) or (n, devices per
 node) (whole nodes); those shapes always tile the cluster. Each submesh is then viewed as a 2-D
 *logical* mesh (a, b): a strategy shards a loop of an operator along axis 0, axis 1, both or
-neither, and a collective along an axis pays that axis's link. Collectives are costed as in
-Alpa's intra-op pass: one latency alpha plus the bytes a ring moves times beta.
+neither, and a collective along an axis pays that axis's link. Collectives cost what
+`edulib.comm.cost` charges the same collective (a ring: 2(n - 1) rounds of alpha + beta x bytes / n
+for an all-reduce), not Alpa's one latency per collective: one model of communication, not two.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edulib.comm.cost import two_level_link
+from edulib.comm.cost import formula, two_level_link
 
 Link = tuple[float, float]  # (alpha seconds, beta seconds per byte)
 
@@ -91,22 +92,22 @@ class Mesh:
         """Number of devices."""
         return self.shape[0] * self.shape[1]
 
-    def _collective(self, axis: int, nbytes: float, share: float) -> float:
-        """alpha + beta x `share` x bytes along `axis`; free on an axis of one device."""
+    def _collective(self, axis: int, nbytes: float, collective: str) -> float:
+        """`collective` of `nbytes` along `axis` as `edulib.comm.cost` charges its ring (the
+        pairwise swaps for all-to-all): every round pays the axis's latency; free on one device."""
         alpha, beta = self.links[axis]
-        return 0.0 if self.shape[axis] == 1 else alpha + beta * share * nbytes
+        n = self.shape[axis]
+        algorithm = "pairwise" if collective == "all_to_all" else "ring"
+        return 0.0 if n == 1 else formula(algorithm, n, nbytes, alpha, beta, collective).time
 
     def all_reduce(self, axis: int, nbytes: float) -> float:
-        """alpha + 2 beta (n - 1)/n bytes: a ring's reduce-scatter then all-gather, one latency."""
-        n = self.shape[axis]
-        return self._collective(axis, nbytes, 2 * (n - 1) / n)
+        """2(n - 1) rounds of alpha + beta bytes / n: a ring's reduce-scatter then all-gather."""
+        return self._collective(axis, nbytes, "all_reduce")
 
     def all_gather(self, axis: int, nbytes: float) -> float:
-        """alpha + beta (n - 1)/n bytes, for `nbytes` gathered on every device (reduce-scatter too)."""
-        n = self.shape[axis]
-        return self._collective(axis, nbytes, (n - 1) / n)
+        """(n - 1) rounds of alpha + beta bytes / n, for `nbytes` gathered on every device."""
+        return self._collective(axis, nbytes, "all_gather")
 
     def all_to_all(self, axis: int, nbytes: float) -> float:
-        """alpha + beta (n - 1)/n^2 bytes: each device keeps 1/n of its `nbytes` / n shard."""
-        n = self.shape[axis]
-        return self._collective(axis, nbytes, (n - 1) / n**2)
+        """(n - 1) rounds of alpha + beta bytes / n^2: each device keeps 1/n of its `nbytes` / n shard."""
+        return self._collective(axis, nbytes / self.shape[axis], "all_to_all")

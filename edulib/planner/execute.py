@@ -97,9 +97,6 @@ def layouts(plan: Plan) -> list[StageLayout]:
                 start = layer * OPS_PER_LAYER - stage.first + 3 * h
                 per_axis = tuple(_mode(number, layer, half, tuple(ls[axis] for ls in loops[start:start + 3]))
                                  for axis in (0, 1))
-                if per_axis == ("t", "t"):
-                    raise ValueError(f"stage {number}, layer {layer}, {half}: tensor parallel along both "
-                                     "mesh axes is not supported by the executor")
                 halves.append(per_axis)
             modes.append(tuple(halves))
         found.append(StageLayout(stage.first // OPS_PER_LAYER, (stage.last + 1) // OPS_PER_LAYER - 1,
@@ -120,6 +117,12 @@ def _reshard(x: torch.Tensor, have: tuple[str, str], want: tuple[str, str], grou
     return x
 
 
+def _tensor_axes(mode: tuple[str, str]) -> int:
+    """The group a tensor-parallel half runs on: its mesh axis, or (2) the whole stage when it
+    is split along both axes (the loop cut a x b ways is one Megatron split over a x b ranks)."""
+    return 2 if mode == ("t", "t") else mode.index("t")
+
+
 class _Stage(nn.Module):
     """The layers of one stage, each half built for its modes, with reshards between halves."""
 
@@ -130,7 +133,7 @@ class _Stage(nn.Module):
         for layer, modes in zip(range(layout.first_layer, layout.last_layer + 1), layout.modes, strict=True):
             for (name, parallel), mode in zip(HALVES, modes, strict=True):
                 full = getattr(model[layer], name)
-                self.halves.append(parallel(full, groups[mode.index("t")]) if "t" in mode else full)
+                self.halves.append(parallel(full, groups[_tensor_axes(mode)]) if "t" in mode else full)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         have = ("-", "-")
@@ -181,11 +184,12 @@ def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, 
     p = int(np.searchsorted(offsets, rank, side="right")) - 1
     local, layout = rank - offsets[p], stages[p]
     a, b = layout.mesh
-    partitions: list[list[list[int]]] = [[], []]  # every stage's mesh columns, then its rows
+    partitions: list[list[list[int]]] = [[], [], []]  # every stage's mesh columns, rows, all ranks
     for q, stage in enumerate(stages):
         rows, cols = stage.mesh
         partitions[0] += [[int(offsets[q]) + i * cols + j for i in range(rows)] for j in range(cols)]
         partitions[1] += [[int(offsets[q]) + i * cols + j for j in range(cols)] for i in range(rows)]
+        partitions[2].append(list(range(int(offsets[q]), int(offsets[q + 1]))))
     groups = [comm.subgroup(partition) for partition in partitions]
     stage = _Stage(layout, tiny_gpt(hidden, heads, layers, seed), groups)
     inputs, targets = (t.chunk(microbatches) for t in gpt_batch(batch, hidden, seed))

@@ -99,8 +99,9 @@ def _fastest_stages(table: Costs, first: int, ends: dict[int, int]) -> Iterator[
         return
     for step in viterbi(table, first):
         if step.v in ends:
-            c = int(np.argmin(step.cost[0]))
-            yield step.v, Sharding((), float(step.cost[0, c]), float(step.weight[0, c]),
+            cost = step.cost[0] + table.ends(step.v, "leave")
+            c = int(np.argmin(cost))
+            yield step.v, Sharding((), float(cost[c]), float(step.weight[0, c]),
                                    float(step.activation[0, c]))  # the choice itself is not needed
 
 

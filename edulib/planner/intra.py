@@ -126,18 +126,31 @@ class Costs:
     weight: tuple[np.ndarray, ...]  # weight bytes per strategy
     activation: tuple[np.ndarray, ...]
     edge: dict[tuple[int, int], np.ndarray]  # seconds, producer strategy x consumer strategy
+    enter: tuple[np.ndarray, ...]  # seconds to take the input whole, as a stage's first operator
+    leave: tuple[np.ndarray, ...]  # seconds to hand the output on whole, as a stage's last
 
     def memory(self, v: int, in_flight: int) -> np.ndarray:
         """Bytes per device of operator v under each strategy."""
         return device_bytes(self.weight[v], self.activation[v], in_flight)
 
     def part(self, first: int, last: int) -> Costs:
-        """The tables of operators first..last (inclusive), as if they were a graph of their own."""
+        """The tables of operators first..last (inclusive) as one pipeline stage: a graph of their
+        own whose first operator takes its input whole from the stage before (if any) and whose
+        last hands its output on whole to the stage after (`ends`)."""
         graph = self.graph.part(first, last)
         pick = slice(first, last + 1)
         edge = {(u - first, v - first): m for (u, v), m in self.edge.items() if first <= u and v <= last}
-        return Costs(graph, self.mesh, self.options[pick], self.node[pick], self.weight[pick],
-                     self.activation[pick], edge)
+        node = list(self.node[pick])
+        node[0] = node[0] + self.ends(first, "enter")
+        node[-1] = node[-1] + self.ends(last, "leave")
+        return Costs(graph, self.mesh, self.options[pick], tuple(node), self.weight[pick],
+                     self.activation[pick], edge, self.enter[pick], self.leave[pick])
+
+    def ends(self, v: int, side: str) -> np.ndarray | float:
+        """What operator v pays per strategy to `enter` or `leave` a stage there: nothing at the
+        model's own input and output, which the intra-op pass takes as they come."""
+        inner = v > 0 if side == "enter" else v < len(self.options) - 1
+        return getattr(self, side)[v] if inner else 0.0
 
 
 @functools.lru_cache(maxsize=512)
@@ -159,10 +172,15 @@ def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
             matrices[key] = np.array([[reshard(a.output_layout, b.input_layout, nbytes, mesh)
                                        for b in options[v]] for a in options[u]])
         edge[(u, v)] = matrices[key]
+    whole = ("-", "-")
     return Costs(graph, mesh, options,
                  tuple(np.array([s.compute + s.communication for s in o]) for o in options),
                  tuple(np.array([s.weight_bytes for s in o]) for o in options),
-                 tuple(np.array([s.activation_bytes for s in o]) for o in options), edge)
+                 tuple(np.array([s.activation_bytes for s in o]) for o in options), edge,
+                 tuple(np.array([reshard(whole, s.input_layout, op.input_bytes, mesh) for s in o])
+                       for op, o in zip(graph.operators, options, strict=True)),
+                 tuple(np.array([reshard(s.output_layout, whole, op.output_bytes, mesh) for s in o])
+                       for op, o in zip(graph.operators, options, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -284,8 +302,9 @@ def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
     def along(values: np.ndarray) -> np.ndarray:
         return np.broadcast_to(values, (len(price), len(values)))
 
-    cost = table.node[first] + price * table.memory(first, in_flight)
-    step = Step(first, cost, along(table.node[first]), along(table.weight[first]),
+    start = table.node[first] + table.ends(first, "enter")
+    cost = start + price * table.memory(first, in_flight)
+    step = Step(first, cost, along(start), along(table.weight[first]),
                 along(table.activation[first]), np.zeros(cost.shape, dtype=int))
     yield step
     for v in range(first + 1, len(table.options)):
