@@ -456,7 +456,8 @@ def bench_executed_plan(ranks: int = 4, trials: int = 3) -> str:
                          f"{found['measured'] * 1e3:.2f}", f"{found['measured'] / found['predicted']:.2f}",
                          "yes" if not found["problems"] else "NO"))
     return (f"the tiny GPT's plan on {ranks} gloo ranks ({os.cpu_count()} cores), speeds fitted here in "
-            "each trial; stages pay for their messages\n\n"
+            f"each trial, each rank computing at {found['share']:.2g} of a core's speed (the ranks share "
+            "the cores); stages pay for their messages\n\n"
             + format_table(["trial", "stages (logical meshes)", "predicted (ms)", "measured (ms)",
                             "measured / predicted", "gradients equal one process's"], rows))
 

@@ -14,6 +14,7 @@ and every collective goes through edulib.comm, on process groups made once per p
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -227,17 +228,25 @@ def unsplit_seconds(batch: int = 8, microbatches: int = 2, hidden: int = 16, hea
 
 
 def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microbatches: int = 2,
-                               hidden: int = 16, heads: int = 4, layers: int = 4) -> dict:
-    """Plan the tiny GPT for the pool's ranks with speeds measured here (FLOP/s from the unsplit
-    model, alpha and beta from ranks swapping messages), run the plan, and compare."""
+                               hidden: int = 16, heads: int = 4, layers: int = 4,
+                               cores: int | None = None) -> dict:
+    """Plan the tiny GPT for the pool's ranks with speeds measured here, run the plan, and compare.
+
+    FLOP/s come from the unsplit model on one core, shared out as the ranks share the machine's
+    `cores` (all of them by default): 4 ranks on 2 cores each compute at half a core's speed when
+    all are busy, which is what a pipeline in its steady state and data parallelism make them;
+    alpha and beta come from ranks swapping messages.
+    """
+    cores = cores or os.cpu_count() or 1
     graph = tiny_gpt_graph(batch, microbatches, hidden, heads, layers)
-    flops = 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
+    share = min(1.0, cores / pool.world_size)
+    flops = share * 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
     sizes = [2**k for k in range(8, 17, 2)]
     alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
     found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
     reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
-                       heads=heads, layers=layers, repeats=5)
+                       heads=heads, layers=layers, repeats=20)
     reference = gpt_reference(batch=batch, hidden=hidden, heads=heads, layers=layers)
     return {"plan": found, "problems": disagreements(reports, reference),
             "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
-            "flops": flops, "alpha": alpha, "beta": beta}
+            "flops": flops, "alpha": alpha, "beta": beta, "share": share}
