@@ -117,7 +117,7 @@ def agreement(measured: dict[tuple[str, int], float], predicted: dict[tuple[str,
 def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 * 2**20,
                     repeats: int = 12, backend: str = "gloo", save_to: Path | None = None) -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and the cost model's
-    prediction from alpha, beta and gamma fitted in the same run, and how far apart they are;
+    prediction from alpha, beta, gamma and o fitted in the same run, and how far apart they are;
     with `save_to`, keep the times and the fit there for the cost explorer (`edulib.measured`)."""
     from edulib.comm import ALGORITHMS, build_schedule, cost
     from edulib.comm.cost import fit_alpha_beta
@@ -129,12 +129,13 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
     for world_size in world_sizes:
         with Pool(world_size, backend, timeout=600) as pool:
             alpha, beta = fit_link(pool, sizes, repeats, duplex)
+            overhead = min(fit_overhead(pool), alpha)  # a further message never costs more than the first
             reductions = pool.run(time_reduction, sizes, repeats)
             gamma = max(fit_alpha_beta(reduction)[1] for reduction in reductions)  # the slowest rank's
             per_rank = pool.run(time_allreduce, list(ALGORITHMS), sizes, repeats)
-        rows, times, models = [], {}, {}
+        rows, times, models, with_overhead = [], {}, {}, {}
         saved[str(world_size)] = {"backend": backend, "alpha": alpha, "beta": beta, "gamma": gamma,
-                                  "duplex": duplex, "times": {
+                                  "overhead": overhead, "duplex": duplex, "times": {
                                       name: [[n, _median_slowest(per_rank, (name, n))] for n in sizes]
                                       for name in ALGORITHMS}}
         for nbytes in sizes:
@@ -144,11 +145,13 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                 algbw = nbytes / seconds / 1e9
                 predicted, ratio = "", ""
                 if name != "builtin":
-                    model = cost(build_schedule(name, world_size), nbytes, alpha, beta, 4, gamma=gamma,
-                                 duplex=duplex).time
+                    schedule = build_schedule(name, world_size)
+                    model = cost(schedule, nbytes, alpha, beta, 4, gamma=gamma, duplex=duplex).time
                     predicted, ratio = f"{model * 1e3:.3f}", f"{model / seconds:.2f}"
                     if nbytes >= AGREEMENT_FROM:
                         times[name, nbytes], models[name, nbytes] = seconds, model
+                        with_overhead[name, nbytes] = cost(schedule, nbytes, alpha, beta, 4, gamma=gamma,
+                                                           duplex=duplex, overhead=overhead).time
                 rows.append((format_bytes(nbytes), name, f"{seconds * 1e3:.3f}", f"{algbw:.3f}",
                              f"{algbw * 2 * (world_size - 1) / world_size:.3f}",
                              f"{seconds / builtin:.2f}x", predicted, ratio))
@@ -157,9 +160,12 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
             f"{world_size} {backend} ranks on {cores} cores, {'full' if duplex else 'half'}-duplex; fit in "
             f"this run from pairs swapping messages, all at once: alpha = {alpha * 1e6:.1f} us, "
             f"beta = {beta * 1e9:.3f} ns/B ({1 / beta / 1e9:.2f} GB/s) per direction; from every rank "
-            f"adding buffers at once: gamma = {gamma * 1e9:.3f} ns/B\n"
+            f"adding buffers at once: gamma = {gamma * 1e9:.3f} ns/B; from streams of small messages: "
+            f"o = {overhead * 1e6:.1f} us per further message of a round\n"
             + ("more ranks than cores: ranks take turns on a core, which the model does not see\n"
-               if world_size > cores else "") + agreement(times, models) + "\n\n"
+               if world_size > cores else "") + agreement(times, models) + "\n"
+            + "with o (only a rank's first message of a round pays alpha): "
+            + agreement(times, with_overhead).split("\n")[0] + "\n\n"
             + format_table(["size", "algorithm", "time (ms)", "algbw (GB/s)", "busbw (GB/s)",
                             "vs built-in", "predicted (ms)", "predicted / measured"], rows))
     header = (f"all-reduce of float32 tensors on {platform.node()} ({platform.machine()}); "

@@ -129,6 +129,8 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_p
             low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
             assert low - 0.005 <= float(row[8]) <= high + 0.005, row
     assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
+    assert "o = " in report
+    assert "with o (only a rank's first message of a round pays alpha): predicted" in report
     assert "predicted fastest is the measured fastest, or within 20 % of it, at 0 of 0 sizes" in report
     saved = load("allreduce", tmp_path / "m.json")["2"]  # what the cost explorer will draw
     for row in rows:

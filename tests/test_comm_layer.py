@@ -102,10 +102,11 @@ def test_every_collective_closed_form_equals_its_schedules_count():
             for n in range(1, 17):
                 nbytes = 4 * 720720  # every chunk count up to 16 divides it, so the forms are exact
                 schedule = comm.schedule_for(collective, name, n)
-                for duplex in (True, False):
-                    counted = comm.cost(schedule, nbytes, 1e-5, 1e-9, 4, gamma=3e-10, duplex=duplex)
+                for duplex, overhead in ((True, None), (False, None), (False, 3e-6)):
+                    counted = comm.cost(schedule, nbytes, 1e-5, 1e-9, 4, gamma=3e-10, duplex=duplex,
+                                        overhead=overhead)
                     closed = comm.formula(name, n, nbytes, 1e-5, 1e-9, collective=collective, gamma=3e-10,
-                                          duplex=duplex)
+                                          duplex=duplex, overhead=overhead)
                     assert (counted.rounds, counted.max_bytes_per_rank, counted.total_bytes) == (
                         closed.rounds, closed.max_bytes_per_rank, closed.total_bytes), (collective, name, n)
                     assert counted.time == pytest.approx(closed.time), (collective, name, n, duplex)

@@ -65,10 +65,13 @@ def test_simulation_leaves_the_inputs_alone():
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize(("gamma", "duplex"), [(0.0, True), (3e-10, True), (3e-10, False)])
-def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma, duplex):
-    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex)
-    closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex)
+@pytest.mark.parametrize(("gamma", "duplex", "overhead"),
+                         [(0.0, True, None), (3e-10, True, None), (3e-10, False, None), (3e-10, False, 2e-6)])
+def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma, duplex, overhead):
+    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex,
+                   overhead=overhead)
+    closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex,
+                     overhead=overhead)
     assert counted.rounds == closed.rounds
     assert counted.max_bytes_per_rank == closed.max_bytes_per_rank
     assert counted.total_bytes == closed.total_bytes
@@ -88,6 +91,25 @@ def test_gamma_charges_the_bytes_a_rank_adds_and_half_duplex_charges_both_ends()
     # an all-gather adds nothing, so gamma changes nothing
     assert formula("ring", 4, 400, 1.0, 0.01, collective="all_gather", gamma=5.0).time == pytest.approx(
         3 * (1.0 + 0.01 * 100))
+
+
+def test_the_per_message_overhead_charges_a_ranks_further_messages_of_a_round():
+    # LogGP: a rank's first message of a round pays the latency alpha, each further one only o.
+    # naive on 4 ranks, 400 bytes: every rank sends 3 and receives 3 messages of 400 bytes, adding each
+    naive = cost(build_schedule("naive", 4), 400, alpha=1.0, beta=0.01, gamma=0.001, overhead=0.25)
+    assert naive.time == pytest.approx(1.0 + 2 * 0.25 + 3 * 4.0 + 3 * 0.4)
+    # the server on 3 ranks takes 2 messages in (adding them), then sends 2 out
+    server = cost(build_schedule("parameter_server", 3), 400, alpha=1.0, beta=0.01, gamma=0.001,
+                  overhead=0.25)
+    assert server.time == pytest.approx(2 * (1.0 + 0.25 + 2 * 4.0) + 2 * 0.4)
+    # one message per rank and round (a ring): the overhead changes nothing
+    ring = build_schedule("ring", 4)
+    assert cost(ring, 400, 1.0, 0.01, overhead=0.25).time == cost(ring, 400, 1.0, 0.01).time
+    # o = alpha is the plain alpha-beta model, which charges every message its latency
+    assert cost(build_schedule("naive", 4), 400, 1.0, 0.01, overhead=1.0).time == pytest.approx(
+        cost(build_schedule("naive", 4), 400, 1.0, 0.01).time)
+    with pytest.raises(ValueError, match="overhead must be 0 or more seconds"):
+        cost(ring, 400, overhead=-1e-6)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])

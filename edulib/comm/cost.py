@@ -4,8 +4,10 @@
 quantities; the tests hold the two equal. In the alpha-beta model a message of b bytes takes
 alpha + beta x b; the messages of a round travel at once, but each rank sends its own one after
 another (and receives them one after another), so a round lasts as long as its busiest rank.
-A rank that talks to N-1 others pays N-1 latencies, not one. A cluster with fast links inside
-a node and slow ones between nodes gives each message its own (alpha, beta) through `link`.
+A rank that talks to N-1 others pays N-1 latencies, not one; with LogGP's per-message
+`overhead` o, only its first message of a round pays alpha and each further one pays o, since
+their latencies overlap. A cluster with fast links inside a node and slow ones between nodes
+gives each message its own (alpha, beta) through `link`.
 Thakur, Rabenseifner and Gropp's gamma charges the arithmetic too: a rank that receives b bytes
 to add into its own spends gamma x b more on them (a copy costs nothing extra).
 """
@@ -50,28 +52,47 @@ def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
     return sent
 
 
+def _side(messages: list[tuple[float, float]], overhead: float | None) -> float:
+    """Seconds one rank spends sending (or receiving) a round's messages, given each one's
+    (latency, seconds for its bytes): every latency, or with LogGP's `overhead` the largest
+    latency once and the overhead for each further message."""
+    if not messages:
+        return 0.0
+    latencies = [latency for latency, _ in messages]
+    paid = sum(latencies) if overhead is None else max(latencies) + (len(messages) - 1) * overhead
+    return paid + sum(seconds for _, seconds in messages)
+
+
 def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
-         itemsize: int = 1, link: Link | None = None, gamma: float = 0.0, duplex: bool = True) -> Cost:
+         itemsize: int = 1, link: Link | None = None, gamma: float = 0.0, duplex: bool = True,
+         overhead: float | None = None) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.
 
     alpha is the latency of one message in seconds, beta the seconds per byte (1 / bandwidth),
     gamma the seconds per byte reduced; `link(src, dst)`, if given, returns the (alpha, beta) of
     each message's link instead. A `duplex` rank sends and receives at once (a GPU's link); a
     half-duplex one spends its time on both (ranks copying through one machine's memory).
+    `overhead` (LogGP's o, None: alpha) is what each further message of a rank's round costs.
     """
     if nbytes < 0 or itemsize < 1 or nbytes % itemsize:
         raise ValueError(f"nbytes must be a whole number of {itemsize}-byte elements, 0 or more; "
                          f"got {nbytes!r}")
+    if overhead is not None and overhead < 0:
+        raise ValueError(f"overhead must be 0 or more seconds (or None: every message pays alpha); "
+                         f"got {overhead!r}")
     bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
     time = 0.0
     for messages in schedule.rounds:
-        busy = [[0.0, 0.0] for _ in range(schedule.world_size)]  # sending, receiving
+        sides: list[list[list[tuple[float, float]]]] = [[[], []] for _ in range(schedule.world_size)]
+        added = [0.0] * schedule.world_size
         for m in messages:
             latency, per_byte = link(m.src, m.dst) if link else (alpha, beta)
             size = (bounds[m.hi] - bounds[m.lo]) * itemsize
-            seconds = message_time(size, latency, per_byte)
-            busy[m.src][0] += seconds
-            busy[m.dst][1] += seconds + (gamma * size if m.op == "reduce" else 0.0)
+            sides[m.src][0].append((latency, message_time(size, 0.0, per_byte)))
+            sides[m.dst][1].append((latency, message_time(size, 0.0, per_byte)))
+            added[m.dst] += gamma * size if m.op == "reduce" else 0.0
+        busy = [(_side(send, overhead), _side(receive, overhead) + extra)
+                for (send, receive), extra in zip(sides, added, strict=True)]
         time += max(max(pair) if duplex else sum(pair) for pair in busy)
     per_rank = bytes_sent(schedule, nbytes, itemsize)
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
@@ -86,16 +107,25 @@ def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float
 
 def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
             beta: float = 0.0, collective: str = "all_reduce", gamma: float = 0.0,
-            duplex: bool = True) -> Cost:
+            duplex: bool = True, overhead: float | None = None) -> Cost:
     """The closed form of a collective's cost (exact when every chunk has the same size).
 
     N ranks, M bytes (the whole tensor; for all-to-all, each rank's whole input); p is the
     largest power of two <= N and rem = N - p, the ranks that the recursive algorithms fold in
     with one extra round before and one after. gamma is charged on the bytes the busiest rank
     reduces: (N-1)M/N in a ring, M per round of a tree or a butterfly. Without `duplex`, a round in
-    which every rank both sends and receives (a ring's, a swap's) costs its messages twice.
+    which every rank both sends and receives (a ring's, a swap's) costs its messages twice. With
+    `overhead` o, a rank's k messages of a round cost alpha + (k-1) o + k beta bytes (only the
+    naive ones and the parameter server's send several).
     """
     sides = 1 if duplex else 2  # what a round of swaps costs a rank, in messages
+
+    def many(k: int, size: float) -> float:
+        """One rank's k messages of `size` bytes in one round, one after another."""
+        if overhead is None:
+            return k * (alpha + beta * size)
+        return alpha + (k - 1) * overhead + k * beta * size
+
     check_choice(collective, FOR_COLLECTIVE, "collective")
     closed = ALGORITHMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
     check_choice(name, ["builtin", *closed], f"{collective} algorithm with a closed form")
@@ -108,6 +138,8 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
         rounds = n - 1
         if collective == "all_to_all":
             rounds = 1 if name == "naive" else n - 1 if n & (n - 1) == 0 else n
+        if collective == "all_to_all" and name == "naive":  # all of a rank's messages in one round
+            return Cost(1, (n - 1) * m / n, (n - 1) * m, sides * many(n - 1, m / n))
         added = gamma * m / n if collective == "reduce_scatter" else 0.0
         return Cost(rounds, (n - 1) * m / n, (n - 1) * m,
                     max(rounds, n - 1) * (sides * (alpha + beta * m / n) + added))
@@ -121,10 +153,9 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     fold_rounds = 2 if rem else 0
     fold_time = fold_rounds * (alpha + beta * m) + (gamma * m if rem else 0.0)  # folding in adds M
     if name == "naive":  # one round; every rank takes M from each of the N-1 others and adds it
-        return Cost(1, (n - 1) * m, n * (n - 1) * m, (n - 1) * (sides * (alpha + beta * m) + gamma * m))
+        return Cost(1, (n - 1) * m, n * (n - 1) * m, sides * many(n - 1, m) + (n - 1) * gamma * m)
     if name == "parameter_server":  # the server takes N-1 messages of M in and adds them, then sends N-1 out
-        return Cost(2, (n - 1) * m, 2 * (n - 1) * m,
-                    (n - 1) * (2 * alpha + 2 * beta * m + gamma * m))
+        return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * many(n - 1, m) + (n - 1) * gamma * m)
     if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N, the first N-1 adding what arrives
         return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
                     2 * (n - 1) * sides * (alpha + beta * m / n) + (n - 1) * gamma * m / n)
