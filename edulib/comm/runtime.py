@@ -9,10 +9,27 @@ memory pass less, which is every round of an all-gather.)
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 
 from edulib.comm.schedule import Message, Schedule, chunk_bounds
+
+_kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _scratch(like: torch.Tensor, length: int) -> torch.Tensor:
+    """`length` elements of receive space, kept per thread, dtype and device from call to call.
+
+    A fresh buffer of many MiB costs a page fault per 4 KiB page each time it is first written
+    (15 ms of a 70 ms ring all-reduce of 64 MiB on 2 gloo ranks); a kept one was faulted in once.
+    """
+    key = (threading.get_ident(), like.dtype, like.device)
+    kept = _kept.get(key)
+    if kept is None or kept.numel() < length:
+        kept = _kept[key] = like.new_empty(length)
+    return kept[:length]
 
 
 def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
@@ -51,7 +68,7 @@ def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGr
 
     incoming = [sum(size(m) for m in messages if m.dst == rank and not direct(m, messages))
                 for messages in schedule.rounds]
-    scratch = flat.new_empty(max(incoming, default=0))
+    scratch = _scratch(flat, max(incoming, default=0))
     sent = 0
     for messages in schedule.rounds:
         pending, arrivals, offset = [], [], 0
