@@ -27,12 +27,27 @@ def test_every_schedule_on_real_ranks(world_size):
     assert not problems, "\n".join(problems[:20])
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_every_schedule_in_small_segments(world_size):
+    # 7-element segments: every message of 10 007 elements travels in many pieces, each added or
+    # copied in as it lands; a piece must not change what this rank still sends in that round
+    with Pool(world_size, backend="gloo", timeout=30) as pool:
+        per_rank = pool.run(run_many, list(SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"], segment=7)
+    problems = [problem for reports in zip(*per_rank, strict=True)
+                for problem in collective_disagreements(reports[0]["name"], list(reports))]
+    assert not problems, "\n".join(problems[:20])
+
+
 def _wrong_size() -> None:
     run_schedule(build_schedule("ring", 3), torch.ones(4))
 
 
 def _not_contiguous() -> None:
     run_schedule(build_schedule("ring", 2), torch.ones(4, 4).t())
+
+
+def _bad_segment() -> None:
+    run_schedule(build_schedule("ring", 2), torch.ones(4), segment=0)
 
 
 def _unknown_algorithm() -> None:
@@ -42,6 +57,7 @@ def _unknown_algorithm() -> None:
 @pytest.mark.parametrize("fn, message", [
     (_wrong_size, "built for 3 ranks, but this group has 2"),
     (_not_contiguous, "must be contiguous"),
+    (_bad_segment, "segment must be a whole number of elements, 1 or more; got 0"),
     (_unknown_algorithm, "'rng' is not an algorithm for all_reduce; all_reduce offers 'builtin', 'naive'"),
 ])
 def test_bad_input_on_a_rank_is_a_clear_error(fn, message):

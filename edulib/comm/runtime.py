@@ -1,10 +1,12 @@
 """Run a schedule on real ranks: this rank's messages of each round with isend/irecv, then apply.
 
-Within a round every send reads the tensor as it was when the round began: what arrives goes to
-scratch space and is reduced or copied in only after all of the round's messages completed,
-which is exactly the simulator's rule, so the two agree message for message. (A copy into chunks
-that this rank does not send from in the same round is received in place: same result, one
-memory pass less, which is every round of an all-gather.)
+Within a round every send reads the tensor as it was when the round began, which is the
+simulator's rule, so the two agree message for message. A message travels in segments (as gloo
+and NCCL pipeline theirs): what arrives goes to scratch space, and each segment is reduced or
+copied in as soon as it has landed, while the next ones are still on their way, once whatever
+this rank sends from those elements in the same round has left. (A copy into chunks that this
+rank does not send from in the same round is received in place: same result, one memory pass
+less, which is every round of an all-gather.)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.distributed as dist
 
 from edulib.comm.schedule import Message, Schedule, chunk_bounds
 
+SEGMENT_BYTES = 4 * 2**20  # messages travel in pieces this large, so each is added in while the next moves
 _kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -32,12 +35,20 @@ def _scratch(like: torch.Tensor, length: int) -> torch.Tensor:
     return kept[:length]
 
 
+def _segments(length: int, piece: int) -> list[tuple[int, int]]:
+    """[start, stop) of each `piece`-element segment of a `length`-element message."""
+    return [(a, min(a + piece, length)) for a in range(0, length, piece)]
+
+
 def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
-                 root: int = 0) -> int:
+                 root: int = 0, segment: int | None = None) -> int:
     """Execute this rank's part of `schedule` on `tensor` in place; return the bytes it sent.
 
     Schedules are rooted at rank 0; `root` renumbers the ranks so that another rank is the root.
+    Messages travel in segments of `segment` elements (SEGMENT_BYTES by default).
     """
+    if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
+        raise ValueError(f"segment must be a whole number of elements, 1 or more; got {segment!r}")
     world_size = dist.get_world_size(group)
     if world_size != schedule.world_size:
         raise ValueError(f"{schedule.name} was built for {schedule.world_size} ranks, but this "
@@ -69,29 +80,39 @@ def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGr
     incoming = [sum(size(m) for m in messages if m.dst == rank and not direct(m, messages))
                 for messages in schedule.rounds]
     scratch = _scratch(flat, max(incoming, default=0))
+    piece = segment or max(1, SEGMENT_BYTES // flat.element_size())
     sent = 0
     for messages in schedule.rounds:
-        pending, arrivals, offset = [], [], 0
+        sends, receives, arrivals, offset = [], [], [], 0
         for message in messages:
             if size(message) == 0:
                 continue
-            landing = slice(bounds[message.landing[0]], bounds[message.landing[1]])
+            start = bounds[message.landing[0]]
             if message.src == rank:
-                pending.append(dist.isend(flat[bounds[message.lo]:bounds[message.hi]],
-                                          peer(message.dst), group=group))
+                first = bounds[message.lo]
+                for a, b in _segments(size(message), piece):
+                    sends.append((dist.isend(flat[first + a:first + b], peer(message.dst), group=group),
+                                  first + a, first + b))
                 sent += size(message) * flat.element_size()
             elif message.dst == rank and direct(message, messages):
-                pending.append(dist.irecv(flat[landing], peer(message.src), group=group))
+                receives += [dist.irecv(flat[start + a:start + b], peer(message.src), group=group)
+                             for a, b in _segments(size(message), piece)]
             elif message.dst == rank:
                 buffer = scratch[offset:offset + size(message)]
                 offset += size(message)
-                pending.append(dist.irecv(buffer, peer(message.src), group=group))
-                arrivals.append((message, landing, buffer))
-        for work in pending:
+                arrivals += [(dist.irecv(buffer[a:b], peer(message.src), group=group), message.op,
+                              slice(start + a, start + b), buffer[a:b])
+                             for a, b in _segments(size(message), piece)]
+        for work, op, landing, buffer in arrivals:  # each piece goes in as it lands, the next travelling
             work.wait()
-        for message, landing, buffer in arrivals:
-            if message.op == "reduce":
+            for index, (send, lo, hi) in enumerate(sends):
+                if send is not None and lo < landing.stop and landing.start < hi:
+                    send.wait()  # what this rank sends from there must leave before it changes
+                    sends[index] = (None, lo, hi)  # (gloo counts waits: a second one would block)
+            if op == "reduce":
                 flat[landing] += buffer
             else:
                 flat[landing].copy_(buffer)
+        for work in [*receives, *(send for send, _, _ in sends if send is not None)]:
+            work.wait()
     return sent

@@ -28,7 +28,8 @@ def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
     return values.to(DTYPES[dtype]).to(device())
 
 
-def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0) -> dict:
+def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0,
+                   segment: int | None = None) -> dict:
     """Run a named schedule on this rank's input; for all-reduce also torch's own all_reduce.
 
     All-to-all needs a length that divides into equal pieces, so it rounds `length` down to that.
@@ -41,17 +42,18 @@ def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0
         length -= length % schedule.world_size
     tensor = rank_tensor(length, dtype, seed)
     output = tensor.clone()
-    sent = run_schedule(schedule, output)
+    sent = run_schedule(schedule, output, segment=segment)
     builtin = None
     if schedule.collective == "all_reduce":
         builtin = all_reduce(tensor.clone(), "builtin").cpu()
     return {"input": tensor.cpu(), "output": output.cpu(), "builtin": builtin, "sent": sent}
 
 
-def run_many(names: list[str], lengths: list[int], dtypes: list[str]) -> list[dict]:
+def run_many(names: list[str], lengths: list[int], dtypes: list[str],
+             segment: int | None = None) -> list[dict]:
     """run_collective for every combination, in one call (one round trip to the launcher)."""
     return [{"name": name, "length": length, "dtype": dtype,
-             **run_collective(name, length, dtype)}
+             **run_collective(name, length, dtype, segment=segment)}
             for name in names for length in lengths for dtype in dtypes]
 
 
