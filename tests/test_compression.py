@@ -1,0 +1,84 @@
+"""Gradient compression: each compressor against its definition, the bytes against the closed
+form, the identity against uncompressed training, and what error feedback is worth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edulib.dp import data_parallel
+from edulib.dp.compression import Int8, TopK, compressed_data_parallel, compressor
+
+STEPS, WIDTH, DEPTH, BATCH, LR = 120, 32, 2, 32, 0.2
+
+
+def test_top_k_keeps_the_largest_entries_and_nothing_else():
+    tensor = torch.tensor([[0.5, -3.0, 0.1], [2.0, -0.2, 1.0]])
+    method = TopK(0.5)  # 3 of 6 entries
+    values, indices = method.encode(tensor)
+    assert sorted(indices.tolist()) == [1, 3, 5] and indices.dtype == torch.int32
+    kept = torch.tensor([[0.0, -3.0, 0.0], [2.0, 0.0, 1.0]])
+    assert torch.equal(method.decode([values, indices], tensor), kept)
+    assert [TopK(0.01).kept(n) for n in (0, 1, 99, 100, 101)] == [0, 1, 1, 1, 2]
+    assert TopK(0.01).payload_bytes(1000) == 8 * 10 and TopK(1.0).kept(7) == 7
+
+
+def test_int8_rounds_every_entry_to_its_nearest_step_of_the_scale():
+    tensor = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    quantized, scale = Int8().encode(tensor)
+    assert quantized.dtype == torch.int8 and scale.item() == pytest.approx(tensor.abs().max().item() / 127)
+    assert (Int8().decode([quantized, scale], tensor) - tensor).abs().max() <= scale.item() / 2 + 1e-7
+    assert torch.equal(Int8().decode(Int8().encode(torch.zeros(5)), torch.zeros(5)), torch.zeros(5))
+    assert Int8().payload_bytes(1000) == 1004
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: TopK(0.0), r"with k in \(0, 1\]; got 0.0"),
+    (lambda: TopK(1.5), r"with k in \(0, 1\]; got 1.5"),
+    (lambda: compressor("gzip"), "unknown compressor 'gzip'; choose one of identity, topk, int8"),
+])
+def test_bad_compressors_say_what_is_allowed(bad, message):
+    with pytest.raises(ValueError, match=message):
+        bad()
+
+
+@pytest.fixture(scope="module")
+def runs(pool4):
+    """Each way of training, on the shared 4 ranks, on the same data."""
+    ways = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
+            "topk, no feedback": ("topk", 0.01, False), "int8": ("int8", 1.0, True)}
+    found = {name: pool4.run(compressed_data_parallel, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH,
+                             BATCH) for name, (method, ratio, feedback) in ways.items()}
+    found["uncompressed"] = pool4.run(data_parallel, STEPS, LR, width=WIDTH, depth=DEPTH, batch=BATCH)
+    return found
+
+
+def test_identity_compression_trains_like_uncompressed_data_parallelism(runs):
+    for compressed, plain in zip(runs["identity"], runs["uncompressed"], strict=True):
+        # the same sums, in gradient buckets of another order: equal up to the order of additions
+        torch.testing.assert_close(compressed["parameters"], plain["parameters"], rtol=1e-5, atol=1e-7)
+        assert compressed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name, method", [("topk", TopK(0.01)), ("int8", Int8()), ("identity", None)])
+def test_the_bytes_each_rank_sends_are_the_closed_form(runs, name, method):
+    ranks = len(runs[name])
+    numel = runs[name][0]["numel"]
+    assert numel == DEPTH * (WIDTH * WIDTH + WIDTH)
+    # a payload is all-gathered (a ring: N - 1 pieces leave each rank); the identity is all-reduced
+    expected = (ranks - 1) * method.payload_bytes(numel) if method else 2 * (ranks - 1) * 4 * numel // ranks
+    for report in runs[name]:
+        assert report["bytes_sent"] == [expected] * STEPS
+    assert runs["topk"][0]["bytes_sent"][0] * 20 < runs["identity"][0]["bytes_sent"][0]
+
+
+def test_error_feedback_is_what_lets_top_k_at_one_percent_train(runs):
+    def final(name: str) -> float:
+        losses = runs[name][0]["losses"]
+        return sum(losses[-10:]) / 10
+
+    start = runs["identity"][0]["losses"][0]
+    assert final("identity") < 0.5 * start
+    assert final("topk") < 1.15 * final("identity")  # with feedback: close to uncompressed
+    assert final("topk, no feedback") > 1.5 * final("topk")  # without: it stalls far above
+    assert final("int8") < 1.01 * final("identity")
