@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from edulib.dp import data_parallel
-from edulib.dp.compression import Int8, TopK, compressed_data_parallel, compressor
+from edulib.dp.compression import (
+    Int8,
+    PowerSGD,
+    TopK,
+    compressed_data_parallel,
+    compressor,
+    orthogonalize,
+    torch_powersgd,
+)
 
 STEPS, WIDTH, DEPTH, BATCH, LR = 120, 32, 2, 32, 0.2
 
@@ -35,7 +43,8 @@ def test_int8_rounds_every_entry_to_its_nearest_step_of_the_scale():
 @pytest.mark.parametrize("bad, message", [
     (lambda: TopK(0.0), r"with k in \(0, 1\]; got 0.0"),
     (lambda: TopK(1.5), r"with k in \(0, 1\]; got 1.5"),
-    (lambda: compressor("gzip"), "unknown compressor 'gzip'; choose one of identity, topk, int8"),
+    (lambda: compressor("gzip"), "unknown compressor 'gzip'; choose one of identity, topk, int8, powersgd"),
+    (lambda: PowerSGD(0), "PowerSGD's rank must be a whole number, 1 or more; got 0"),
 ])
 def test_bad_compressors_say_what_is_allowed(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -82,3 +91,28 @@ def test_error_feedback_is_what_lets_top_k_at_one_percent_train(runs):
     assert final("topk") < 1.15 * final("identity")  # with feedback: close to uncompressed
     assert final("topk, no feedback") > 1.5 * final("topk")  # without: it stalls far above
     assert final("int8") < 1.01 * final("identity")
+
+
+def test_gram_schmidt_makes_the_columns_orthonormal_as_qr_does():
+    matrix = torch.randn(40, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    q, r = torch.linalg.qr(matrix)
+    found = orthogonalize(matrix.clone())
+    torch.testing.assert_close(found.T @ found, torch.eye(3, dtype=torch.float64))
+    torch.testing.assert_close(found, q * torch.sign(torch.diagonal(r)))  # QR up to the columns' signs
+
+
+@pytest.mark.parametrize("factors", [1, 2])
+def test_powersgd_trains_like_torchs_powersgd_hook(pool4, factors):
+    # the same seeds, the same warm start and error feedback: torch's DDP hook is the reference
+    mine = pool4.run(compressed_data_parallel, 20, "powersgd", lr=LR, width=WIDTH, depth=DEPTH, batch=BATCH,
+                     factors=factors)
+    theirs = pool4.run(torch_powersgd, 20, factors, LR, WIDTH, DEPTH, BATCH)
+    for report, reference in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(report["parameters"], reference, rtol=1e-5, atol=1e-6)
+    # bytes: two plain all-reduces, then the factors of each matrix and the biases whole
+    ranks, numel = len(mine), mine[0]["numel"]
+    ring = 2 * (ranks - 1) / ranks * 4  # bytes a ring all-reduce sends per number
+    payload = DEPTH * (2 * WIDTH * factors + WIDTH)
+    shapes = [torch.Size([WIDTH, WIDTH]), torch.Size([WIDTH])] * DEPTH
+    assert payload == PowerSGD(factors).payload_numel(shapes)
+    assert mine[0]["bytes_sent"] == [ring * numel] * 2 + [ring * payload] * 18

@@ -1,7 +1,7 @@
 """Data parallelism: a parameter server (synchronous, sharded, bounded-staleness), data-parallel
 training from scratch with bucketed, overlapped gradient all-reduces, and ZeRO stages 1-3
-(fully sharded data parallelism) in mixed precision; gradient compression (top-k, 8-bit) with error
-feedback."""
+(fully sharded data parallelism) in mixed precision; gradient compression (top-k, 8-bit,
+PowerSGD) with error feedback."""
 
 from edulib.dp.compression import compressed_data_parallel
 from edulib.dp.data_parallel import GradientBuckets, check_replicas, data_parallel, single_process, torch_ddp

@@ -5,7 +5,9 @@ A compressor turns a gradient into a payload of tensors and back. Top-k keeps th
 entries (their values and indices); 8-bit quantization keeps one byte per entry and one scale.
 Two ranks' payloads of that kind cannot be added as they travel (their top-k pick different
 indices), so every rank's payload is all-gathered and each rank decodes and averages them all.
-The identity payload is the gradient itself, summed by the all-reduce as usual.
+The identity payload is the gradient itself, summed by the all-reduce as usual. PowerSGD sends
+low-rank factors of each weight matrix instead, which can be summed: two all-reduces of
+(n + m) r numbers for an n x m matrix.
 
 Error feedback keeps, on each rank, what compression dropped (the gradient plus the last error,
 minus what was sent) and adds it to the next step's gradient: a dropped entry is delayed, not
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -101,12 +104,106 @@ class Int8:
         return numel + 4
 
 
-COMPRESSORS = {"identity": Identity, "topk": TopK, "int8": Int8}
+def orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns of `matrix`, in place: each column normalised, then removed
+    from the columns after it."""
+    for i in range(matrix.shape[1]):
+        column = matrix[:, i:i + 1]
+        column /= torch.norm(column, dim=0, keepdim=True)
+        if i + 1 < matrix.shape[1]:
+            rest = matrix[:, i + 1:]
+            rest -= torch.sum(column * rest, dim=0, keepdim=True) * column
+    return matrix
 
 
-def compressor(name: str, ratio: float = 0.01) -> Identity | TopK | Int8:
-    """A compressor by name; `ratio` is top-k's fraction of entries kept."""
+class PowerSGD:
+    """PowerSGD (Vogels et al., 2019): a gradient matrix M (n x m) travels as two all-reduced
+    factors of rank r, P = M Q (n x r) and then Q = M^T P (m x r) with P orthogonalised between,
+    and is rebuilt as P Q^T / N: (n + m) r numbers instead of n m. Q starts random and is reused
+    from step to step (warm start), so one step of power iteration per step tracks the gradient's
+    top singular vectors. Matrices that would not shrink `min_rate`-fold, and vectors, are
+    all-reduced whole. Error feedback keeps what the average left out of this rank's gradient.
+    The first `start` steps are plain all-reduces, as in torch's hook (the reference in the tests)."""
+
+    name = "powersgd"
+
+    def __init__(self, rank: int = 1, start: int = 2, min_rate: float = 2.0, seed: int = 0,
+                 error_feedback: bool = True) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"PowerSGD's rank must be a whole number, 1 or more; got {rank!r}")
+        self.rank, self.start, self.min_rate, self.feedback = rank, start, min_rate, error_feedback
+        self.seeds = np.random.RandomState(seed)  # one seed for the first Qs, drawn as torch's hook does
+        self.error: torch.Tensor | None = None
+        self.qs: list[torch.Tensor] | None = None
+        self.steps = 0
+
+    def _compressed(self, n: int, m: int) -> bool:
+        """Whether an n x m matrix's factors are `min_rate` times smaller than it."""
+        return (n + m) * min(n, m, self.rank) * self.min_rate < n * m
+
+    def payload_numel(self, shapes: list[torch.Size]) -> int:
+        """Numbers one rank all-reduces per step: the factors of each compressed matrix, the rest whole."""
+        total = 0
+        for shape in shapes:
+            n, m = shape[0], math.prod(shape[1:])
+            total += (n + m) * min(n, m, self.rank) if self._compressed(n, m) else n * m
+        return total
+
+    def average(self, gradients: list[torch.Tensor], group: comm.Group = None) -> None:
+        """Replace each gradient by the group's PowerSGD average, in place."""
+        ranks = dist.get_world_size(group)
+        flat = torch.cat([g.reshape(-1) for g in gradients])
+        views = list(torch.split(flat, [g.numel() for g in gradients]))
+        if self.steps < self.start:
+            self.steps += 1
+            comm.all_reduce(flat, group=group)
+            flat.div_(ranks)
+        else:
+            self.error = torch.zeros_like(flat) if self.error is None else self.error
+            flat += self.error
+            local = flat.clone()
+            matrices = [v.view(g.shape[0], -1) for v, g in zip(views, gradients, strict=True)]
+            kept = [m for m in matrices if self._compressed(*m.shape)]
+            whole = [v for v, m in zip(views, matrices, strict=True) if not self._compressed(*m.shape)]
+            if self.qs is None:
+                generator = torch.Generator().manual_seed(int(self.seeds.randint(1_000_000_000)))
+                self.qs = [torch.randn(m.shape[1], min(*m.shape, self.rank), generator=generator)
+                           for m in kept]
+            qs = [orthogonalize(q) for q in self.qs]
+            rest = torch.cat([v.reshape(-1) for v in whole]) if whole else flat.new_empty(0)
+            comm.all_reduce(rest, group=group)
+            rest.div_(ranks)
+            for v, part in zip(whole, torch.split(rest, [v.numel() for v in whole]), strict=True):
+                v.copy_(part.view_as(v))
+            ps = self._all_reduced([m @ q for m, q in zip(kept, qs, strict=True)], group)
+            ps = [orthogonalize(p) for p in ps]
+            self.qs = [q.div_(ranks) for q in
+                       self._all_reduced([m.T @ p for m, p in zip(kept, ps, strict=True)], group)]
+            for m, p, q in zip(kept, ps, self.qs, strict=True):
+                m.copy_(p @ q.T)
+            if self.feedback:
+                self.error = local - flat
+        for g, v in zip(gradients, views, strict=True):
+            g.copy_(v.view_as(g))
+
+    @staticmethod
+    def _all_reduced(factors: list[torch.Tensor], group: comm.Group) -> list[torch.Tensor]:
+        """Sum the factors over the group in one all-reduce; the sums, shaped as the factors."""
+        flat = torch.cat([f.reshape(-1) for f in factors]) if factors else torch.empty(0)
+        comm.all_reduce(flat, group=group)
+        return [part.view_as(f) for f, part in zip(factors, torch.split(flat, [f.numel() for f in factors]),
+                                                   strict=True)]
+
+
+COMPRESSORS = {"identity": Identity, "topk": TopK, "int8": Int8, "powersgd": PowerSGD}
+
+
+def compressor(name: str, ratio: float = 0.01, rank: int = 1,
+               error_feedback: bool = True) -> Identity | TopK | Int8 | PowerSGD:
+    """A compressor by name; `ratio` is top-k's fraction of entries kept, `rank` PowerSGD's."""
     check_choice(name, COMPRESSORS, "compressor")
+    if name == "powersgd":
+        return PowerSGD(rank, error_feedback=error_feedback)
     return TopK(ratio) if name == "topk" else COMPRESSORS[name]()
 
 
@@ -132,12 +229,13 @@ def compressed_average(tensor: torch.Tensor, method: Identity | TopK | Int8,
 
 def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.01,
                              error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
-                             batch: int = 16, seed: int = 0) -> dict:
-    """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient (all of it as one
-    vector) through `method`; the losses, final parameters and the bytes this rank sent each step."""
+                             batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
+    """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient through `method`
+    (top-k and int8 take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
+    reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
+    model, chosen = mlp(width, depth, seed), compressor(method, ratio, factors, error_feedback)
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    model, chosen = mlp(width, depth, seed), compressor(method, ratio)
-    error = torch.zeros(sum(p.numel() for p in model.parameters())) if error_feedback else None
+    error = torch.zeros(sum(p.numel() for p in model.parameters())) if error_feedback else None  # top-k, int8
     losses, sent_per_step, durations = [], [], []
     for step in range(steps):
         began = time.perf_counter()
@@ -145,9 +243,12 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
         model.zero_grad()
         loss = nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
-        gradient = parameters_to_vector(p.grad for p in model.parameters())
         with comm.labelled("gradients"), comm.count_communication() as sent:
-            compressed_average(gradient, chosen, error)
+            if isinstance(chosen, PowerSGD):
+                chosen.average([p.grad for p in reversed(list(model.parameters()))])
+            gradient = parameters_to_vector(p.grad for p in model.parameters())
+            if not isinstance(chosen, PowerSGD):
+                compressed_average(gradient, chosen, error)
         with torch.no_grad():
             vector_to_parameters(parameters_to_vector(model.parameters()) - lr * gradient, model.parameters())
         losses.append(loss.item())
@@ -155,3 +256,22 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
         durations.append(time.perf_counter() - began)
     return {"losses": losses, "parameters": parameters_to_vector(model.parameters()).detach(),
             "bytes_sent": sent_per_step, "durations": durations, "numel": gradient.numel()}
+
+
+def torch_powersgd(steps: int, rank: int = 1, lr: float = 0.1, width: int = 16, depth: int = 2,
+                   batch: int = 16, seed: int = 0) -> torch.Tensor:
+    """The reference: the same training with torch's DistributedDataParallel and its PowerSGD
+    communication hook (error feedback, warm start, 2 plain steps first); final parameters."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    model = nn.parallel.DistributedDataParallel(mlp(width, depth, seed))
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2, min_compression_rate=2)
+    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        inputs, targets = worker_batch(step, dist.get_rank(), dist.get_world_size(), batch, width, seed)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return parameters_to_vector(model.parameters()).detach()
