@@ -126,7 +126,7 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|attention|dp|grade|memory|moe|pipeline|plan`: measured against a
+    """`edulib bench launch|allreduce|attention|compression|dp|grade|memory|moe|pipeline|plan`: against a
     baseline or the model; allreduce and pipeline also save theirs for the explorers."""
     from edulib import bench
     from edulib.measured import results_path
@@ -150,6 +150,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_moe(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "grade":
         print(bench.bench_grade(options.students))
+    elif options.what == "compression":
+        print(bench.bench_compression(options.world_size))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend, save_to=results_path()))
@@ -231,9 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "attention", "dp", "grade", "memory", "moe",
-                                        "pipeline", "plan"])
-    bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline: ranks")
+    bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "grade",
+                                        "memory", "moe", "pipeline", "plan"])
+    bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
                        help="allreduce, dp, memory: rank counts to measure")

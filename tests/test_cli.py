@@ -222,3 +222,13 @@ def test_the_executed_plan_benchmark_sets_the_measured_step_beside_the_predictio
     assert row[-1] == "yes"  # the plan trains like one process
     low, high = (measured - 0.005) / (predicted + 0.005), (measured + 0.005) / (predicted - 0.005)
     assert low - 0.005 <= ratio <= high + 0.005  # each printed to two decimals
+
+
+def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_reduce():
+    from edulib.bench import bench_compression
+
+    report = bench_compression(world_size=2, steps=4, width=16, depth=1, batch=8)
+    rows = [re.split(r"\s{2,}", line.strip()) for line in report.splitlines()[4:]]
+    assert [row[0] for row in rows][:2] == ["identity (uncompressed)", "top-k 1 %"] and len(rows) == 11
+    # 2 ranks: an all-reduce of 272 floats sends 1088 B; top-k keeps 3 entries (24 B of payload, 1 piece)
+    assert rows[0][2] == "1.06 KiB" and rows[1][2] == "24 B" and rows[1][3] == f"{1088 / 24:.1f}x"

@@ -116,3 +116,14 @@ def test_powersgd_trains_like_torchs_powersgd_hook(pool4, factors):
     shapes = [torch.Size([WIDTH, WIDTH]), torch.Size([WIDTH])] * DEPTH
     assert payload == PowerSGD(factors).payload_numel(shapes)
     assert mine[0]["bytes_sent"] == [ring * numel] * 2 + [ring * payload] * 18
+
+
+def _too_high_a_rank() -> None:
+    compressed_data_parallel(3, "powersgd", width=8, depth=1, batch=8, factors=9)
+
+
+def test_a_powersgd_rank_larger_than_a_matrix_is_a_clear_error(pool4):
+    from edulib.launch import RankError
+
+    with pytest.raises(RankError, match="PowerSGD's rank 9 is larger than a 8 x 8 gradient matrix"):
+        pool4.run(_too_high_a_rank)

@@ -163,6 +163,11 @@ class PowerSGD:
             flat += self.error
             local = flat.clone()
             matrices = [v.view(g.shape[0], -1) for v, g in zip(views, gradients, strict=True)]
+            for g in gradients:
+                if g.dim() > 1 and min(g.shape[0], g.numel() // g.shape[0]) < self.rank:
+                    raise ValueError(f"PowerSGD's rank {self.rank} is larger than a {g.shape[0]} x "
+                                     f"{g.numel() // g.shape[0]} gradient matrix; rank-r factors need "
+                                     "r <= the smaller side")
             kept = [m for m in matrices if self._compressed(*m.shape)]
             whole = [v for v, m in zip(views, matrices, strict=True) if not self._compressed(*m.shape)]
             if self.qs is None:
