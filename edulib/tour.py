@@ -30,6 +30,7 @@ from edulib.dp import (
     single_process_adam,
     torch_ddp,
 )
+from edulib.dp.compression import TopK, compressed_data_parallel, torch_powersgd
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
@@ -255,6 +256,20 @@ def _check_planner(pool: Pool) -> str:
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"
 
 
+def _check_compression(pool: Pool) -> str:
+    """PowerSGD trains like torch's hook; top-k sends its closed form's bytes and, with error
+    feedback, trains on."""
+    steps, ranks = 6, pool.world_size
+    mine = pool.run(compressed_data_parallel, steps, "powersgd", lr=0.2, width=32, batch=4 * ranks, factors=2)
+    theirs = pool.run(torch_powersgd, steps, 2, 0.2, 32, batch=4 * ranks)
+    worst = max(float((m["parameters"] - t).abs().max()) for m, t in zip(mine, theirs, strict=True))
+    assert worst < 1e-5, f"PowerSGD's weights differ from torch's hook by up to {worst:.2e}"
+    sparse = pool.run(compressed_data_parallel, steps, "topk", 0.01, width=32, batch=4 * ranks)[0]
+    want = (ranks - 1) * TopK(0.01).payload_bytes(sparse["numel"])
+    assert sparse["bytes_sent"] == [want] * steps, f"top-k sent {sparse['bytes_sent']}, closed form {want}"
+    return f"PowerSGD within {worst:.0e} of torch's; top-k 1 % sends {want} B/step"
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -281,6 +296,8 @@ STEPS: list[Step] = [
          _check_expert_parallel),
     Step("hybrid: data x pipeline x tensor (ring)", "unsplit model's gradients", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
+    Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
+         _check_compression),
 ]
 
 
