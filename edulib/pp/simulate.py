@@ -97,7 +97,7 @@ def _keys(schedule: Schedule) -> list[list[int]]:
     return rows
 
 
-def _per_stage(value: float | Sequence[float], devices: int, what: str) -> list[float]:
+def per_device(value: float | Sequence[float], devices: int, what: str) -> list[float]:
     """A cost given as one number or one number per device."""
     values = [float(value)] * devices if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(values) != devices or any(v < 0 for v in values):
@@ -130,7 +130,7 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
                          f"(or None); got t_comm={t_comm!r}, overhead={overhead!r}, dispatch={dispatch!r}, "
                          f"cores={cores!r}")
     if durations is None:
-        f, b, w = (_per_stage(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
+        f, b, w = (per_device(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
         if not schedule.split_backward:
             b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
         time_of = {key: [f, b, w][key // (stages * m)][d] / v for d in range(p) for key in rows[d]}
@@ -260,12 +260,12 @@ def measured_costs(timeline: Timeline) -> dict[str, float | list[float]]:
     schedule = timeline.schedule
     costs: dict[str, float | list[float]] = {}
     for kind in ("F", "B", "W"):
-        per_device = []
+        medians = []
         for device in range(schedule.devices):
             durations = sorted(e.end - e.start for e in timeline.events
                                if e.device == device and e.action.kind == kind)
-            per_device.append(durations[len(durations) // 2] * schedule.chunks if durations else 0.0)
-        costs["t_" + kind.lower()] = per_device
+            medians.append(durations[len(durations) // 2] * schedule.chunks if durations else 0.0)
+        costs["t_" + kind.lower()] = medians
     ended = {event.action: event.end for event in timeline.events}
     previous_end = {after.action: before.end for device in range(schedule.devices)
                     for before, after in _pairs(timeline, device)}
