@@ -8,6 +8,7 @@ the usual way to start ranks, `torch.multiprocessing.spawn` with the same proces
 `moe`: edulib's all-to-all schedules against the builtin, alone and in an MoE layer.
 `grade`: the autograder on the solutions and on a class, against starting Python with torch.
 `compression`: gradient compression's bytes and final loss against uncompressed data parallelism.
+`energy`: Perseus's frontier on GPT-3-like stages: its computing time and the energy it saves.
 """
 
 from __future__ import annotations
@@ -500,6 +501,35 @@ def bench_compression(world_size: int = 4, steps: int = 150, width: int = 64, de
             "steps\n\n"
             + format_table(["gradient", "error feedback", "bytes per step", "fewer bytes", "first loss",
                             "final loss", "final / uncompressed", "ms per step"], rows))
+
+
+def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1) -> str:
+    """Perseus's frontier for each schedule on GPT-3-like stages (A100 model): how long it takes to
+    compute, and the energy it saves at the fastest time (intrinsic bloat) and when a straggler
+    sets a `straggler` x slower time (extrinsic bloat), against every GPU flat out."""
+    from edulib.energy import A100, gpt3_stage_times, pipeline_frontier
+    from edulib.pp import build_schedule
+
+    forward = gpt3_stage_times(stages)
+    rows = []
+    for name, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1)):
+        schedule = build_schedule(name, stages, microbatches, chunks)
+        split = schedule.split_backward  # zero bubble: B and W each take a forward's time
+        began = time.perf_counter()
+        found = pipeline_frontier(schedule, A100, forward, forward if split else [2 * f for f in forward],
+                                  forward if split else 0.0, unit=min(forward) / 10)
+        seconds = time.perf_counter() - began
+        target = straggler * found.fastest
+        waiting = found.flat_out + found.idle * stages * (target - found.fastest)
+        rows.append((name, f"{seconds:.2f}", str(len(found.times)), f"{found.fastest:.1f}",
+                     f"{found.intrinsic_bloat() / found.flat_out:.1%}",
+                     f"{found.extrinsic_bloat(target) / waiting:.1%}"))
+    return (f"Perseus on {stages} stages of a GPT-3-like model (96 layers; the last stage also holds the "
+            f"output layer), {microbatches} micro-batches, {A100.name}, {A100.idle:g} W idle; times in "
+            f"layer-forwards at full clock, backward 2x forward; on {platform.node()} "
+            f"({os.cpu_count()} cores)\n\n"
+            + format_table(["schedule", "frontier (s)", "points", "fastest iteration",
+                            "saved at the fastest time", f"saved at {straggler:g}x (a straggler)"], rows))
 
 
 def bench_grade(students: int = 30) -> str:

@@ -126,8 +126,8 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|attention|compression|dp|grade|memory|moe|pipeline|plan`: against a
-    baseline or the model; allreduce and pipeline also save theirs for the explorers."""
+    """`edulib bench launch|allreduce|attention|compression|dp|energy|grade|memory|moe|pipeline|plan`:
+    against a baseline or the model; allreduce and pipeline also save theirs for the explorers."""
     from edulib import bench
     from edulib.measured import results_path
 
@@ -152,6 +152,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_grade(options.students))
     elif options.what == "compression":
         print(bench.bench_compression(options.world_size))
+    elif options.what == "energy":
+        print(bench.bench_energy())
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend, save_to=results_path()))
@@ -233,8 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "grade",
-                                        "memory", "moe", "pipeline", "plan"])
+    bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
+                                        "grade", "memory", "moe", "pipeline", "plan"])
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],

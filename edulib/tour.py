@@ -31,6 +31,7 @@ from edulib.dp import (
     torch_ddp,
 )
 from edulib.dp.compression import TopK, compressed_data_parallel, torch_powersgd
+from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
@@ -270,6 +271,17 @@ def _check_compression(pool: Pool) -> str:
     return f"PowerSGD within {worst:.0e} of torch's; top-k 1 % sends {want} B/step"
 
 
+def _check_perseus(pool: Pool) -> str:
+    """Perseus's frontier of a small 1F1B pipeline equals trying every frequency assignment."""
+    nodes, edges = pipeline_dag(build_pipeline("1f1b", 2, 3))
+    curves = [{1 + (a.kind == "B"): 10.0, 2 + (a.kind == "B"): 8.0, 3 + (a.kind == "B"): 7.5} for a in nodes]
+    found = frontier(curves, edges, 2, idle=0.5)
+    reference = exhaustive_frontier(curves, edges, 2, idle=0.5)
+    worst = max(abs(point.energy - reference[point.time]) for point in found)
+    assert worst < 1e-6, f"the frontier is {worst:.2e} J from exhaustive search"
+    return f"equal at all {len(found)} iteration times ({3 ** len(nodes)} assignments tried)"
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -298,6 +310,7 @@ STEPS: list[Step] = [
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
     Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
          _check_compression),
+    Step("Perseus: time-energy frontier (1F1B)", "exhaustive search over frequencies", _check_perseus),
 ]
 
 

@@ -29,7 +29,7 @@ def _convex_curves(rng: np.random.Generator, count: int, levels: int) -> list[di
 def test_the_frontier_equals_exhaustive_search(name, p, m, levels):
     schedule = build_schedule(name, p, m, 2) if name == "interleaved_1f1b" else build_schedule(name, p, m)
     nodes, edges = pipeline_dag(schedule)
-    rng = np.random.default_rng(hash((name, p, m)) % 2**32)
+    rng = np.random.default_rng(CASES.index((name, p, m, levels)))
     for idle in (0.0, float(rng.uniform(0.05, 0.4))):
         curves = _convex_curves(rng, len(nodes), levels)
         found = frontier(curves, edges, p, idle)
@@ -81,3 +81,19 @@ def test_the_default_gpu_is_the_a100s_published_range():
     options = A100.options(1.0)
     assert [t for t, _ in options] == sorted((t for t, _ in options), reverse=True)
     assert options[0][1] < options[-1][1]
+
+
+def test_gpt3_stages_and_the_energy_benchmark():
+    from edulib.bench import bench_energy
+    from edulib.energy import gpt3_stage_times
+
+    times = gpt3_stage_times(8)
+    assert times[:7] == [12.0] * 7 and times[7] == pytest.approx(12 + 50257 / (12 * 12288))
+    with pytest.raises(ValueError, match="96 layers must split evenly"):
+        gpt3_stage_times(7)
+    report = bench_energy(stages=2, microbatches=4)
+    names = ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+    rows = [line.split() for line in report.splitlines() if line.split()[:1] and line.split()[0] in names]
+    assert [row[0] for row in rows] == names
+    for row in rows:  # saved at a straggler's time is at least what is saved at the fastest
+        assert 0 <= float(row[-2].rstrip("%")) <= float(row[-1].rstrip("%"))

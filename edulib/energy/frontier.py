@@ -276,3 +276,13 @@ def pipeline_frontier(schedule: Schedule, gpu: GPU = A100, t_f: Times = 1.0, t_b
     points = points[cheapest:]  # slower than the least energy only waits longer: not on the frontier
     return Frontier(schedule, tuple(p.time * unit for p in points), tuple(p.energy for p in points),
                     flat_out, gpu.idle)
+
+
+def gpt3_stage_times(stages: int = 8) -> list[float]:
+    """Forward time per pipeline stage of a GPT-3-like model (96 layers, hidden 12288, vocabulary
+    50257), in layers: each stage holds 96 / stages layers and the last also the output layer,
+    whose matmul is vocabulary x hidden against a layer's 12 x hidden^2 (about a third of a layer)."""
+    if stages < 1 or 96 % stages:
+        raise ValueError(f"GPT-3's 96 layers must split evenly over the stages; got {stages!r}")
+    layers, head = 96 / stages, 50257 * 12288 / (12 * 12288**2)
+    return [layers] * (stages - 1) + [layers + head]
