@@ -520,7 +520,7 @@ def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1
                                   forward if split else 0.0, unit=min(forward) / 10)
         seconds = time.perf_counter() - began
         target = straggler * found.fastest
-        waiting = found.flat_out + found.idle * stages * (target - found.fastest)
+        waiting = found.flat_out_until(target)
         rows.append((name, f"{seconds:.2f}", str(len(found.times)), f"{found.fastest:.1f}",
                      f"{found.intrinsic_bloat() / found.flat_out:.1%}",
                      f"{found.extrinsic_bloat(target) / waiting:.1%}"))

@@ -316,3 +316,19 @@ def test_the_bubble_explorer_names_the_bubble_measured_for_the_same_schedule():
     assert "measured" not in describe_case(saved, **{**case, "microbatches": 16})
     assert _draw(saved, **case).axes[0].get_title() == (
         "simulated bubble 37.5%; measured here 80.0%, replayed 50.0%")
+
+
+def test_the_frontier_explorer_falls_back_to_the_1f1b_frontier_and_says_its_bloat():
+    from edulib.energy import A100, pipeline_frontier
+    from edulib.pp import build_schedule
+    from edulib.widgets import frontier_explorer
+    from edulib.widgets.energy import describe_case
+
+    figure = frontier_explorer(static=True)
+    lines = figure.axes[0].get_lines()
+    found = pipeline_frontier(build_schedule("1f1b", 4, 8), A100, unit=0.25)
+    assert list(lines[0].get_xdata()) == list(found.times)  # the frontier as computed
+    assert list(lines[0].get_ydata()) == pytest.approx([e / 1e3 for e in found.energies])
+    text = describe_case(schedule="1f1b", stages=4, microbatches=8, levels=5)
+    assert f"intrinsic bloat {found.intrinsic_bloat() / found.flat_out:.1%}" in text
+    assert describe_case(schedule="1f1b", stages=4, microbatches=0, levels=5).startswith("microbatches must")

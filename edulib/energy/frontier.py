@@ -225,11 +225,14 @@ class Frontier:
         """Joules saved at the fastest iteration time: slowing what is off the critical path."""
         return self.flat_out - self.energy_at(self.fastest)
 
+    def flat_out_until(self, seconds: float) -> float:
+        """Joules of every computation at the highest clock, the devices then waiting until `seconds`."""
+        return self.flat_out + self.idle * self.schedule.devices * (seconds - self.fastest)
+
     def extrinsic_bloat(self, target: float) -> float:
         """Joules saved when a straggling pipeline sets a slower `target` time: running flat out
         and then waiting, against the frontier's energy at that time."""
-        waiting = self.idle * self.schedule.devices * (target - self.fastest)
-        return self.flat_out + waiting - self.energy_at(target)
+        return self.flat_out_until(target) - self.energy_at(target)
 
 
 def curves_for(schedule: Schedule, gpu: GPU, t_f: Times, t_b: Times, t_w: Times, unit: float) -> list[Curve]:

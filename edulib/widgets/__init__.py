@@ -2,6 +2,7 @@
 
 from edulib.widgets.comm import comm_cost_explorer
 from edulib.widgets.dp import bandwidth_explorer
+from edulib.widgets.energy import frontier_explorer
 from edulib.widgets.explorer import Choice, Slider, explore
 from edulib.widgets.footprint import footprint_explorer
 from edulib.widgets.memory import memory_explorer
@@ -11,4 +12,5 @@ from edulib.widgets.sequence import sequence_explorer
 from edulib.widgets.tp import traffic_explorer
 
 __all__ = ["Choice", "Slider", "bandwidth_explorer", "bubble_explorer", "comm_cost_explorer", "explore",
-           "footprint_explorer", "memory_explorer", "plan_explorer", "sequence_explorer", "traffic_explorer"]
+           "footprint_explorer", "frontier_explorer", "memory_explorer", "plan_explorer", "sequence_explorer",
+           "traffic_explorer"]
