@@ -503,10 +503,11 @@ def bench_compression(world_size: int = 4, steps: int = 150, width: int = 64, de
                             "final loss", "final / uncompressed", "ms per step"], rows))
 
 
-def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1) -> str:
+def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1, unit: float = 0.5) -> str:
     """Perseus's frontier for each schedule on GPT-3-like stages (A100 model): how long it takes to
     compute, and the energy it saves at the fastest time (intrinsic bloat) and when a straggler
-    sets a `straggler` x slower time (extrinsic bloat), against every GPU flat out."""
+    sets a `straggler` x slower time (extrinsic bloat), against every GPU flat out; time in units
+    of `unit` layer-forwards."""
     from edulib.energy import A100, gpt3_stage_times, pipeline_frontier
     from edulib.pp import build_schedule
 
@@ -517,7 +518,7 @@ def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1
         split = schedule.split_backward  # zero bubble: B and W each take a forward's time
         began = time.perf_counter()
         found = pipeline_frontier(schedule, A100, forward, forward if split else [2 * f for f in forward],
-                                  forward if split else 0.0, unit=min(forward) / 10)
+                                  forward if split else 0.0, unit=unit)
         seconds = time.perf_counter() - began
         target = straggler * found.fastest
         waiting = found.flat_out_until(target)
@@ -526,8 +527,8 @@ def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1
                      f"{found.extrinsic_bloat(target) / waiting:.1%}"))
     return (f"Perseus on {stages} stages of a GPT-3-like model (96 layers; the last stage also holds the "
             f"output layer), {microbatches} micro-batches, {A100.name}, {A100.idle:g} W idle; times in "
-            f"layer-forwards at full clock, backward 2x forward; on {platform.node()} "
-            f"({os.cpu_count()} cores)\n\n"
+            f"layer-forwards at full clock (quantised to {unit:g}), backward 2x forward; on "
+            f"{platform.node()} ({os.cpu_count()} cores)\n\n"
             + format_table(["schedule", "frontier (s)", "points", "fastest iteration",
                             "saved at the fastest time", f"saved at {straggler:g}x (a straggler)"], rows))
 
