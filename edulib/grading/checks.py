@@ -10,6 +10,7 @@ with a reference the grader computes itself.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -643,6 +644,56 @@ def _inter_op_judge(case: Case, answer: Any) -> None:
                     "tried a different number of t_max values than Alpa's rule")
 
 
+def _topk_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, ratio: float, steps: int, hidden: bool) -> Case:
+        gradients = [_tensors(rng, *[(length,)] * ranks) for _ in range(steps)]
+        return Case({"ranks": ranks, "ratio": ratio, "gradients": gradients},
+                    f"{steps} calls on {ranks} ranks, {length} entries, ratio {ratio:g}", hidden)
+    other = rng.choice((2, 5))
+    return [case(2, 10, 0.3, 3, False), case(3, 7, 0.2, 2, False), case(4, 50, 0.01, 6, True),
+            case(other, rng.randint(2, 40), rng.choice((0.05, 0.25, 0.5, 1.0)), 3, True),
+            case(2, 1, 0.5, 2, True)]
+
+
+def _topk_reference(gradients: list[list[torch.Tensor]], ratio: float) -> tuple[list, list]:
+    """What every call returns and every rank's error after it, computed here for all ranks."""
+    ranks, length = len(gradients[0]), gradients[0][0].numel()
+    k = min(length, max(1, math.ceil(ratio * length)))
+    errors, results, after = [torch.zeros(length) for _ in range(ranks)], [], []
+    for step in gradients:
+        total = torch.zeros(length)
+        for rank, gradient in enumerate(step):
+            corrected = gradient + errors[rank]
+            kept = torch.zeros(length)
+            indices = corrected.abs().topk(k).indices
+            kept[indices] = corrected[indices]
+            errors[rank] = corrected - kept
+            total += kept
+        results.append(total / ranks)
+        after.append([e.clone() for e in errors])
+    return results, after
+
+
+def _topk_judge(case: Case, answer: Any) -> None:
+    ranks, ratio, gradients = case.inputs["ranks"], case.inputs["ratio"], case.inputs["gradients"]
+    results, errors = _topk_reference(gradients, ratio)
+    length = gradients[0][0].numel()
+    want = (ranks - 1) * 8 * min(length, max(1, math.ceil(ratio * length)))
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or any(type(found.get(key)) is not list
+                                          for key in ("results", "errors", "sent")):
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        for step in range(len(gradients)):
+            _tensor(found["results"][step], results[step], f"call {step + 1}, rank {rank}: the average")
+            _tensor(found["errors"][step], errors[step][rank],
+                    f"call {step + 1}, rank {rank}: the error after it (gradient + error - what was kept)")
+            if found["sent"][step] != want:
+                raise Wrong(f"call {step + 1}, rank {rank} sent {found['sent'][step]!r} bytes by "
+                            f"all-gather; k float32 values and k int32 indices to each of the {ranks - 1} "
+                            f"others is {want}",
+                            "sent a different number of bytes than k values and k int32 indices each")
+
+
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
                 "scatter")
@@ -679,6 +730,8 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
     "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups")],
     "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
+    "lesson09_going_further": [(f"edulib.dp.compression.{name}", "top-k with error feedback")
+                               for name in ("TopK", "compressed_average", "compressed_data_parallel")],
 }
 
 CHECKS: dict[str, list[Check]] = {
@@ -739,4 +792,8 @@ CHECKS: dict[str, list[Check]] = {
         Check("inter-op program", 3, 2, "inter_op", _inter_op_cases, _inter_op_judge,
               "equal to exhaustive search, stopping by Alpa's rule",
               "random stage tables, submeshes and micro-batch counts")],
+    "lesson09_going_further": [
+        Check("top-k with error feedback", 3, 3, "topk", _topk_cases, _topk_judge,
+              "every call's average and every rank's error as top-k with error feedback gives them, "
+              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry")],
 }

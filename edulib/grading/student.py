@@ -224,9 +224,38 @@ def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
     return student.ring_attention_forward(q, k, v, case["length"], case["causal"])
 
 
+def _topk(student: ModuleType, case: dict) -> dict:
+    """The student's topk_average called `steps` times on this rank's gradients, carrying its
+    error; each call's result, the error after it, and the bytes each all-gather sent."""
+    originals = {name: getattr(dist, name) for name in ("all_gather", "all_gather_into_tensor")}
+    sent: list[int] = []
+
+    def counted(name: str) -> Callable:
+        def call(output: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            sent.append((dist.get_world_size() - 1) * tensor.numel() * tensor.element_size())
+            return originals[name](output, tensor, *args, **kwargs)
+        return call
+    rank = dist.get_rank()
+    error = torch.zeros_like(case["gradients"][0][rank])
+    results, errors, per_call = [], [], []
+    for name in originals:
+        setattr(dist, name, counted(name))
+    try:
+        for step in range(len(case["gradients"])):
+            before = len(sent)
+            gradient = case["gradients"][step][rank].clone()
+            results.append(student.topk_average(gradient, error, case["ratio"]))
+            errors.append(error.clone())
+            per_call.append(sum(sent[before:]))
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {"results": results, "errors": errors, "sent": per_call}
+
+
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
-                "sharded_step": _sharded_step, "ring_attention": _ring_attention}
+                "sharded_step": _sharded_step, "ring_attention": _ring_attention, "topk": _topk}
 
 
 def _schedule(schedule: Any) -> dict:
@@ -278,4 +307,5 @@ COLLECTORS: dict[str, Callable[[ModuleType, list[dict], list], list[dict]]] = {
                                                     c["microbatches"])),
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
                                                             c["microbatches"])),
+    "topk": _on_ranks("topk"),
 }
