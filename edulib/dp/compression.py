@@ -240,7 +240,9 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
     reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
     model, chosen = mlp(width, depth, seed), compressor(method, ratio, factors, error_feedback)
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    error = torch.zeros(sum(p.numel() for p in model.parameters())) if error_feedback else None  # top-k, int8
+    powersgd = isinstance(chosen, PowerSGD)  # it keeps its own error, per parameter
+    numel = sum(p.numel() for p in model.parameters())
+    error = torch.zeros(numel) if error_feedback and not powersgd else None
     losses, sent_per_step, durations = [], [], []
     for step in range(steps):
         began = time.perf_counter()
@@ -249,10 +251,10 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
         loss = nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
         with comm.labelled("gradients"), comm.count_communication() as sent:
-            if isinstance(chosen, PowerSGD):
+            if powersgd:
                 chosen.average([p.grad for p in reversed(list(model.parameters()))])
             gradient = parameters_to_vector(p.grad for p in model.parameters())
-            if not isinstance(chosen, PowerSGD):
+            if not powersgd:
                 compressed_average(gradient, chosen, error)
         with torch.no_grad():
             vector_to_parameters(parameters_to_vector(model.parameters()) - lr * gradient, model.parameters())

@@ -261,12 +261,10 @@ def pipeline_frontier(schedule: Schedule, gpu: GPU = A100, t_f: Times = 1.0, t_b
     """Perseus's frontier for a pipeline schedule on `gpu` (the A100 model by default), with
     per-device forward, backward and weight-gradient times at the highest frequency and time in
     units of `unit` seconds (a tenth of a forward by default)."""
-    forward = per_device(t_f, schedule.devices, "t_f")
+    forward = per_device(t_f, schedule.devices, "t_f")  # t_b and t_w are checked in curves_for
     unit = unit or min(forward) / 10
-    if unit <= 0 or min(forward) <= 0 or min(per_device(t_b, schedule.devices, "t_b")) < 0 or min(
-            per_device(t_w, schedule.devices, "t_w")) < 0:
-        raise ValueError(f"t_f must be positive, t_b and t_w 0 or more, unit positive; got t_f={t_f!r}, "
-                         f"t_b={t_b!r}, t_w={t_w!r}, unit={unit!r}")
+    if unit <= 0 or min(forward) <= 0:
+        raise ValueError(f"t_f must be positive and unit positive; got t_f={t_f!r}, unit={unit!r}")
     _, edges = pipeline_dag(schedule)
     curves = curves_for(schedule, gpu, t_f, t_b, t_w, unit)
     points = frontier(curves, edges, schedule.devices, gpu.idle * unit)

@@ -10,7 +10,6 @@ with a reference the grader computes itself.
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from edulib.comm import chunk_bounds
+from edulib.dp.compression import TopK
 
 
 class Wrong(Exception):
@@ -657,16 +657,13 @@ def _topk_cases(rng: random.Random) -> list[Case]:
 
 def _topk_reference(gradients: list[list[torch.Tensor]], ratio: float) -> tuple[list, list]:
     """What every call returns and every rank's error after it, computed here for all ranks."""
-    ranks, length = len(gradients[0]), gradients[0][0].numel()
-    k = min(length, max(1, math.ceil(ratio * length)))
+    ranks, length, method = len(gradients[0]), gradients[0][0].numel(), TopK(ratio)
     errors, results, after = [torch.zeros(length) for _ in range(ranks)], [], []
     for step in gradients:
         total = torch.zeros(length)
         for rank, gradient in enumerate(step):
             corrected = gradient + errors[rank]
-            kept = torch.zeros(length)
-            indices = corrected.abs().topk(k).indices
-            kept[indices] = corrected[indices]
+            kept = method.decode(method.encode(corrected), corrected)
             errors[rank] = corrected - kept
             total += kept
         results.append(total / ranks)
@@ -678,7 +675,7 @@ def _topk_judge(case: Case, answer: Any) -> None:
     ranks, ratio, gradients = case.inputs["ranks"], case.inputs["ratio"], case.inputs["gradients"]
     results, errors = _topk_reference(gradients, ratio)
     length = gradients[0][0].numel()
-    want = (ranks - 1) * 8 * min(length, max(1, math.ceil(ratio * length)))
+    want = (ranks - 1) * TopK(ratio).payload_bytes(length)
     for rank, found in enumerate(_per_rank(answer, ranks)):
         if type(found) is not dict or any(type(found.get(key)) is not list
                                           for key in ("results", "errors", "sent")):

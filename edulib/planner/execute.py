@@ -118,7 +118,7 @@ def _reshard(x: torch.Tensor, have: tuple[str, str], want: tuple[str, str], grou
     return x
 
 
-def _tensor_axes(mode: tuple[str, str]) -> int:
+def _tensor_group(mode: tuple[str, str]) -> int:
     """The group a tensor-parallel half runs on: its mesh axis, or (2) the whole stage when it
     is split along both axes (the loop cut a x b ways is one Megatron split over a x b ranks)."""
     return 2 if mode == ("t", "t") else mode.index("t")
@@ -134,7 +134,7 @@ class _Stage(nn.Module):
         for layer, modes in zip(range(layout.first_layer, layout.last_layer + 1), layout.modes, strict=True):
             for (name, parallel), mode in zip(HALVES, modes, strict=True):
                 full = getattr(model[layer], name)
-                self.halves.append(parallel(full, groups[_tensor_axes(mode)]) if "t" in mode else full)
+                self.halves.append(parallel(full, groups[_tensor_group(mode)]) if "t" in mode else full)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         have = ("-", "-")
