@@ -37,6 +37,7 @@ from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
+from edulib.planner.cluster import Cluster
 from edulib.planner.execute import layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
@@ -246,11 +247,15 @@ def _check_hybrid(pool: Pool) -> str:
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
+def planner_cluster(ranks: int) -> Cluster:
+    """The tour's cluster for the tiny GPT: memory per device shrinking with the rank count, so
+    larger pools get plans of several stages; on 1 to 8 ranks every plan is one the executor runs."""
+    return local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=480e3 / ranks)
+
+
 def _check_planner(pool: Pool) -> str:
     """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
-    ranks = pool.world_size
-    cluster = local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=320e3 / ranks)
-    stages = layouts(plan(tiny_gpt_graph(), cluster))
+    stages = layouts(plan(tiny_gpt_graph(), planner_cluster(pool.world_size)))
     problems = disagreements(pool.run(plan_step, stages), gpt_reference())
     assert not problems, problems[0]
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))

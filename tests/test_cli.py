@@ -232,3 +232,13 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
     assert [row[0] for row in rows][:2] == ["identity (uncompressed)", "top-k 1 %"] and len(rows) == 11
     # 2 ranks: an all-reduce of 272 floats sends 1088 B; top-k keeps 3 entries (24 B of payload, 1 piece)
     assert rows[0][2] == "1.06 KiB" and rows[1][2] == "24 B" and rows[1][3] == f"{1088 / 24:.1f}x"
+
+
+def test_the_tours_planner_step_gets_a_plan_the_executor_runs_on_every_pool_size():
+    from edulib.planner.execute import layouts, tiny_gpt_graph
+    from edulib.planner.inter import plan
+    from edulib.tour import planner_cluster
+
+    for ranks in range(1, 9):  # layouts refuses, by name, a plan the executor cannot run
+        stages = layouts(plan(tiny_gpt_graph(), planner_cluster(ranks)))
+        assert sum(stage.size for stage in stages) == ranks
