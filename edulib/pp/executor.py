@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -51,10 +52,22 @@ class Links:
 Event = tuple[Action, float, float]
 
 
+class Weights(Protocol):
+    """Who holds a stage's weights when they change during the run (PipeDream's `Stash`)."""
+
+    def forward(self, stage: int, microbatch: int, x: torch.Tensor) -> torch.Tensor:
+        """Run the stage's forward pass for a micro-batch on the weights it should see."""
+
+    def backward_done(self, stage: int, microbatch: int) -> None:
+        """Take the micro-batch's gradient, once its backward pass has run."""
+
+
 def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
             inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
-            shape: Sequence[int] = (), links: Links | None = None) -> list[Event]:
-    """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`.
+            shape: Sequence[int] = (), links: Links | None = None,
+            weights: Weights | None = None) -> list[Event]:
+    """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`,
+    or go to `weights` where the weights change during the run (PipeDream).
 
     `stages` maps each stage this device holds to its module; `inputs` are the first stage's
     micro-batches and `targets` the last stage's; `loss(output, target)` gives a micro-batch's
@@ -113,7 +126,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
             began = time.perf_counter()
             with recording(stages[stage]) if schedule.split_backward else nullcontext([]) as layers:
-                y = stages[stage](x)
+                y = stages[stage](x) if weights is None else weights.forward(stage, mb, x)
             if stage == last:
                 y = loss(y, targets[mb])
             else:
@@ -130,6 +143,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
                 x_grad = x.grad
             if stage > 0:
                 hand_on(action, x_grad)
+            if weights is not None:
+                weights.backward_done(stage, mb)
         else:
             began = time.perf_counter()
             backward_weight(kept.pop((stage, mb)))

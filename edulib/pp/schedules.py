@@ -3,7 +3,8 @@
 naive runs one micro-batch at a time through the whole pipeline; GPipe runs every forward, then
 every backward; 1F1B starts the backward of a micro-batch as soon as it can, so at most p are in
 flight; Megatron's interleaved 1F1B gives each device v smaller stages; ZB-H1 splits the backward
-into B and W and moves the W passes into what would have been bubbles.
+into B and W and moves the W passes into what would have been bubbles. PipeDream's asynchronous
+1F1B runs 1F1B's rows over a stream of mini-batches with no flush between them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from edulib.checks import check_choice
+from edulib.checks import check_choice, check_count
 from edulib.pp.schedule import Action, Schedule, dependencies
 
 
@@ -44,6 +45,14 @@ def _one_f_one_b_row(device: int, p: int, m: int) -> list[Action]:
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B: the same bubble as GPipe, but at most p - device micro-batches in flight."""
     return Schedule("1f1b", p, m, 1, _rows(p, lambda d: _one_f_one_b_row(d, p, m)))
+
+
+def async_1f1b(p: int, n: int) -> Schedule:
+    """PipeDream's asynchronous 1F1B over `n` mini-batches on `p` stages: warm up once, then one
+    forward and one backward in turn on every stage until the data runs out; no flush between."""
+    check_count(p, "stages")
+    check_count(n, "mini-batches")
+    return Schedule("pipedream", p, n, 1, tuple(tuple(_one_f_one_b_row(d, p, n)) for d in range(p)))
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:

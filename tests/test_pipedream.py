@@ -1,0 +1,133 @@
+"""PipeDream: asynchronous 1F1B with weight stashing, vertical sync and 2BW, on real gloo ranks
+through the one executor, against a one-process replay of the same stale updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edulib.launch import Pool, RankError
+from edulib.models import mlp, split
+from edulib.pp import async_1f1b, build_schedule, parse_actions, simulate
+from edulib.pp.pipedream import (
+    POLICIES,
+    Stash,
+    check_asynchronous,
+    replay_training,
+    steady_bubble,
+    train,
+    version_of,
+    version_plan,
+    versions_closed_form,
+    versions_held,
+)
+
+STEPS, ROWS = 6, 8
+
+
+def _every(policy: str, p: int) -> int:
+    return p if policy == "2bw" else 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_the_versions_read_from_the_schedule_are_the_closed_form(policy, p):
+    every = _every(policy, p)
+    n = 3 * p * every
+    plan = version_plan(async_1f1b(p, n), policy, every)
+    assert plan == {(s, mb): version_of(policy, p, s, mb, every) for s in range(p) for mb in range(n)}
+    assert {version_of("stashing", p, s, n - 1) for s in range(p)} == {n - p + s for s in range(p)}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_each_stage_holds_the_closed_form_number_of_versions(policy, p):
+    every = _every(policy, p)
+    held = versions_held(async_1f1b(p, 3 * p * every), policy, every)
+    assert [max(row) for row in held] == [versions_closed_form(policy, p, s) for s in range(p)]
+    assert [versions_closed_form("stashing", p, s) for s in range(p)] == list(range(p, 0, -1))
+
+
+def test_2bw_needs_as_many_micro_batches_per_update_as_stages():
+    with pytest.raises(ValueError, match="at least as many micro-batches per update as stages"):
+        version_plan(async_1f1b(4, 12), "2bw", 2)
+
+
+def test_the_bubble_after_warm_up_is_zero_in_the_simulator():
+    for p in (2, 4):
+        timeline = simulate(async_1f1b(p, 6 * p), 1.0, 2.0)
+        assert steady_bubble(timeline) == 0.0
+        assert timeline.bubble_fraction == pytest.approx((p - 1) / (6 * p))  # warm-up and drain once
+    gpipe = simulate(build_schedule("gpipe", 4, 8), 1.0, 2.0)  # waits between its forwards and backwards
+    assert steady_bubble(simulate(async_1f1b(4, 8), 1.0, 2.0, t_comm=0.5)) > 0.0
+    assert gpipe.bubble_fraction > 0
+
+
+@pytest.mark.parametrize("schedule, says", [
+    (build_schedule("gpipe", 2, 4), "device 0 runs F2 as its action 3, where PipeDream runs B0"),
+    (parse_actions(["F0 F1 B0 B1 F2 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"], 4, name="two flushed steps"),
+     "device 0 runs B1 as its action 4, where PipeDream runs F2"),
+    (build_schedule("interleaved_1f1b", 2, 4, 2), "holds 2 stages per device"),
+    (build_schedule("zero_bubble", 2, 4), "splits the backward into B and W"),
+])
+def test_a_schedule_with_a_flush_is_refused_by_the_asynchronous_executor(schedule, says):
+    with pytest.raises(ValueError, match=says):
+        check_asynchronous(schedule)
+    with pytest.raises(ValueError, match="edulib.pp.async_1f1b"):
+        Stash(schedule, {0: mlp(4, 2)}, "stashing", 0.1)
+
+
+def test_unknown_weights_are_refused():
+    with pytest.raises(ValueError, match="unknown weights 'stale'; choose one of flush, stashing"):
+        version_of("stale", 2, 0, 0)
+
+
+def _same_updates_as_the_replay(pool, p: int) -> list[str]:
+    """Train with each kind of weights on `pool`; compare with every replay, versions and bytes."""
+    problems = []
+    stage_bytes = [4 * sum(t.numel() for t in stage.parameters()) for stage in split(mlp(16, 8), p)]
+    for policy in ("flush", *POLICIES):
+        every = p if policy == "2bw" else (2 if policy == "flush" else 1)
+        reports = pool.run(train, STEPS, policy, every, rows=ROWS)
+        got = {name: tensor for report in reports for name, tensor in report["weights"].items()}
+        for other in ("flush", *POLICIES):
+            reference = replay_training(p, STEPS, other, every if other in ("flush", "2bw") else 1, rows=ROWS)
+            worst = max((got[name] - reference[name]).abs().max().item() for name in reference)
+            same = other == policy or (p == 2 and {other, policy} == {"vertical_sync", "2bw"})
+            if same != (worst < 1e-6):  # at p = 2, vertical sync lags 1 update: 2BW's delay of one batch
+                problems.append(f"{policy} against the replay of {other}: {worst:.2e}")
+        held = [report["versions"] for report in reports]
+        want = [1] * p if policy == "flush" else [versions_closed_form(policy, p, s) for s in range(p)]
+        if held != want:
+            problems.append(f"{policy}: versions held {held}, closed form {want}")
+        if [report["weight_bytes"] for report in reports] != [v * b for v, b in zip(want, stage_bytes,
+                                                                                  strict=True)]:
+            problems.append(f"{policy}: weight bytes {[r['weight_bytes'] for r in reports]}")
+        if len(reports[-1]["losses"]) != STEPS:
+            problems.append(f"{policy}: {len(reports[-1]['losses'])} losses for {STEPS} steps")
+    return problems
+
+
+def test_two_ranks_make_exactly_the_updates_of_a_one_process_replay_with_their_staleness():
+    with Pool(2, backend="gloo", timeout=30) as pool:
+        problems = _same_updates_as_the_replay(pool, 2)
+    assert not problems, "\n".join(problems)
+
+
+def test_four_ranks_make_exactly_the_updates_of_a_one_process_replay_with_their_staleness(pool4):
+    problems = _same_updates_as_the_replay(pool4, 4)
+    assert not problems, "\n".join(problems)
+
+
+def test_bad_training_arguments_are_refused(pool4):
+    with pytest.raises(RankError, match="stashing updates after every mini-batch"):
+        pool4.run(train, 2, "stashing", 2)
+    with pytest.raises(RankError, match="does not split into 3 micro-batches"):
+        pool4.run(train, 2, "flush", 3, rows=8)
+
+
+def test_the_replay_really_depends_on_the_staleness():
+    fresh, stale = replay_training(3, 4, "flush"), replay_training(3, 4, "stashing")
+    assert set(fresh) == set(stale) == {name for name, _ in mlp(16, 8).named_parameters()}
+    assert max((fresh[name] - stale[name]).abs().max().item() for name in fresh) > 1e-5
+    assert all(torch.isfinite(t).all() for t in stale.values())
