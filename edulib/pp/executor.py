@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class Links:
 
 
 Event = tuple[Action, float, float]
+RECEIVES_AHEAD = 16  # posted before they are needed: early enough to land at once, few enough for gloo
 
 
 class Weights(Protocol):
@@ -80,7 +82,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         raise ValueError(f"device {device} of {schedule.devices} holds stages {held}; `stages` must map "
                          f"exactly those to modules, got stages {sorted(stages)}")
     links = links or Links()
-    last = schedule.stages - 1
+    last, split = schedule.stages - 1, schedule.split_backward  # (a walk over every row: once)
     mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # from a stage on this device
     arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}  # posted receives
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -88,14 +90,26 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     kept: dict[tuple[int, int], Kept] = {}
     sends, events = [], []
 
+    receives = deque(action for action in program.actions[device] if action.kind in ("RECV_F", "RECV_B"))
+
+    def post(needed: tuple[str, int, int] | None = None) -> None:
+        """Post receives in the row's order: `RECEIVES_AHEAD` of them, and on to `needed`."""
+        while receives and (len(arriving) < RECEIVES_AHEAD or (needed and needed not in arriving)):
+            action = receives.popleft()
+            buffer = torch.empty(tuple(shape))
+            peer = links.receive_from(schedule.device_of(action.peer_stage()))
+            arriving[action.kind[-1], action.stage, action.microbatch] = (buffer, comm.irecv(buffer, peer))
+
     def take(kind: str, stage: int, mb: int) -> torch.Tensor:
         """The input that `kind` of (stage, mb) needs: wait for its receive, or take it from here."""
         key = (kind, stage, mb)
-        if key in arriving:
-            buffer, work = arriving.pop(key)
-            work.wait()
-            return buffer
-        return mailbox.pop(key)
+        if key in mailbox:
+            return mailbox.pop(key)
+        post(key)
+        buffer, work = arriving.pop(key)
+        post()
+        work.wait()
+        return buffer
 
     def hand_on(action: Action, tensor: torch.Tensor) -> None:
         """Keep a result for the stage that needs it: in the mailbox if it is here, else for SEND."""
@@ -107,11 +121,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         else:
             outgoing[action.kind, action.stage, action.microbatch] = tensor
 
-    for action in program.actions[device]:  # every receive is posted at once, in the row's order
-        if action.kind in ("RECV_F", "RECV_B"):
-            buffer = torch.empty(tuple(shape))
-            peer = links.receive_from(schedule.device_of(action.peer_stage()))
-            arriving[action.kind[-1], action.stage, action.microbatch] = (buffer, comm.irecv(buffer, peer))
+    post()
     for action in program.actions[device]:
         stage, mb = action.stage, action.microbatch
         if action.kind in ("RECV_F", "RECV_B"):
@@ -125,7 +135,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         if action.kind == "F":
             x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
             began = time.perf_counter()
-            with recording(stages[stage]) if schedule.split_backward else nullcontext([]) as layers:
+            with recording(stages[stage]) if split else nullcontext([]) as layers:
                 y = stages[stage](x) if weights is None else weights.forward(stage, mb, x)
             if stage == last:
                 y = loss(y, targets[mb])
@@ -136,7 +146,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             x, y, layers = saved.pop((stage, mb))
             grad = None if stage == last else take("B", stage, mb)
             began = time.perf_counter()
-            if schedule.split_backward:
+            if split:
                 x_grad, kept[stage, mb] = backward_input(y, grad, x, layers)
             else:
                 torch.autograd.backward(y, grad)
