@@ -1,12 +1,13 @@
 """The one pipeline executor: it interprets a lowered schedule's row for one device.
 
 Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.runtime.train_step`), the 3D
-hybrid and the planner's plans. It takes any stages (modules) and a loss function. Every RECV
-of the row is posted before the first action, in the row's order, and the action that needs it
-waits for it; SEND starts a send and moves on; so messages match by order alone, as lowering
-arranged, and no tag is needed. (A receive posted early lets gloo write a message the moment it
-is sent: posted late, a message waited for the sender's busy core, up to a scheduler tick.) A
-schedule with W actions runs the split backward of `edulib.pp.backward`.
+hybrid, the planner's plans and PipeDream. It takes any stages (modules) and a loss function.
+The row's RECVs are posted in the row's order, up to `RECEIVES_AHEAD` before they are needed,
+and the action that needs one waits for it; SEND starts a send and moves on; so messages match
+by order alone, as lowering arranged, and no tag is needed. (A receive posted early lets gloo
+write a message the moment it is sent: posted late, a message waited for the sender's busy
+core, up to a scheduler tick.) A schedule with W actions runs the split backward of
+`edulib.pp.backward`; `weights` (PipeDream's `Stash`) runs forwards on changing weights.
 """
 
 from __future__ import annotations
