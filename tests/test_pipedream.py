@@ -131,3 +131,13 @@ def test_the_replay_really_depends_on_the_staleness():
     assert set(fresh) == set(stale) == {name for name, _ in mlp(16, 8).named_parameters()}
     assert max((fresh[name] - stale[name]).abs().max().item() for name in fresh) > 1e-5
     assert all(torch.isfinite(t).all() for t in stale.values())
+
+
+def test_the_versions_figure_labels_each_box_with_its_version_and_draws_the_versions_held():
+    from edulib.viz.pipedream import versions_figure
+
+    top, bottom = versions_figure("vertical_sync", stages=3, minibatches=5).axes
+    labels = [text.get_text() for text in top.texts]
+    plan = version_plan(async_1f1b(3, 5), "vertical_sync")
+    assert sorted(labels) == sorted(f"{mb}\nw{plan[s, mb]}" for s, mb in plan for _ in "FB")
+    assert [round(max(line.get_ydata())) for line in bottom.lines] == [3, 3, 3]

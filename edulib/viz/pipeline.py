@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
+from edulib.pp.schedule import Action
 from edulib.pp.simulate import Timeline
 
 KIND_COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452"}
@@ -19,10 +23,22 @@ def timeline_figure(timeline: Timeline, title: str | None = None, width: float =
     Boxes carry their micro-batch number; a device's later stages (interleaving) are lighter.
     """
     schedule = timeline.schedule
-    rows = schedule.devices
-    height = min(0.42 * rows, 4.0) + 1.3
+    height = min(0.42 * schedule.devices, 4.0) + 1.3
     figure = Figure(figsize=(width, height))
     axes = figure.subplots()
+    draw_timeline(axes, timeline)
+    shape = f"p={schedule.devices}, m={schedule.microbatches}" + (
+        f", v={schedule.chunks}" if schedule.chunks > 1 else "")
+    axes.set_title(title or f"{schedule.name} ({shape}): bubble {timeline.bubble_fraction:.1%} "
+                   f"of the ideal time, devices idle {timeline.idle_fraction:.1%}", fontsize=10)
+    figure.subplots_adjust(left=0.1, right=0.85, bottom=0.55 / height, top=1 - 0.4 / height)
+    return figure
+
+
+def draw_timeline(axes: Axes, timeline: Timeline, labels: Mapping[Action, str] | None = None) -> None:
+    """Paint a timeline's boxes, a row per device, each labelled (by default with its micro-batch)."""
+    schedule = timeline.schedule
+    rows = schedule.devices
     # Painted as one image, a row of pixels per tenth of a device: as fast for 3000 boxes as for 30.
     columns = 800  # about the axes' width in pixels, so nothing is resampled much
     image = np.ones((rows * 10, columns, 3))
@@ -38,8 +54,9 @@ def timeline_figure(timeline: Timeline, title: str | None = None, width: float =
                 interpolation="nearest")
     if len(timeline.events) <= MAX_LABELS:
         for event in timeline.events:
-            axes.text((event.start + event.end) / 2, event.device, str(event.action.microbatch),
-                      ha="center", va="center", fontsize=7, color="white")
+            text = str(event.action.microbatch) if labels is None else labels[event.action]
+            axes.text((event.start + event.end) / 2, event.device, text,
+                      ha="center", va="center", fontsize=7 if labels is None else 6, color="white")
     for kind in ("F", "B", "W") if schedule.split_backward else ("F", "B"):
         axes.bar(0, 0, color=KIND_COLOURS[kind], label=KIND_NAMES[kind])
     axes.set_ylim(rows - 0.5, -0.5)
@@ -47,9 +64,3 @@ def timeline_figure(timeline: Timeline, title: str | None = None, width: float =
     axes.set_xlim(0, timeline.makespan)
     axes.set_xlabel("time")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    shape = f"p={rows}, m={schedule.microbatches}" + (
-        f", v={schedule.chunks}" if schedule.chunks > 1 else "")
-    axes.set_title(title or f"{schedule.name} ({shape}): bubble {timeline.bubble_fraction:.1%} "
-                   f"of the ideal time, devices idle {timeline.idle_fraction:.1%}", fontsize=10)
-    figure.subplots_adjust(left=0.1, right=0.85, bottom=0.55 / height, top=1 - 0.4 / height)
-    return figure
