@@ -126,8 +126,9 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 
 def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench launch|allreduce|attention|compression|dp|energy|grade|memory|moe|pipeline|plan`:
-    against a baseline or the model; allreduce and pipeline also save theirs for the explorers."""
+    """`edulib bench WHAT` (launch, allreduce, attention, compression, dp, energy, grade, memory, moe,
+    pipedream, pipeline, plan): against a baseline or the model; allreduce and pipeline also save
+    theirs for the explorers."""
     from edulib import bench
     from edulib.measured import results_path
 
@@ -154,6 +155,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_compression(options.world_size))
     elif options.what == "energy":
         print(bench.bench_energy())
+    elif options.what == "pipedream":
+        print(bench.bench_pipedream(tuple(options.world_sizes)))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend, save_to=results_path()))
@@ -236,11 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
     bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
-                                        "grade", "memory", "moe", "pipeline", "plan"])
+                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan"])
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
-                       help="allreduce, dp, memory: rank counts to measure")
+                       help="allreduce, dp, memory, pipedream: rank counts to measure")
     bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--students", type=_whole, default=30, help="grade: students in the class")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")

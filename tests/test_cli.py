@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from edulib.cli import main, parse_argument
+from edulib.table import format_bytes
 from edulib.tour import STEPS, Step, tour
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,3 +243,15 @@ def test_the_tours_planner_step_gets_a_plan_the_executor_runs_on_every_pool_size
     for ranks in range(1, 9):  # layouts refuses, by name, a plan the executor cannot run
         stages = layouts(plan(tiny_gpt_graph(), planner_cluster(ranks)))
         assert sum(stage.size for stage in stages) == ranks
+
+
+def test_the_pipedream_benchmark_times_each_kind_of_weights_against_the_flush():
+    from edulib.bench import bench_pipedream
+
+    report = bench_pipedream(world_sizes=(2,), steps=3, width=8, depth=2, rows=8, repeats=1)
+    rows = [re.split(r"\s{2,}", line.strip()) for line in report.splitlines()[4:]]
+    assert [row[1] for row in rows] == ["flush", "stashing", "vertical_sync", "2bw"]
+    assert rows[0][3] == "1.00x" and rows[0][4] == "-"
+    # versions on rank 0 (stage 0 of 2): 1 with a flush, p - s = 2 stashed, p = 2 in sync, 2 for 2BW
+    assert [row[6] for row in rows] == ["1", "2", "2", "2"]
+    assert rows[1][7] == format_bytes(2 * 4 * (8 * 8 + 8))  # two copies of one block's weights
