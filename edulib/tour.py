@@ -43,6 +43,8 @@ from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
+from edulib.pp.pipedream import replay_training
+from edulib.pp.pipedream import train as pipedream_train
 from edulib.pp.runtime import train_step
 from edulib.progress import progress_bar
 from edulib.recompute import MODES as RECOMPUTE_MODES
@@ -276,6 +278,20 @@ def _check_compression(pool: Pool) -> str:
     return f"PowerSGD within {worst:.0e} of torch's; top-k 1 % sends {want} B/step"
 
 
+def _check_pipedream(pool: Pool) -> str:
+    """PipeDream's weight stashing on real ranks makes exactly the updates of a one-process replay
+    with the staleness its schedule implies; stage s holds p - s weight versions."""
+    p, steps = pool.world_size, 6
+    reports = pool.run(pipedream_train, steps, "stashing", width=16, depth=2 * p, rows=8)
+    reference = replay_training(p, steps, "stashing", width=16, depth=2 * p, rows=8)
+    worst = max(float((report["weights"][name] - reference[name]).abs().max())
+                for report in reports for name in report["weights"])
+    assert worst < 1e-6, f"the weights differ from the replay's by up to {worst:.2e}"
+    held = [report["versions"] for report in reports]
+    assert held == list(range(p, 0, -1)), f"versions held {held}, closed form p - s"
+    return f"equal; versions held {held} (p - s)"
+
+
 def _check_perseus(pool: Pool) -> str:
     """Perseus's frontier of a small 1F1B pipeline equals trying every frequency assignment."""
     nodes, edges = pipeline_dag(build_pipeline("1f1b", 2, 3))
@@ -315,6 +331,8 @@ STEPS: list[Step] = [
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
     Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
          _check_compression),
+    Step("PipeDream: asynchronous 1F1B, weight stashing", "one-process replay with its staleness",
+         _check_pipedream),
     Step("Perseus: time-energy frontier (1F1B)", "exhaustive search over frequencies", _check_perseus),
 ]
 
