@@ -13,6 +13,7 @@ from edulib.dp.compression import (
     TopK,
     compressed_data_parallel,
     compressor,
+    one_process_compressed,
     orthogonalize,
     torch_powersgd,
 )
@@ -67,6 +68,20 @@ def test_identity_compression_trains_like_uncompressed_data_parallelism(runs):
         # the same sums, in gradient buckets of another order: equal up to the order of additions
         torch.testing.assert_close(compressed["parameters"], plain["parameters"], rtol=1e-5, atol=1e-7)
         assert compressed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+
+
+def test_the_one_process_reference_trains_as_the_ranks_do(runs):
+    ways = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
+            "topk, no feedback": ("topk", 0.01, False), "int8": ("int8", 1.0, True)}
+    for name, (method, ratio, feedback) in ways.items():
+        alone = one_process_compressed(4, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH, BATCH)
+        # the ranks add the payloads in rank order too; only the identity's all-reduce sums in another
+        torch.testing.assert_close(alone["parameters"], runs[name][0]["parameters"], rtol=0, atol=1e-6)
+        per_rank = (report["losses"] for report in runs[name])
+        ranks_mean = [sum(step) / 4 for step in zip(*per_rank, strict=True)]
+        assert alone["losses"] == pytest.approx(ranks_mean, rel=1e-5)
+    with pytest.raises(ValueError, match="PowerSGD's reference is torch_powersgd"):
+        one_process_compressed(2, 1, "powersgd")
 
 
 @pytest.mark.parametrize("name, method", [("topk", TopK(0.01)), ("int8", Int8()), ("identity", None)])

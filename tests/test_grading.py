@@ -208,6 +208,8 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "with Alpa's stop rule (B t_max >= the best so far) the program tries"),
     ("lesson09_going_further", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
      "top-k with error feedback", "the error after it (gradient + error - what was kept)"),
+    ("lesson09_going_further", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
+     "training converges", "training with your topk_average does not converge"),
 ])
 def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
     source = (ROOT / "solutions" / f"{name}.py").read_text()

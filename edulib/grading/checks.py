@@ -10,6 +10,7 @@ with a reference the grader computes itself.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from edulib.comm import chunk_bounds
-from edulib.dp.compression import TopK
+from edulib.dp.compression import TopK, one_process_compressed
 
 
 class Wrong(Exception):
@@ -691,6 +692,49 @@ def _topk_judge(case: Case, answer: Any) -> None:
                             "sent a different number of bytes than k values and k int32 indices each")
 
 
+def _training_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, seed: int, hidden: bool) -> Case:
+        return Case({"ranks": ranks, "ratio": 0.01, "steps": 150, "lr": 0.3, "width": 32, "depth": 2,
+                     "batch": 32, "seed": seed},
+                    f"150 steps on {ranks} ranks, top-k 1 %, seed {seed}", hidden)
+    return [case(2, 0, False), case(4, rng.randint(1, 99), True)]
+
+
+CONVERGED = 1.5  # the final loss may be this many times uncompressed training's
+
+
+def _training_judge(case: Case, answer: Any) -> None:
+    ranks, steps = case.inputs["ranks"], case.inputs["steps"]
+    per_rank = _per_rank(answer, ranks)
+    def numbers(losses: Any) -> bool:
+        return (type(losses) is list and len(losses) == steps
+                and all(type(x) is float and math.isfinite(x) for x in losses))
+
+    if not all(numbers(losses) for losses in per_rank):
+        raise Wrong(f"expected {steps} finite losses from every rank",
+                    "the training's losses are not numbers")
+    setting = {key: case.inputs[key] for key in ("lr", "width", "depth", "batch", "seed")}
+
+    def reference(method: str, feedback: bool = True) -> float:
+        """The final loss (mean of the last 20 steps) of the grader's own training."""
+        return _final(one_process_compressed(ranks, steps, method, 0.01, feedback, **setting)["losses"])
+
+    found, plain = _final([sum(step) / ranks for step in zip(*per_rank, strict=True)]), reference("identity")
+    if found > CONVERGED * plain:
+        with_feedback, without = reference("topk"), reference("topk", False)
+        raise Wrong(f"after {steps} steps on {ranks} ranks the loss is {found:.4f}, {found / plain:.2f}x "
+                    f"uncompressed training's {plain:.4f}; top-k with error feedback reaches "
+                    f"{with_feedback / plain:.2f}x, without it {without / plain:.2f}x: training with your "
+                    "topk_average does not converge",
+                    f"training with your topk_average does not converge (its loss ends above {CONVERGED}x "
+                    "uncompressed training's)")
+
+
+def _final(losses: list[float]) -> float:
+    """A training's final loss: the mean of its last 20 steps."""
+    return sum(losses[-20:]) / len(losses[-20:])
+
+
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
                 "scatter")
@@ -792,5 +836,8 @@ CHECKS: dict[str, list[Check]] = {
     "lesson09_going_further": [
         Check("top-k with error feedback", 3, 3, "topk", _topk_cases, _topk_judge,
               "every call's average and every rank's error as top-k with error feedback gives them, "
-              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry")],
+              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry"),
+        Check("training converges", 2, 2, "topk_training", _training_cases, _training_judge,
+              f"data-parallel training with it ends within {CONVERGED}x uncompressed training's loss",
+              "4 ranks, another seed", time_limit=60.0)],
 }

@@ -253,9 +253,32 @@ def _topk(student: ModuleType, case: dict) -> dict:
     return {"results": results, "errors": errors, "sent": per_call}
 
 
+def _topk_training(student: ModuleType, case: dict) -> list[float]:
+    """Data-parallel training of the lessons' MLP with the student's topk_average as the
+    gradients' average, carrying this rank's error; this rank's loss at each step."""
+    from edulib.dp.compression import descend, local_gradient
+    from edulib.models import mlp
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = mlp(case["width"], case["depth"], case["seed"])
+    error = torch.zeros(sum(parameter.numel() for parameter in model.parameters()))
+    losses = []
+    for step in range(case["steps"]):
+        loss, gradient = local_gradient(model, step, rank, ranks, case["batch"], case["width"], case["seed"])
+        average = student.topk_average(gradient, error, case["ratio"])
+        if type(average) is not torch.Tensor or average.shape != gradient.shape:
+            raise ValueError(f"topk_average returned {type(average).__name__} "
+                             f"{tuple(getattr(average, 'shape', ()))}; expected a tensor shaped like the "
+                             f"gradient, {tuple(gradient.shape)}")
+        descend(model, average, case["lr"])
+        losses.append(loss)
+    return losses
+
+
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
-                "sharded_step": _sharded_step, "ring_attention": _ring_attention, "topk": _topk}
+                "sharded_step": _sharded_step, "ring_attention": _ring_attention, "topk": _topk,
+                "topk_training": _topk_training}
 
 
 def _schedule(schedule: Any) -> dict:
@@ -308,4 +331,5 @@ COLLECTORS: dict[str, Callable[[ModuleType, list[dict], list], list[dict]]] = {
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
                                                             c["microbatches"])),
     "topk": _on_ranks("topk"),
+    "topk_training": _on_ranks("topk_training"),
 }
