@@ -479,7 +479,8 @@ def bench_compression(world_size: int = 4, steps: int = 150, width: int = 64, de
     from edulib.dp.compression import compressed_data_parallel
 
     ways = [("identity (uncompressed)", "identity", 1.0, 1), ("top-k 1 %", "topk", 0.01, 1),
-            ("top-k 10 %", "topk", 0.1, 1), ("int8", "int8", 1.0, 1), ("PowerSGD rank 1", "powersgd", 1.0, 1),
+            ("top-k 10 %", "topk", 0.1, 1), ("int8", "int8", 1.0, 1), ("1-bit", "onebit", 1.0, 1),
+            ("PowerSGD rank 1", "powersgd", 1.0, 1),
             ("PowerSGD rank 4", "powersgd", 1.0, 4)]
     rows, baseline = [], None
     with Pool(world_size, "gloo", timeout=300) as pool:

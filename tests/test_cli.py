@@ -230,7 +230,7 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
 
     report = bench_compression(world_size=2, steps=4, width=16, depth=1, batch=8)
     rows = [re.split(r"\s{2,}", line.strip()) for line in report.splitlines()[4:]]
-    assert [row[0] for row in rows][:2] == ["identity (uncompressed)", "top-k 1 %"] and len(rows) == 11
+    assert [row[0] for row in rows][:2] == ["identity (uncompressed)", "top-k 1 %"] and len(rows) == 13
     # 2 ranks: an all-reduce of 272 floats sends 1088 B; top-k keeps 3 entries (24 B of payload, 1 piece)
     assert rows[0][2] == "1.06 KiB" and rows[1][2] == "24 B" and rows[1][3] == f"{1088 / 24:.1f}x"
 

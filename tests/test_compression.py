@@ -9,6 +9,7 @@ import torch
 from edulib.dp import data_parallel
 from edulib.dp.compression import (
     Int8,
+    OneBit,
     PowerSGD,
     TopK,
     compressed_data_parallel,
@@ -41,10 +42,21 @@ def test_int8_rounds_every_entry_to_its_nearest_step_of_the_scale():
     assert Int8().payload_bytes(1000) == 1004
 
 
+def test_one_bit_keeps_each_sign_and_the_mean_magnitude_eight_signs_to_a_byte():
+    tensor = torch.tensor([0.5, -3.0, 0.0, 2.0, -0.25, 1.0, -1.0, 0.75, -0.5])
+    packed, scale = OneBit().encode(tensor)
+    assert packed.dtype == torch.uint8 and packed.tolist() == [0b10101101, 0b0]  # bit i: entry i >= 0
+    assert scale.item() == pytest.approx(tensor.abs().mean().item())
+    signs = torch.tensor([1.0, -1, 1, 1, -1, 1, -1, 1, -1])
+    assert torch.equal(OneBit().decode([packed, scale], tensor), signs * scale)
+    assert [OneBit().payload_bytes(n) for n in (1, 8, 9, 1000)] == [5, 5, 6, 129]
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda: TopK(0.0), r"with k in \(0, 1\]; got 0.0"),
     (lambda: TopK(1.5), r"with k in \(0, 1\]; got 1.5"),
-    (lambda: compressor("gzip"), "unknown compressor 'gzip'; choose one of identity, topk, int8, powersgd"),
+    (lambda: compressor("gzip"),
+     "unknown compressor 'gzip'; choose one of identity, topk, int8, onebit, powersgd"),
     (lambda: PowerSGD(0), "PowerSGD's rank must be a whole number, 1 or more; got 0"),
 ])
 def test_bad_compressors_say_what_is_allowed(bad, message):
@@ -52,13 +64,16 @@ def test_bad_compressors_say_what_is_allowed(bad, message):
         bad()
 
 
+WAYS = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
+        "topk, no feedback": ("topk", 0.01, False), "int8": ("int8", 1.0, True),
+        "onebit": ("onebit", 1.0, True), "onebit, no feedback": ("onebit", 1.0, False)}
+
+
 @pytest.fixture(scope="module")
 def runs(pool4):
     """Each way of training, on the shared 4 ranks, on the same data."""
-    ways = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
-            "topk, no feedback": ("topk", 0.01, False), "int8": ("int8", 1.0, True)}
     found = {name: pool4.run(compressed_data_parallel, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH,
-                             BATCH) for name, (method, ratio, feedback) in ways.items()}
+                             BATCH) for name, (method, ratio, feedback) in WAYS.items()}
     found["uncompressed"] = pool4.run(data_parallel, STEPS, LR, width=WIDTH, depth=DEPTH, batch=BATCH)
     return found
 
@@ -71,9 +86,7 @@ def test_identity_compression_trains_like_uncompressed_data_parallelism(runs):
 
 
 def test_the_one_process_reference_trains_as_the_ranks_do(runs):
-    ways = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
-            "topk, no feedback": ("topk", 0.01, False), "int8": ("int8", 1.0, True)}
-    for name, (method, ratio, feedback) in ways.items():
+    for name, (method, ratio, feedback) in WAYS.items():
         alone = one_process_compressed(4, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH, BATCH)
         # the ranks add the payloads in rank order too; only the identity's all-reduce sums in another
         torch.testing.assert_close(alone["parameters"], runs[name][0]["parameters"], rtol=0, atol=1e-6)
@@ -84,7 +97,8 @@ def test_the_one_process_reference_trains_as_the_ranks_do(runs):
         one_process_compressed(2, 1, "powersgd")
 
 
-@pytest.mark.parametrize("name, method", [("topk", TopK(0.01)), ("int8", Int8()), ("identity", None)])
+@pytest.mark.parametrize("name, method", [("topk", TopK(0.01)), ("int8", Int8()), ("onebit", OneBit()),
+                                          ("identity", None)])
 def test_the_bytes_each_rank_sends_are_the_closed_form(runs, name, method):
     ranks = len(runs[name])
     numel = runs[name][0]["numel"]
@@ -106,6 +120,8 @@ def test_error_feedback_is_what_lets_top_k_at_one_percent_train(runs):
     assert final("topk") < 1.15 * final("identity")  # with feedback: close to uncompressed
     assert final("topk, no feedback") > 1.5 * final("topk")  # without: it stalls far above
     assert final("int8") < 1.01 * final("identity")
+    assert final("onebit") < 1.05 * final("identity")  # signs and a scale, with feedback
+    assert final("onebit, no feedback") > 1.15 * final("onebit")
 
 
 def test_gram_schmidt_makes_the_columns_orthonormal_as_qr_does():

@@ -2,7 +2,8 @@
 what compression left out.
 
 A compressor turns a gradient into a payload of tensors and back. Top-k keeps the k largest
-entries (their values and indices); 8-bit quantization keeps one byte per entry and one scale.
+entries (their values and indices); 8-bit quantization keeps one byte per entry and one scale,
+1-bit quantization one bit (the sign) and one scale.
 Two ranks' payloads of that kind cannot be added as they travel (their top-k pick different
 indices), so every rank's payload is all-gathered and each rank decodes and averages them all.
 The identity payload is the gradient itself, summed by the all-reduce as usual. PowerSGD sends
@@ -104,6 +105,33 @@ class Int8:
         return numel + 4
 
 
+class OneBit:
+    """1-bit quantization (1-bit SGD, signSGD with a scale): each entry's sign, eight to a byte,
+    and one scale, the mean magnitude, so that the decoded tensor keeps the original's L1 norm."""
+
+    name = "onebit"
+    _BITS = 1 << torch.arange(8, dtype=torch.int32)  # a byte's bit values, lowest first
+
+    def encode(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """The signs packed into uint8 (bit i of byte j: entry 8j + i is not negative) and the scale."""
+        flat = tensor.reshape(-1)
+        signs = torch.zeros(8 * math.ceil(flat.numel() / 8), dtype=torch.int32, device=flat.device)
+        signs[:flat.numel()] = (flat >= 0).to(torch.int32)
+        packed = (signs.view(-1, 8) * self._BITS.to(flat.device)).sum(1).to(torch.uint8)
+        return [packed, flat.abs().mean().reshape(1) if flat.numel() else torch.zeros(1)]
+
+    def decode(self, payload: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """+scale where the bit is set, -scale where it is not."""
+        packed, scale = payload
+        bits = (packed.to(torch.int32).unsqueeze(1) & self._BITS.to(packed.device)) > 0
+        signs = bits.reshape(-1)[:like.numel()].to(like.dtype) * 2 - 1
+        return (signs * scale).view_as(like)
+
+    def payload_bytes(self, numel: int) -> int:
+        """One bit per entry, rounded up to whole bytes, and the scale."""
+        return math.ceil(numel / 8) + 4
+
+
 def orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
     """Gram-Schmidt on the columns of `matrix`, in place: each column normalised, then removed
     from the columns after it."""
@@ -200,11 +228,11 @@ class PowerSGD:
                                                    strict=True)]
 
 
-COMPRESSORS = {"identity": Identity, "topk": TopK, "int8": Int8, "powersgd": PowerSGD}
+COMPRESSORS = {"identity": Identity, "topk": TopK, "int8": Int8, "onebit": OneBit, "powersgd": PowerSGD}
 
 
 def compressor(name: str, ratio: float = 0.01, rank: int = 1,
-               error_feedback: bool = True) -> Identity | TopK | Int8 | PowerSGD:
+               error_feedback: bool = True) -> Identity | TopK | Int8 | OneBit | PowerSGD:
     """A compressor by name; `ratio` is top-k's fraction of entries kept, `rank` PowerSGD's."""
     check_choice(name, COMPRESSORS, "compressor")
     if name == "powersgd":
@@ -212,7 +240,7 @@ def compressor(name: str, ratio: float = 0.01, rank: int = 1,
     return TopK(ratio) if name == "topk" else COMPRESSORS[name]()
 
 
-def compressed_average(tensor: torch.Tensor, method: Identity | TopK | Int8,
+def compressed_average(tensor: torch.Tensor, method: Identity | TopK | Int8 | OneBit,
                        error: torch.Tensor | None = None, group: comm.Group = None) -> torch.Tensor:
     """Replace `tensor` by the average over the group of every rank's compressed tensor, in place.
 
@@ -252,7 +280,7 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
                              error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
                              batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
     """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient through `method`
-    (top-k and int8 take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
+    (top-k, int8 and 1-bit take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
     reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
     model, chosen = mlp(width, depth, seed), compressor(method, ratio, factors, error_feedback)
     rank, ranks = dist.get_rank(), dist.get_world_size()
@@ -280,13 +308,13 @@ def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.
 def one_process_compressed(ranks: int, steps: int, method: str = "topk", ratio: float = 0.01,
                            error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
                            batch: int = 16, seed: int = 0) -> dict:
-    """`compressed_data_parallel` (identity, top-k or int8) for every rank in one process: each
+    """`compressed_data_parallel` (identity, top-k, int8 or 1-bit) for every rank in one process: each
     step, every rank's compressed gradient, averaged in rank order. The losses (each step's mean
     over the ranks) and final parameters; the grader's reference, which starts no rank."""
     chosen = compressor(method, ratio, error_feedback=error_feedback)
     if isinstance(chosen, PowerSGD):
-        raise ValueError("one_process_compressed runs identity, topk or int8; PowerSGD's reference is "
-                         "torch_powersgd")
+        raise ValueError("one_process_compressed runs identity, topk, int8 or onebit; PowerSGD's "
+                         "reference is torch_powersgd")
     model = mlp(width, depth, seed)
     errors = [torch.zeros(sum(p.numel() for p in model.parameters())) for _ in range(ranks)]
     losses = []
