@@ -141,3 +141,15 @@ def test_the_versions_figure_labels_each_box_with_its_version_and_draws_the_vers
     plan = version_plan(async_1f1b(3, 5), "vertical_sync")
     assert sorted(labels) == sorted(f"{mb}\nw{plan[s, mb]}" for s, mb in plan for _ in "FB")
     assert [round(max(line.get_ydata())) for line in bottom.lines] == [3, 3, 3]
+
+
+def test_a_lowered_schedule_has_the_same_plan_and_a_broken_one_says_what_is_wrong():
+    from edulib.pp import lower
+
+    schedule = async_1f1b(3, 6)
+    assert version_plan(lower(schedule), "stashing") == version_plan(schedule, "stashing")
+    assert versions_held(lower(schedule), "vertical_sync") == versions_held(schedule, "vertical_sync")
+    with pytest.raises(ValueError, match="1 actions are missing, first B1@0"):
+        check_asynchronous(parse_actions(["F0 F1 B0", "F0 B0 F1 B1"], 2))
+    with pytest.raises(ValueError, match="micro-batches per update must be a whole number"):
+        version_plan(schedule, "2bw", 0)

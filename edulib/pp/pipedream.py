@@ -35,7 +35,7 @@ from edulib.models import mlp, regression_batch, split
 from edulib.pp.executor import execute
 from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import _one_f_one_b_row, async_1f1b, one_f_one_b
-from edulib.pp.simulate import Timeline
+from edulib.pp.simulate import Timeline, validate
 
 POLICIES = ("stashing", "vertical_sync", "2bw")
 Params = dict[str, torch.Tensor]
@@ -43,6 +43,7 @@ Params = dict[str, torch.Tensor]
 
 def check_asynchronous(schedule: Schedule) -> None:
     """Refuse a schedule the asynchronous executor cannot run, saying where it differs."""
+    validate(schedule)
     if schedule.chunks != 1 or schedule.split_backward:
         raise ValueError(f"{schedule.name} holds {schedule.chunks} stages per device"
                          + (" and splits the backward into B and W" if schedule.split_backward else "")
@@ -95,6 +96,7 @@ def version_plan(schedule: Schedule, policy: str, every: int = 1) -> dict[tuple[
     needs at least p micro-batches per update).
     """
     check_choice(policy, POLICIES, "weights")
+    check_count(every, "micro-batches per update")
     check_asynchronous(schedule)
     first = _applied(schedule.actions[0], every)
     plan = {}
@@ -116,13 +118,13 @@ def _keep(latest: int, inflight: Iterable[int], upcoming: int | None) -> set[int
 
 
 def versions_held(schedule: Schedule, policy: str, every: int = 1) -> list[list[int]]:
-    """Per device, how many weight versions its stage holds after each of its actions."""
+    """Per device, how many weight versions its stage holds after each of its computations."""
     plan = version_plan(schedule, policy, every)
     counts = []
     for stage, row in enumerate(schedule.actions):
         forwards = [a.microbatch for a in row if a.kind == "F"]
         latest, inflight, done, held = 0, {}, 0, []
-        for action in row:
+        for action in (a for a in row if not a.is_message):
             if action.kind == "F":
                 inflight[action.microbatch] = plan[stage, action.microbatch]
                 done += 1
