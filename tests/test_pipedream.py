@@ -58,9 +58,7 @@ def test_the_bubble_after_warm_up_is_zero_in_the_simulator():
         timeline = simulate(async_1f1b(p, 6 * p), 1.0, 2.0)
         assert steady_bubble(timeline) == 0.0
         assert timeline.bubble_fraction == pytest.approx((p - 1) / (6 * p))  # warm-up and drain once
-    gpipe = simulate(build_schedule("gpipe", 4, 8), 1.0, 2.0)  # waits between its forwards and backwards
-    assert steady_bubble(simulate(async_1f1b(4, 8), 1.0, 2.0, t_comm=0.5)) > 0.0
-    assert gpipe.bubble_fraction > 0
+    assert steady_bubble(simulate(async_1f1b(4, 8), 1.0, 2.0, t_comm=0.5)) > 0.0  # messages do cost
 
 
 @pytest.mark.parametrize("schedule, says", [

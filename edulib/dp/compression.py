@@ -118,7 +118,7 @@ class OneBit:
         signs = torch.zeros(8 * math.ceil(flat.numel() / 8), dtype=torch.int32, device=flat.device)
         signs[:flat.numel()] = (flat >= 0).to(torch.int32)
         packed = (signs.view(-1, 8) * self._BITS.to(flat.device)).sum(1).to(torch.uint8)
-        return [packed, flat.abs().mean().reshape(1) if flat.numel() else torch.zeros(1)]
+        return [packed, flat.abs().mean().reshape(1) if flat.numel() else flat.new_zeros(1)]
 
     def decode(self, payload: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         """+scale where the bit is set, -scale where it is not."""
