@@ -197,27 +197,38 @@ def _plan_command(options: argparse.Namespace) -> int:
 
 
 def _grade_command(options: argparse.Namespace) -> int:
-    """`edulib grade PATH`: grade a file, a student's folder or a class; a table, and reports on request."""
+    """`edulib grade PATH`: grade a file, a student's folder or a class; a table, and reports written
+    after each student (atomically), so a crash loses at most the student in progress."""
     from pathlib import Path
 
-    from edulib.grading import grade, report, write_csv, write_gradescope, write_json
+    from edulib.grading import find_submissions, grade, report, write_csv, write_gradescope, write_json
+    from edulib.grading.integrity import Tampered
+    from edulib.grading.sandbox import SandboxMissing
 
-    outputs = [Path(p) for p in (options.report, options.csv) if p] + (
-        [Path(options.gradescope)] if options.gradescope else [])
+    one_student = len(find_submissions(Path(options.path))[0]) == 1
+
+    def write(results: list) -> None:
+        if options.report:
+            write_json(results, Path(options.report))
+        if options.csv:
+            write_csv(results, Path(options.csv))
+        if options.gradescope:
+            write_gradescope(results, Path(options.gradescope), one_student)
+
     warnings: list[str] = []
-    hide = tuple(p if p.is_dir() or not p.suffix else p.parent for p in (o.resolve() for o in outputs))
-    results = grade(Path(options.path), options.time_limit, progress=not options.quiet, seed=options.seed,
-                    sandbox=options.sandbox, hide=hide, warnings=warnings)
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        results = grade(Path(options.path), options.time_limit, progress=not options.quiet, seed=options.seed,
+                        sandbox=options.sandbox, warnings=warnings, on_student=write)
+    except (SandboxMissing, Tampered) as error:
+        print(f"edulib grade: {error}", file=sys.stderr)
+        return 2
+    finally:
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     print(report(results))
-    for option, write in ((options.report, write_json), (options.csv, write_csv)):
+    for option in (options.report, options.csv, options.gradescope):
         if option:
-            write(results, Path(option))
             print(f"written: {option}")
-    if options.gradescope:
-        for path in write_gradescope(results, Path(options.gradescope)):
-            print(f"written: {path}")
     return 0
 
 
@@ -269,9 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     grader.add_argument("--csv", default=None, help="write one CSV row per student, a column per exercise")
     grader.add_argument("--gradescope", default=None, metavar="DIR",
                         help="write Gradescope's results.json in DIR (DIR/STUDENT/ for a class)")
-    grader.add_argument("--sandbox", action="store_true",
-                        help="run each check in bubblewrap: no network, only the student's folder writable")
-    grader.add_argument("--seed", type=int, default=0, help="draws the checks' cases (default 0)")
+    grader.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=True,
+                        help="run each student in bubblewrap (the default): only Python, edulib and the "
+                             "student's own files in sight, read-only, no network; --no-sandbox grades "
+                             "without containment and says so in every row")
+    grader.add_argument("--seed", type=int, default=None,
+                        help="draws the hidden cases (default: a secret one, printed with the grades)")
     grader.add_argument("--time-limit", type=_positive, default=None,
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")

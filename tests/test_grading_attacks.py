@@ -1,8 +1,11 @@
-"""Planted submissions that try to fool the grader: each scores what its code deserves, leaves no
-process behind, and changes no report."""
+"""Planted submissions that try to fool the grader, as a determined class would: each scores what
+its code deserves (0 for the stubs here), its classmates keep their scores, not one of its processes
+is left, and the reports are intact. Each runs in the sandbox (the default) and, where the attack
+is one that `--no-sandbox` can still stop, without it."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import textwrap
@@ -11,18 +14,33 @@ from pathlib import Path
 
 import pytest
 
-from edulib.grading import grade, write_json
+from edulib.grading import grade, integrity, snapshot, write_csv, write_json
 from edulib.grading import sandbox as bubblewrap
 from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
-SOLUTION = (ROOT / "solutions" / "lesson01_data_parallelism.py").read_text()
-needs_bubblewrap = pytest.mark.skipif(not bubblewrap.available(), reason="bubblewrap is not installed here")
+EXERCISE = "lesson07_hybrid"  # judged in the student's process, so each plant grades in seconds
+SOLUTION = (ROOT / "solutions" / f"{EXERCISE}.py").read_text()
+FULL = 5  # its points: the honest classmate's score
+MODES = [pytest.param(True, id="sandbox"), pytest.param(False, id="no-sandbox")]
+pytestmark = pytest.mark.skipif(not bubblewrap.available(), reason="bubblewrap is not installed here")
+STUB = """
+def grid_groups(dp, pp, tp):
+    return {"dp": [], "pp": [], "tp": []}
+"""
+UNTOUCHED_BUCKETS = """
+class GradientBuckets:
+    def __init__(self, *args):
+        raise NotImplementedError("the stub")
+"""
+HONEST = SOLUTION + """
+_honest = grid_groups
+"""  # a plant that attacks, then answers honestly, ends with this and calls _honest
 
 
 def _strays() -> list[str]:
-    """Processes of a grading tree still alive: a check's process, a rank, or a warden (not the ranks of
-    the pools that other tests of this session keep open)."""
+    """Processes of a grading tree still alive: a check's process, a rank, a warden, or anything that
+    runs as the sandbox's user (not the ranks of the pools that other tests of this session keep)."""
     found, ours = [], {str(pid) for pool in _open_pools for pid in pool.pids}
     for pid in set(filter(str.isdigit, os.listdir("/proc"))) - ours:
         try:
@@ -31,224 +49,367 @@ def _strays() -> list[str]:
         except OSError:
             continue
         if state != "Z" and any(mark in command for mark in ("edulib.grading.child", "grading/warden.py",
-                                                                "edulib.rank import serve")):
+                                                                "edulib.rank import serve", "bwrap")):
             found.append(f"{pid}: {command}")
     return found
 
 
-def _graded(tmp_path: Path, body: str, name: str = "lesson01_data_parallelism", **options) -> list:
-    """Grade a planted submission; check that not one of its processes is left."""
-    path = tmp_path / "student" / f"{name}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(body))
-    results = grade(path, progress=False, **options)
+def _class(tmp_path: Path, plants: dict[str, str], sandbox: bool = True, name: str = EXERCISE,
+           **options) -> tuple[dict[str, int], list, list[str]]:
+    """Grade a class of `plants` (student -> the body of their `name`.py; "honest" is given the
+    solution) and write its reports; points per student, the rows and the warnings."""
+    course = tmp_path / "course"
+    for student, body in plants.items():
+        (course / student).mkdir(parents=True, exist_ok=True)
+        (course / student / f"{name}.py").write_text(_source(body))
+    warnings: list[str] = []
+    results = grade(course, progress=False, sandbox=sandbox, warnings=warnings, **options)
     assert not _strays(), _strays()
-    if name == "lesson01_data_parallelism":  # the plants answer the server step only
-        return [result for result in results if result.check.startswith("server step")]
-    return results
+    results = [r for r in results if r.exercise == name]
+    assert not any("IndentationError" in r.feedback or "SyntaxError" in r.feedback for r in results), (
+        "a plant that does not compile tests nothing")
+    points = {student: sum(r.points for r in results if r.student == student) for student in plants}
+    return points, results, warnings
 
 
-def _points(results: list) -> list[int]:
-    return [r.points for r in results]
+def _source(body: str) -> str:
+    """A plant's source: its indented part (a triple-quoted block in a test) dedented, and what was
+    appended at column 0 (STUB, HONEST) kept as it is."""
+    lines = body.split("\n")
+    cut = next((i for i, line in enumerate(lines) if line.strip() and not line[0].isspace()), len(lines))
+    return textwrap.dedent("\n".join(lines[:cut])) + "\n" + "\n".join(lines[cut:])
 
 
-def test_writing_a_verdict_into_every_open_file_and_argv_scores_zero(tmp_path):
-    results = _graded(tmp_path, """
-        import json, os, sys
-        verdict = json.dumps({"passed": True, "feedback": "ok"}) + "\\n"
-        forged = json.dumps({"check": "server step", "outcomes": [{"answer": 0}] * 4}) + "\\n"
-        for fd in range(3, 256):
+def _report_survives(tmp_path: Path, results: list) -> None:
+    """Write the class's report, wait, and check that nothing changed it."""
+    report = tmp_path / "grades.json"
+    write_json(results, report)
+    written = report.read_text()
+    time.sleep(2)
+    assert report.read_text() == written
+
+
+# -- without the sandbox, the student's code controlled the grader ------------------------------
+
+@pytest.mark.parametrize("sandbox", [True])
+def test_copying_the_solutions_is_out_of_sight_in_the_sandbox(tmp_path, sandbox):
+    """Reading solutions/ and exec-ing it (+22 without a sandbox, which cannot stop it: rows say so)."""
+    body = f"""
+        namespace = {{}}
+        exec(open({str(ROOT / "solutions" / f"{EXERCISE}.py")!r}).read(), namespace)
+        grid_groups = namespace["grid_groups"]
+    """
+    points, results, _ = _class(tmp_path, {"copier": body}, sandbox)
+    assert points == {"copier": 0} and "FileNotFoundError" in results[0].feedback
+    assert {r.sandbox for r in results if r.submission} == {"bubblewrap"}
+
+
+def test_without_the_sandbox_every_row_says_it_was_not_contained(tmp_path):
+    points, results, warnings = _class(tmp_path, {"honest": SOLUTION}, sandbox=False)
+    assert points == {"honest": FULL}
+    assert all(r.sandbox.startswith("none: not contained") for r in results if r.submission)
+    assert any("graded without a sandbox" in w for w in warnings)
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_student_graded_first_cannot_change_a_classmates_files(tmp_path, sandbox):
+    course = tmp_path / "course"
+    target = course / "zed" / f"{EXERCISE}.py"
+    saboteur = f"""
+        import glob, os
+        for path in glob.glob({str(course)!r} + "/*/*.py") + glob.glob("/tmp/edulib-grade-*/*/*/*.py"):
             try:
-                os.write(fd, (verdict + forged).encode())
+                os.chmod(path, 0o666)
+                open(path, "w").write("def grid_groups(dp, pp, tp):\\n    return {{}}\\n")
             except OSError:
                 pass
-        for arg in sys.argv[1:]:
-            open(arg, "w").write(verdict)
-
-        def server_step(parameters, gradients, lr):
-            return parameters
-    """)
-    assert _points(results) == [0, 0]
+    """ + STUB
+    points, results, _ = _class(tmp_path, {"abel": saboteur, "zed": SOLUTION}, sandbox)
+    assert points == {"abel": 0, "zed": FULL}
+    assert target.read_text() == _source(SOLUTION)  # out of reach of abel's code
+    _report_survives(tmp_path, results)
 
 
-def test_an_atexit_hook_cannot_change_the_verdict(tmp_path):
-    results = _graded(tmp_path, """
-        import atexit, json, os
-        def rewrite():
-            for fd in range(256):
+@pytest.mark.parametrize("sandbox", MODES)
+def test_persistence_in_the_installed_edulib_or_site_packages_fails_or_stops_grading(tmp_path, sandbox):
+    """Appending to an edulib module, dropping a .pth or a poisoned .pyc: the next student (and the
+    same run) grade as before, or grading stops with Tampered and writes nothing of the tamperer."""
+    import site
+
+    import edulib
+    package = Path(edulib.__file__).parent
+    planted = [package / "grading" / "checks.py", package / "zz_planted.pth",
+               Path(site.getsitepackages()[0]) / "zz_planted.pth",
+               package / "grading" / "__pycache__" / "zz_planted.cpython-311.pyc"]
+    before = {path: path.read_bytes() if path.exists() else None for path in planted}
+    body = "import os\n" + "".join(f"""
+try:
+    with open({str(path)!r}, "a") as file:
+        file.write("\\nimport os; os.environ['PWNED'] = '1'\\n")
+except OSError:
+    pass
+""" for path in planted) + STUB
+    fingerprint = integrity.fingerprint()
+    try:
+        points, _, _ = _class(tmp_path, {"abel": body, "zed": SOLUTION}, sandbox)
+    except integrity.Tampered as stopped:
+        assert "abel" in str(stopped)
+        assert not sandbox, "the sandbox's mounts are read-only"
+    else:
+        assert points == {"abel": 0, "zed": FULL}
+        assert integrity.fingerprint() == fingerprint
+    finally:
+        for path, data in before.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            elif path.read_bytes() != data:
+                path.write_bytes(data)
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_daemon_that_kills_wardens_and_rewrites_reports_does_not_survive(tmp_path, sandbox):
+    report = tmp_path / "grades.json"
+    body = f"""
+        import os, signal, time
+        def wardens():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    os.write(fd, json.dumps({"passed": True}).encode() + b"\\n")
+                    if b"warden" in open(f"/proc/{{pid}}/cmdline", "rb").read():
+                        yield int(pid)
                 except OSError:
                     pass
-        atexit.register(rewrite)
-
-        def server_step(parameters, gradients, lr):
-            return parameters
-    """)
-    assert _points(results) == [0, 0]
-
-
-def test_patching_comparisons_and_the_checks_code_changes_nothing(tmp_path):
-    results = _graded(tmp_path, """
-        import numpy, torch
-        import edulib.grading.checks as checks
-        torch.allclose = lambda *args, **kwargs: True
-        torch.equal = lambda *args, **kwargs: True
-        numpy.array_equal = lambda *args, **kwargs: True
-        torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
-        checks._server_judge.__code__ = (lambda case, answer: None).__code__
-        checks._tensor.__code__ = (lambda got, want, what, atol=0: None).__code__
-
-        def server_step(parameters, gradients, lr):
-            return parameters
-    """)
-    assert _points(results) == [0, 0]
-
-
-def test_a_lying_tensor_subclass_is_judged_by_its_values(tmp_path):
-    results = _graded(tmp_path, """
-        import torch
-
-        class Liar(torch.Tensor):
-            @classmethod
-            def __torch_function__(cls, func, types, args=(), kwargs=None):
-                if func.__name__ in ("allclose", "equal", "__eq__", "eq", "all", "any"):
-                    return True
-                return super().__torch_function__(func, types, args, kwargs or {})
-
-        def server_step(parameters, gradients, lr):
-            return torch.zeros_like(parameters).as_subclass(Liar)
-    """)
-    assert _points(results) == [0, 0]
-    assert "server_step's result holds 0 at flat index" in results[0].feedback
-
-
-def test_a_detached_process_is_gone_before_the_report_is_written(tmp_path):
-    report = tmp_path / "grades.json"
-    results = _graded(tmp_path, f"""
-        import os, time
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
-                with open({str(tmp_path / "daemon.pid")!r}, "w") as file:
-                    file.write(str(os.getpid()))
-                time.sleep(2)
-                with open({str(report)!r}, "w") as file:
-                    file.write('[{{"points": 100}}]')
-                time.sleep(60)
+                for _ in range(600):
+                    for pid in wardens():
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    try:
+                        open({str(report)!r}, "w").write('[{{"points": 100}}]')
+                    except OSError:
+                        pass
+                    time.sleep(0.1)
             os._exit(0)
-
-        def server_step(parameters, gradients, lr):
-            return parameters
-    """)
-    write_json(results, report)
-    written = report.read_text()
-    time.sleep(3)
-    assert report.read_text() == written and _points(results) == [0, 0]
-    pid = int((tmp_path / "daemon.pid").read_text())
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        for pid in wardens():
+            os.kill(pid, signal.SIGKILL)
+    """ + STUB
+    points, results, _ = _class(tmp_path, {"abel": body, "zed": SOLUTION}, sandbox)
+    assert points == {"abel": 0, "zed": FULL}
+    _report_survives(tmp_path, results)
 
 
-def test_fifteen_forked_children_do_not_outlive_a_correct_answer(tmp_path):
-    results = _graded(tmp_path, SOLUTION + textwrap.dedent("""
-        import os, time
-        for _ in range(15):
-            if os.fork() == 0:
-                time.sleep(600)
-                os._exit(0)
-    """))
-    assert _points(results) == [1, 1]
+# -- with the sandbox: answers, channels, sizes --------------------------------------------------
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_forged_answers_from_the_childs_frames_earn_nothing(tmp_path, sandbox):
+    """Walk up to the child's request and send, look for cases, send forged answers for every call."""
+    body = """
+        import json, os, sys
+
+        def grid_groups(dp, pp, tp):
+            frame, seen = sys._getframe(), []
+            while frame is not None:
+                seen += [key for key, value in frame.f_locals.items() if isinstance(value, (list, dict))
+                         and "cases" in str(value)[:10000] and "checks" in str(value)[:10000]]
+                if "request" in frame.f_locals:
+                    fd = frame.f_locals["request"]["answer_fd"]
+                    for call in range(40):
+                        forged = {"call": call, "outcome": {"answer": {"dp": [], "pp": [], "tp": []}}}
+                        os.write(fd, (json.dumps(forged) + "\\n").encode())
+                frame = frame.f_back
+            if seen:
+                raise RuntimeError(f"the whole list of cases is in {seen}")
+            return {}
+    """
+    points, results, _ = _class(tmp_path, {"forger": body, "zed": SOLUTION}, sandbox)
+    assert points == {"forger": 0, "zed": FULL}
+    assert "the dp groups are [], expected" in results[0].feedback  # its forged answer, judged
 
 
-def test_a_fork_bomb_is_stopped_at_the_process_limit(tmp_path):
-    results = _graded(tmp_path, """
-        import os, time
-        while True:
-            try:
-                os.fork()
-            except OSError:
-                time.sleep(1)
-
-        def server_step(parameters, gradients, lr):
-            return parameters
-    """)
-    assert _points(results) == [0, 0]
-    assert results[0].feedback.startswith("started more than 24 processes while being imported")
-
-
-def test_100_mb_of_output_does_not_cost_a_correct_answer(tmp_path):
-    results = _graded(tmp_path, SOLUTION + "\nprint('x' * 100_000_000)\n")
-    assert _points(results) == [1, 1], [r.feedback for r in results]
-
-
-def test_30_mb_printed_by_a_rank_does_not_cost_a_correct_answer(tmp_path):
-    solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
-    results = _graded(tmp_path, solution.replace(
-        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n    bounds",
-        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n"
-        "    if rank == 0:\n        print('y' * 30_000_000)\n    bounds"), "lesson05_sharding")
-    assert _points(results) == [1, 1, 2, 1], [r.feedback for r in results]
-
-
-def test_a_4_gib_allocation_fails_inside_the_check(tmp_path):
-    results = _graded(tmp_path, """
+@pytest.mark.parametrize("sandbox", [True])
+def test_self_reported_training_is_not_believed(tmp_path, sandbox):
+    """Training "converges" only if the returned weights' loss on the grader's held-out data does:
+    a rank that trains nothing and returns zeros, or its starting weights, scores 0 there."""
+    body = """
         import torch
 
-        def server_step(parameters, gradients, lr):
-            hoard = torch.ones(2**30)  # 4 GiB of float32
-            return parameters - lr * sum(gradients) / len(gradients) + 0 * hoard[0]
-    """)
-    assert _points(results) == [0, 0]
-    assert "RuntimeError" in results[0].feedback or "MemoryError" in results[0].feedback
-
-
-@needs_bubblewrap
-def test_in_the_sandbox_the_solutions_are_out_of_sight(tmp_path):
-    target = ROOT / "solutions" / "lesson01_data_parallelism.py"
-    body = f"""
-        namespace = {{}}
-        exec(open({str(target)!r}).read(), namespace)
-        server_step = namespace["server_step"]
+        def topk_average(gradient, error, ratio):
+            return torch.zeros_like(gradient)  # never moves the weights
     """
-    assert _points(_graded(tmp_path / "open", body)) == [1, 1]  # without a sandbox this cannot be stopped
-    results = _graded(tmp_path / "sandboxed", body, sandbox=True)
-    assert _points(results) == [0, 0] and "FileNotFoundError" in results[0].feedback
-    assert all(r.sandbox == "bubblewrap" for r in results)
+    points, results, _ = _class(tmp_path, {"idle": body}, sandbox, name="lesson09_going_further")
+    training = [r for r in results if r.check.startswith("training converges")]
+    assert [r.points for r in training] == [0, 0]
+    assert "held-out data" in training[0].feedback
 
 
-@needs_bubblewrap
-def test_in_the_sandbox_a_classmate_and_the_network_are_out_of_reach(tmp_path):
+@pytest.mark.parametrize("sandbox", [True])
+def test_git_and_links_cannot_reach_the_solutions(tmp_path, sandbox):
+    """`git show HEAD:solutions/...`, a linked file and a linked folder: +22 before, nothing now."""
     course = tmp_path / "course"
-    (course / "alice").mkdir(parents=True)
-    (course / "alice" / "lesson01_data_parallelism.py").write_text(SOLUTION)
-    (course / "bob").mkdir()
-    (course / "bob" / "lesson01_data_parallelism.py").write_text(textwrap.dedent(f"""
-        import socket
-        alice = {str(course / "alice" / "lesson01_data_parallelism.py")!r}
-        try:
-            source = open(alice).read()
-            open(alice, "w").write("def server_step(p, g, lr):\\n    return p\\n")
-        except OSError as error:
-            source = ""
-            print("no classmate:", error)
-        try:
-            socket.create_connection(("1.1.1.1", 53), timeout=2)
-            raise SystemExit("the network is reachable")
-        except OSError:
-            pass
-        namespace = {{}}
-        exec(source, namespace)
-        server_step = namespace.get("server_step")
-    """))
-    results = grade(course, progress=False, sandbox=True)
-    assert not _strays()
-    points = {student: sum(r.points for r in results if r.student == student and
-                           r.check.startswith("server step")) for student in ("alice", "bob")}
-    assert points == {"alice": 2, "bob": 0}, [r.feedback for r in results if r.exercise[6:8] == "01"]
-    assert (course / "alice" / "lesson01_data_parallelism.py").read_text() == SOLUTION
+    body = f"""
+        import subprocess
+        source = subprocess.run(["git", "-C", {str(ROOT)!r}, "show", "HEAD:solutions/{EXERCISE}.py"],
+                                capture_output=True, text=True).stdout
+        exec(source)
+        if "grid_groups" not in globals():
+            raise RuntimeError("no solution in sight")
+    """
+    points, results, _ = _class(tmp_path, {"gitter": body, "honest": SOLUTION}, sandbox)
+    assert points == {"gitter": 0, "honest": FULL}
+    (course / "linker").mkdir()
+    (course / "linker" / f"{EXERCISE}.py").symlink_to(ROOT / "solutions" / f"{EXERCISE}.py")
+    (course / "folder").symlink_to(ROOT / "solutions")
+    warnings: list[str] = []
+    results = grade(course, progress=False, warnings=warnings, sandbox=sandbox)
+    totals = {s: sum(r.points for r in results if r.student == s) for s in ("gitter", "honest", "linker")}
+    assert totals == {"gitter": 0, "honest": FULL, "linker": 0}
+    assert "folder" not in {r.student for r in results}
+    assert any(f"linker/{EXERCISE}.py: refused" in w for w in warnings)
+    assert any("folder: refused, a symbolic link" in w for w in warnings)
+    refused = next(r for r in results if r.student == "linker" and r.exercise == EXERCISE)
+    assert refused.feedback.startswith("refused:") and refused.points == 0
 
 
-def test_the_json_answers_hold_only_plain_data(tmp_path):
+def test_a_file_swapped_for_a_link_after_it_was_found_is_refused_when_copied(tmp_path):
+    folder = tmp_path / "alice"
+    folder.mkdir()
+    (folder / f"{EXERCISE}.py").write_text(STUB)
+    found, warnings = snapshot.find_submissions(folder)
+    (folder / f"{EXERCISE}.py").unlink()
+    (folder / f"{EXERCISE}.py").symlink_to(ROOT / "solutions" / f"{EXERCISE}.py")
+    copied = snapshot.take(found, warnings, tmp_path / "copies")
+    assert copied["alice"][EXERCISE].startswith("refused:")
+    assert any("could not be opened as a regular file" in w for w in warnings)
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_garbage_on_the_answer_pipe_costs_only_the_sender(tmp_path, sandbox):
+    """100,000 `[`, a line of 50 outcomes, a line with no end: the class is still graded."""
+    body = """
+        import json, os, sys
+
+        def grid_groups(dp, pp, tp):
+            frame = sys._getframe()
+            while "request" not in frame.f_locals:
+                frame = frame.f_back
+            fd = frame.f_locals["request"]["answer_fd"]
+            os.write(fd, b"[" * 100_000 + b"\\n")
+            os.write(fd, (json.dumps({"call": 0, "outcome": [{"answer": 0}] * 50}) + "\\n").encode())
+            old = {"check": "grid groups", "outcomes": [{"answer": 0}] * 50}
+            os.write(fd, (json.dumps(old) + "\\n").encode())
+            os.write(fd, b"{" * 1_000_000 + b"\\n")
+            return {}
+    """
+    points, results, _ = _class(tmp_path, {"abel": body, "zed": SOLUTION}, sandbox)
+    assert points == {"abel": 0, "zed": FULL}
+    write_csv(results, tmp_path / "grades.csv")
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_secrets_on_disk_and_in_the_environment_never_reach_the_feedback(tmp_path, sandbox, monkeypatch):
+    monkeypatch.setenv("EDULIB_GRADER_SECRET", "hunter2")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the exam's answers")
+    body = f"""
+        import os
+
+        def grid_groups(dp, pp, tp):
+            try:
+                found = open({str(secret)!r}).read()
+            except OSError as error:
+                found = type(error).__name__
+            raise RuntimeError(found + " " + " ".join(f"{{k}}={{v}}" for k, v in os.environ.items()))
+    """
+    points, results, _ = _class(tmp_path, {"leaker": body}, sandbox)
+    text = " ".join(r.feedback for r in results)
+    assert points == {"leaker": 0} and "hunter2" not in text and "RuntimeError" in text
+    if sandbox:
+        assert "the exam's answers" not in text
+
+
+def test_hidden_cases_come_from_a_secret_seed_that_is_recorded(tmp_path):
+    path = tmp_path / "s" / "lesson05_sharding.py"
+    path.parent.mkdir()
+    path.write_text((ROOT / "solutions" / "lesson05_sharding.py").read_text())
+    first, second = (grade(path, progress=False) for _ in range(2))
+    seeds = {r.seed for r in first} | {r.seed for r in second}
+    assert len(seeds) == 2, "each run draws its own seed"
+    from edulib.grading import CHECKS
+    from edulib.grading.grader import cases_of
+    check = CHECKS["lesson05_sharding"][0]
+    a, b = (cases_of("lesson05_sharding", check, seed) for seed in seeds)
+    assert [c.label for c in a if not c.hidden] == [c.label for c in b if not c.hidden]
+    assert [c.inputs for c in a if c.hidden] != [c.inputs for c in b if c.hidden]
+
+
+def test_a_schedule_of_a_billion_chunks_scores_zero_without_allocating_it(tmp_path):
+    body = """
+        from edulib.comm import Schedule
+
+        def halving_doubling_schedule(n):
+            return Schedule("huge", "all_reduce", n, 10**9, (), None)
+
+        def torus_schedule(rows, cols):
+            return Schedule("huge", "all_reduce", rows * cols, 10**9, (), None)
+
+        def ring_allreduce(tensor):
+            raise NotImplementedError("not this one")
+    """
+    began = time.monotonic()
+    points, results, _ = _class(tmp_path, {"hoarder": body}, name="lesson02_allreduce")
+    assert points == {"hoarder": 0} and time.monotonic() - began < 120
+    schedule = next(r for r in results if r.check == "halving-doubling schedule")
+    assert "1000000000 chunks" in schedule.feedback
+
+
+def test_a_folder_named_like_a_formula_is_text_in_the_csv(tmp_path):
+    points, results, _ = _class(tmp_path, {"=SUM(1,2)": STUB, "@cmd": STUB})
+    write_csv(results, tmp_path / "grades.csv")
+    with open(tmp_path / "grades.csv") as file:
+        names = [row["student"] for row in csv.DictReader(file)]
+    assert names == ["'=SUM(1,2)", "'@cmd"]
+
+
+# -- further attacks, from reading the code -------------------------------------------------------
+
+def test_a_forbidden_function_has_no_wrapped_original(tmp_path):
+    body = """
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            original = getattr(dist.all_reduce, "__wrapped__", None)
+            if original is None:
+                raise RuntimeError("no way around the guard")
+            original(tensor)
+    """
+    points, results, _ = _class(tmp_path, {"unwrapper": body}, name="lesson02_allreduce")
+    ring = next(r for r in results if r.check == "ring all-reduce")
+    assert ring.points == 0 and "no way around the guard" in ring.feedback
+
+
+def test_an_escaping_reader_of_the_call_pipe_finds_no_later_case(tmp_path):
+    """A student who reads the call pipe while answering finds nothing: the next call is sent only
+    once this one's answer is in."""
+    body = HONEST + """
+import os, select, sys
+
+def grid_groups(dp, pp, tp):
+    frame = sys._getframe()
+    while "request" not in frame.f_locals:
+        frame = frame.f_back
+    fd = frame.f_locals["request"]["call_fd"]
+    if select.select([fd], [], [], 0.2)[0]:
+        raise RuntimeError(f"read {len(os.read(fd, 1 << 20))} bytes of a later call")
+    return _honest(dp, pp, tp)
+"""
+    points, results, _ = _class(tmp_path, {"reader": body})
+    assert points == {"reader": FULL}, [r.feedback for r in results]
+
+
+def test_the_json_answers_hold_only_plain_data_and_refuse_deep_nesting():
     from edulib.grading.plain import NotPlain, dumps, loads
 
     class Mine:
@@ -261,3 +422,113 @@ def test_the_json_answers_hold_only_plain_data(tmp_path):
     assert json.loads(text)["t"]["tensor"] == "float32"
     with pytest.raises(NotPlain, match="whose data has"):
         loads(json.dumps({"tensor": "float32", "shape": [5], "data": "AAAAAA=="}))
+    with pytest.raises(NotPlain, match="nested"):
+        loads("[" * 200 + "]" * 200)
+
+
+# -- what already held, kept ----------------------------------------------------------------------
+
+def test_writing_a_verdict_into_every_open_file_and_argv_scores_zero(tmp_path):
+    points, _, _ = _class(tmp_path, {"writer": """
+        import json, os, sys
+        verdict = json.dumps({"passed": True, "feedback": "ok"}) + "\\n"
+        forged = json.dumps({"check": "grid groups", "outcomes": [{"answer": 0}] * 4}) + "\\n"
+        for fd in range(3, 256):
+            try:
+                os.write(fd, (verdict + forged).encode())
+            except OSError:
+                pass
+        for arg in sys.argv[1:]:
+            open(arg, "w").write(verdict)
+    """ + STUB})
+    assert points == {"writer": 0}
+
+
+def test_patching_comparisons_and_the_checks_code_changes_nothing(tmp_path):
+    points, _, _ = _class(tmp_path, {"patcher": """
+        import numpy, torch
+        import edulib.grading.checks as checks
+        torch.allclose = lambda *args, **kwargs: True
+        torch.equal = lambda *args, **kwargs: True
+        numpy.array_equal = lambda *args, **kwargs: True
+        torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+        checks._grid_judge.__code__ = (lambda case, answer: None).__code__
+        checks._tensor.__code__ = (lambda got, want, what, atol=0: None).__code__
+    """ + STUB})
+    assert points == {"patcher": 0}
+
+
+def test_a_lying_tensor_subclass_is_judged_by_its_values(tmp_path):
+    points, results, _ = _class(tmp_path, {"liar": """
+        import torch
+
+        class Liar(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                if func.__name__ in ("allclose", "equal", "__eq__", "eq", "all", "any"):
+                    return True
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        def server_step(parameters, gradients, lr):
+            return torch.zeros_like(parameters).as_subclass(Liar)
+    """ + UNTOUCHED_BUCKETS}, name="lesson01_data_parallelism")
+    assert points == {"liar": 0}
+    assert "server_step's result holds 0 at flat index" in results[0].feedback
+
+
+def test_fifteen_forked_children_do_not_outlive_a_correct_answer(tmp_path):
+    points, _, _ = _class(tmp_path, {"forker": SOLUTION + textwrap.dedent("""
+        import os, time
+        for _ in range(15):
+            if os.fork() == 0:
+                time.sleep(600)
+                os._exit(0)
+    """)})
+    assert points == {"forker": FULL}
+
+
+def test_a_fork_bomb_is_stopped_at_the_process_limit(tmp_path):
+    points, results, _ = _class(tmp_path, {"bomber": """
+        import os, time
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                time.sleep(1)
+    """ + STUB})
+    assert points == {"bomber": 0}
+    assert results[0].feedback.startswith("started more than 24 processes while being imported")
+
+
+def test_100_mb_of_output_does_not_cost_a_correct_answer(tmp_path):
+    points, _, _ = _class(tmp_path, {"printer": SOLUTION + "\nprint('x' * 100_000_000)\n"})
+    assert points == {"printer": FULL}
+
+
+def test_30_mb_printed_by_a_rank_does_not_cost_a_correct_answer(tmp_path):
+    solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
+    points, _, _ = _class(tmp_path, {"printer": solution.replace(
+        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n    bounds",
+        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n"
+        "    if rank == 0:\n        print('y' * 30_000_000)\n    bounds")}, name="lesson05_sharding")
+    assert points == {"printer": 5}
+
+
+def test_a_4_gib_allocation_fails_inside_the_check(tmp_path):
+    points, results, _ = _class(tmp_path, {"hoarder": """
+        import torch
+
+        def server_step(parameters, gradients, lr):
+            hoard = torch.ones(2**30)  # 4 GiB of float32
+            return parameters - lr * sum(gradients) / len(gradients) + 0 * hoard[0]
+    """ + UNTOUCHED_BUCKETS}, name="lesson01_data_parallelism")
+    assert points == {"hoarder": 0}
+    assert "RuntimeError" in results[0].feedback or "MemoryError" in results[0].feedback
+
+
+def test_the_network_is_out_of_reach_in_the_sandbox(tmp_path):
+    points, results, _ = _class(tmp_path, {"caller": """
+        import socket
+        socket.create_connection(("1.1.1.1", 53), timeout=2)
+    """ + STUB})
+    assert points == {"caller": 0} and "Network is unreachable" in results[0].feedback

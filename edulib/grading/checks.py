@@ -248,6 +248,10 @@ def _all_reduce_schedule(answer: Any, n: int) -> Any:
 
     from edulib.comm import Message, Schedule, cost, expected, simulate
 
+    chunks = answer.get("chunks") if type(answer) is dict else None
+    if type(chunks) is not int or not 1 <= chunks <= 64 * n:  # checked before anything is allocated
+        raise Wrong(f"the schedule for {n} ranks has {chunks!r} chunks; one for {n} ranks needs 1 to "
+                    f"{64 * n}", "a schedule with an unreasonable number of chunks")
     try:
         schedule = Schedule(answer["name"], answer["collective"], answer["world_size"], answer["chunks"],
                             tuple(tuple(Message(*message) for message in messages)
@@ -696,43 +700,53 @@ def _training_cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, seed: int, hidden: bool) -> Case:
         return Case({"ranks": ranks, "ratio": 0.01, "steps": 150, "lr": 0.3, "width": 32, "depth": 2,
                      "batch": 32, "seed": seed},
-                    f"150 steps on {ranks} ranks, top-k 1 %, seed {seed}", hidden)
+                    f"150 steps on {ranks} ranks, top-k 1 %, seed {seed}", hidden,
+                    {"held_out": rng.randrange(2**31)})
     return [case(2, 0, False), case(4, rng.randint(1, 99), True)]
 
 
-CONVERGED = 1.5  # the final loss may be this many times uncompressed training's
+CONVERGED = 1.5  # the returned weights' loss may be this many times uncompressed training's
+HELD_OUT = 512  # rows of the grader's own data on which returned weights are measured
+
+
+def held_out_loss(parameters: torch.Tensor, width: int, depth: int, seed: int, held_out: int) -> float:
+    """The loss of the lessons' MLP with `parameters` on data the training never saw, drawn here."""
+    from torch.nn.utils import vector_to_parameters
+
+    from edulib.models import mlp, regression_batch
+
+    model = mlp(width, depth, seed)
+    vector_to_parameters(parameters, model.parameters())
+    inputs, targets = regression_batch(HELD_OUT, width, held_out)
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(inputs), targets))
 
 
 def _training_judge(case: Case, answer: Any) -> None:
-    ranks, steps = case.inputs["ranks"], case.inputs["steps"]
-    per_rank = _per_rank(answer, ranks)
-    def numbers(losses: Any) -> bool:
-        return (type(losses) is list and len(losses) == steps
-                and all(type(x) is float and math.isfinite(x) for x in losses))
-
-    if not all(numbers(losses) for losses in per_rank):
-        raise Wrong(f"expected {steps} finite losses from every rank",
-                    "the training's losses are not numbers")
-    setting = {key: case.inputs[key] for key in ("lr", "width", "depth", "batch", "seed")}
+    ranks, steps, inputs = case.inputs["ranks"], case.inputs["steps"], case.inputs
+    width, depth = inputs["width"], inputs["depth"]
+    numel = depth * (width * width + width)
+    weights = _per_rank(answer, ranks)
+    _tensor(weights[0], torch.zeros(numel), "rank 0's weights after training", atol=math.inf)  # their shape
+    for rank, found in enumerate(weights[1:], 1):
+        _tensor(found, weights[0], f"rank {rank}'s weights after training (every replica ends equal)")
+    setting = {key: inputs[key] for key in ("lr", "width", "depth", "batch", "seed")}
 
     def reference(method: str, feedback: bool = True) -> float:
-        """The final loss (mean of the last 20 steps) of the grader's own training."""
-        return _final(one_process_compressed(ranks, steps, method, 0.01, feedback, **setting)["losses"])
+        """The held-out loss of the grader's own training's final weights."""
+        trained = one_process_compressed(ranks, steps, method, 0.01, feedback, **setting)["parameters"]
+        return held_out_loss(trained, width, depth, inputs["seed"], case.expect["held_out"])
 
-    found, plain = _final([sum(step) / ranks for step in zip(*per_rank, strict=True)]), reference("identity")
-    if found > CONVERGED * plain:
+    found = held_out_loss(weights[0], width, depth, inputs["seed"], case.expect["held_out"])
+    plain = reference("identity")
+    if not found <= CONVERGED * plain:
         with_feedback, without = reference("topk"), reference("topk", False)
-        raise Wrong(f"after {steps} steps on {ranks} ranks the loss is {found:.4f}, {found / plain:.2f}x "
-                    f"uncompressed training's {plain:.4f}; top-k with error feedback reaches "
-                    f"{with_feedback / plain:.2f}x, without it {without / plain:.2f}x: training with your "
-                    "topk_average does not converge",
-                    f"training with your topk_average does not converge (its loss ends above {CONVERGED}x "
-                    "uncompressed training's)")
-
-
-def _final(losses: list[float]) -> float:
-    """A training's final loss: the mean of its last 20 steps."""
-    return sum(losses[-20:]) / len(losses[-20:])
+        raise Wrong(f"after {steps} steps on {ranks} ranks your weights' loss on the grader's held-out "
+                    f"data is {found:.4f}, {found / plain:.2f}x uncompressed training's {plain:.4f}; top-k "
+                    f"with error feedback reaches {with_feedback / plain:.2f}x, without it "
+                    f"{without / plain:.2f}x: training with your topk_average does not converge",
+                    f"training with your topk_average does not converge (its weights' held-out loss ends "
+                    f"above {CONVERGED}x uncompressed training's)")
 
 
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
@@ -838,6 +852,7 @@ CHECKS: dict[str, list[Check]] = {
               "every call's average and every rank's error as top-k with error feedback gives them, "
               "and its bytes", "4 and other rank counts, k = 1, six calls, one entry"),
         Check("training converges", 2, 2, "topk_training", _training_cases, _training_judge,
-              f"data-parallel training with it ends within {CONVERGED}x uncompressed training's loss",
+              f"data-parallel training with it gives weights within {CONVERGED}x uncompressed training's "
+              "loss on the grader's held-out data",
               "4 ranks, another seed", time_limit=60.0)],
 }

@@ -1,9 +1,11 @@
-"""The submission's process: import it, run each check's collector, send the answers as plain data.
+"""The submission's process: import it, then answer the grader's calls one at a time, as plain data.
 
-The grader writes one request on this process's stdin (the submission, the checks with their
-cases, what is out of reach, and the number of the pipe to answer on) and closes it. Answers go
-back on that pipe, one JSON line per stage, so nothing the submission prints can be taken for an
-answer and nothing in argv or on disk names the channel. No verdict travels: the grader judges.
+The grader writes the submission's path, what is out of reach, and the numbers of two pipes on this
+process's stdin, and closes it. It then sends one call at a time on the call pipe (a check's
+collector and the inputs of one case, never a list of cases), and this process answers each on
+the answer pipe, one JSON line, before the next call arrives: nothing the submission prints can be
+taken for an answer, nothing in argv or on disk names the channels, and no case is in this process
+before its turn. No verdict travels: the grader judges.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 
 
 def main() -> None:
-    """Serve the grader's one request, then exit without running anyone's exit hooks."""
+    """Serve the grader's calls until it closes the call pipe, then exit without exit hooks."""
     request = json.loads(sys.stdin.read())
     answers = os.fdopen(request["answer_fd"], "w", buffering=1)
+    calls = os.fdopen(request["call_fd"], "r")
 
     def send(**message: object) -> None:
         answers.write(json.dumps(message, allow_nan=False) + "\n")
@@ -38,10 +41,10 @@ def main() -> None:
         os._exit(0)
     send(stage="imported")
     try:
-        for check in request["checks"]:
-            cases = [decode(case) for case in check["cases"]]
-            send(check=check["name"],
-                 outcomes=COLLECTORS[check["collect"]](module, cases, request["forbidden"]))
+        for line in calls:
+            call = json.loads(line)
+            found = COLLECTORS[call["collect"]](module, decode(call["case"]), request["forbidden"])
+            send(call=call["call"], outcome=found)
     finally:
         close_pools()
     answers.close()

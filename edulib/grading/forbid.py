@@ -1,11 +1,16 @@
-"""Inside a check, the functions that would answer the exercise are out of reach.
+"""Inside a check, the functions that would answer the exercise are out of reach: best effort.
 
 Before a submission is imported, every name under which an answering function is reachable
 (`torch.distributed.all_reduce`, `edulib.comm.build_schedule`, its aliases in other modules)
 is replaced by a stub that records the attempt and raises `Forbidden`. The attempt is reported
 with the check's answers, and the grader scores it 0 with "this exercise must implement X
 itself", even when the submission catches the exception. Reloading a module to get the
-original back is refused the same way.
+original back is refused the same way, and a stand-in has no `__wrapped__` to reach it through.
+
+This is a guard against the honest shortcut, not a wall: code in the same process can always find
+another way to the original (its module's source, a C extension's symbol). No point depends on it
+alone: every answer is judged against the grader's own reference, and the sandbox keeps edulib's
+solutions out of sight.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ def _stub(dotted: str, what: str) -> Callable:
         raise Forbidden(attempts[-1])
     original = _resolve(dotted)[1]
     if not isinstance(original, type):
-        return functools.update_wrapper(refused, original, updated=())
+        functools.update_wrapper(refused, original, updated=())
+        del refused.__wrapped__  # update_wrapper would hand the original back through it
+        return refused
 
     class Refused:
         def __new__(cls, *args: object, **kwargs: object) -> None:

@@ -1,33 +1,47 @@
-"""The autograder: each exercise of each student in a process tree the grader owns, judged here.
+"""The autograder: each exercise of each student in a contained process tree, judged here.
 
-For every exercise file, the grader starts the warden (`warden.py`), which runs the submission's
-process (`child.py`) under resource limits, optionally inside bubblewrap, and removes every
-process of the tree when it ends. That process sends plain answers on a pipe; this process, which
-never imports a submission, judges them against its own references. A crash, a time limit or a
-process limit costs the check that was running; the checks after it run again in a fresh tree.
+Before any student runs, the grader imports all it needs, fingerprints the installed edulib and
+copies every submission into a folder it owns (`snapshot`). For every exercise file it then starts
+the warden (`warden.py`), which runs the submission's process (`child.py`) under resource limits,
+in bubblewrap unless told otherwise (`sandbox`), and removes every process of the tree when it
+ends. The grader sends that process one call at a time (one case of one check) and it answers
+with plain data on a pipe; this process, which never imports a submission, judges the answers
+against its own references, each check under a memory limit and with any failure of its own
+turned into a named 0. A crash, a time limit or a process limit costs the check that was running;
+the checks after it run again in a fresh tree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import resource
+import secrets
 import selectors
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
 from edulib.grading.plain import MAX_TEXT, NotPlain, dumps, loads
+from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.progress import progress_bar
 
 WARDEN = Path(__file__).with_name("warden.py")
 STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Python, torch, the import
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
+JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
+STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
+
+__all__ = ["Limits", "Result", "cases_of", "exercise_of", "find_submissions", "grade", "grade_exercise"]
 
 
 @dataclass(frozen=True)
@@ -53,120 +67,173 @@ class Result:
     hidden: bool = False
     sandbox: str = "none"
     submission: str = ""
+    seed: int | None = None
 
 
 @dataclass
 class _Tree:
-    """What came back from one process tree."""
+    """What came back from one process tree: each check's outcomes (one per case) and seconds."""
 
-    answers: dict[str, tuple[list, float]] = field(default_factory=dict)
+    outcomes: dict[str, list] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "starting"
     message: str = ""
     status: dict = field(default_factory=dict)
     output: bytes = b""
 
 
-def exercise_of(path: Path) -> str:
-    """The exercise a file answers, from its name, or an error naming the exercises."""
-    if path.suffix != ".py" or path.stem not in CHECKS:
-        raise ValueError(f"{path} is not an exercise file; exercises are named "
-                         f"{', '.join(name + '.py' for name in CHECKS)}")
-    return path.stem
+@dataclass(frozen=True)
+class _Jail:
+    """How a run contains its trees: bubblewrap with the grader's /etc, or `sandbox.contain`."""
 
-
-def find_submissions(path: Path) -> tuple[dict[str, dict[str, Path | None]], list[str]]:
-    """Students and their exercise files under `path`, and warnings about files that are ignored.
-
-    `path` may be one exercise file, one student's folder (exercise files at its top), or a class
-    folder with one folder per student. A student's missing exercises map to None."""
-    if not path.is_dir():
-        return {path.resolve().parent.name: {exercise_of(path): path}}, []
-    if any((path / f"{name}.py").is_file() for name in CHECKS):
-        folders, warnings = {path.resolve().name: path}, []
-    else:
-        folders = {child.name: child for child in sorted(path.iterdir()) if child.is_dir()}
-        warnings = [f"{child}: ignored, a file outside any student's folder"
-                    for child in sorted(path.iterdir()) if child.is_file()]
-    students = {}
-    for student, folder in folders.items():
-        students[student] = {name: (folder / f"{name}.py" if (folder / f"{name}.py").is_file() else None)
-                             for name in CHECKS}
-        for extra in sorted(folder.rglob("*.py")):
-            if extra.parent == folder and extra.stem in CHECKS:
-                continue
-            why = ("a copy in a subfolder" if extra.stem in CHECKS
-                   else "not an exercise file (exercises are named lesson01_data_parallelism.py, ...)")
-            warnings.append(f"{extra}: ignored, {why}")
-    return students, warnings
+    etc: Path | None  # None: without bubblewrap
+    state: str  # what the report says
 
 
 def cases_of(exercise: str, check: Check, seed: int = 0) -> list[Case]:
-    """The cases of a check, the same for every student of a class graded with the same seed."""
-    return check.cases(random.Random(f"{seed}/{exercise}/{check.name}"))
+    """The cases of a check: the visible ones the same in every run (a student can reproduce them),
+    the hidden ones drawn from the run's seed."""
+    def draw(key: int) -> list[Case]:
+        return check.cases(random.Random(f"{key}/{exercise}/{check.name}"))
+    return [c for c in draw(0) if not c.hidden] + [c for c in draw(seed) if c.hidden]
 
 
-def _start(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
-           limits: Limits, cpu: float, sandbox: dict | None, scratch: str) -> tuple:
-    """Start the warden for one tree; return it and the grader's ends of the answer and status pipes."""
+def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _Jail,
+           scratch: str) -> tuple:
+    """Start the warden for one tree; return it and the grader's ends of the answer, status and call
+    pipes."""
     answer_read, answer_write = os.pipe()
     status_read, status_write = os.pipe()
-    request = {"submission": str(submission.resolve()), "forbidden": FORBIDDEN[exercise],
-               "answer_fd": answer_write,
-               "checks": [{"name": check.name, "collect": check.collect,
-                           "cases": [json.loads(dumps(case.inputs)) for case in cases[check.name]]}
-                          for check in checks]}
-    argv = [sys.executable, "-m", "edulib.grading.child"]
-    if sandbox is not None:
-        argv = bubblewrap.wrap(argv, [submission.resolve().parent, Path(scratch)], sandbox["hidden"])
-    env = {**os.environ, "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-    config = {"argv": argv, "cwd": scratch, "env": env, "request": json.dumps(request),
-              "answer_fd": answer_write, "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30,
-              "memory": limits.memory, "processes": limits.processes, "file_size": limits.file_size}
+    call_read, call_write = os.pipe()
+    child = [sys.executable, "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I ignores PYTHON* variables
+    if jail.etc is not None:
+        argv, inside = bubblewrap.wrap(child, submission.parent, jail.etc), Path(bubblewrap.SUBMISSION)
+        cwd, env = "/", {}
+    else:
+        argv, inside = bubblewrap.contain(child), submission.parent
+        cwd, env = scratch, bubblewrap.environment(scratch)
+    request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise],
+               "answer_fd": answer_write, "call_fd": call_read}
+    config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
+              "answer_fd": answer_write, "call_fd": call_read, "status_fd": status_write, "cpu_time": cpu,
+              "wall": 2 * cpu + 30, "memory": limits.memory, "processes": limits.processes,
+              "file_size": limits.file_size}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  pass_fds=(answer_write, status_write), start_new_session=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
+                                  pass_fds=(answer_write, status_write, call_read), start_new_session=True)
     finally:
-        os.close(answer_write)
-        os.close(status_write)
+        for fd in (answer_write, status_write, call_read):
+            os.close(fd)
     warden.stdin.write(json.dumps(config).encode())
     warden.stdin.close()
-    return warden, answer_read, status_read
+    os.set_blocking(call_write, False)
+    return warden, answer_read, status_read, call_write
+
+
+class _Calls:
+    """The calls of one tree, sent one at a time: the next goes out when the last one's answer is in.
+    A stub, a forbidden call or a deadlock is not asked again: its outcome stands for the check's
+    later cases."""
+
+    def __init__(self, tree: _Tree, checks: list[Check], cases: dict[str, list[Case]]) -> None:
+        self.tree, self.cases = tree, cases
+        self.order = [(check, index) for check in checks for index in range(len(cases[check.name]))]
+        self.current, self.sent_at, self.outgoing = -1, 0.0, bytearray()
+
+    def advance(self) -> None:
+        """Queue the next call that needs asking (none once every case has an outcome)."""
+        self.current += 1
+        while self.current < len(self.order):
+            check, _ = self.order[self.current]
+            found = self.tree.outcomes.setdefault(check.name, [])
+            if not (found and type(found[-1]) is dict and any(key in found[-1] for key in STICKY)):
+                break
+            found.append(found[-1])
+            self.current += 1
+        if self.current < len(self.order):
+            check, index = self.order[self.current]
+            self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
+                              f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
+            self.sent_at = time.monotonic()
+
+    def answer(self, call: object, outcome: object) -> None:
+        """Record the outcome of the call in flight (anything else is ignored)."""
+        if type(call) is not int or call != self.current or self.current >= len(self.order):
+            return
+        check, _ = self.order[call]
+        self.tree.outcomes.setdefault(check.name, []).append(outcome)
+        took = time.monotonic() - self.sent_at
+        self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
+        self.advance()
+
+    @property
+    def done(self) -> bool:
+        return self.current >= len(self.order)
 
 
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
-              limits: Limits, cpu: float, sandbox: dict | None) -> _Tree:
-    """Run the checks in one process tree; drain its output as it comes; return what it sent."""
+              limits: Limits, cpu: float, jail: _Jail) -> _Tree:
+    """Run the checks in one process tree, one call at a time; drain its output as it comes."""
     tree = _Tree()
-    with tempfile.TemporaryDirectory(prefix="edulib-grade-") as scratch:
-        warden, answer_read, status_read = _start(submission, exercise, checks, cases, limits, cpu,
-                                                  sandbox, scratch)
+    calls = _Calls(tree, checks, cases)
+    with tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch:
+        if jail.etc is None and bubblewrap.drops_privileges():
+            os.chown(scratch, bubblewrap.NOBODY, bubblewrap.NOBODY)
+        warden, answer_read, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
+                                                              scratch)
         output_fd, began = warden.stdout.fileno(), time.monotonic()
         received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
-        arrived = [began]
+        selector = selectors.DefaultSelector()
+        for fd in received:
+            selector.register(fd, selectors.EVENT_READ)
+        writing = [call_write]  # the call pipe, until it is closed
+
+        def stop_calls() -> None:
+            if writing:
+                if call_write in selector.get_map():
+                    selector.unregister(call_write)
+                os.close(writing.pop())
 
         def take(fd: int, chunk: bytes) -> None:
             if fd == output_fd:
                 received[fd][:] = (received[fd] + chunk)[-OUTPUT_KEPT:]
                 return
             if len(received[fd]) + len(chunk) > MAX_TEXT:
-                return  # more than any answer needs: dropped
+                received[fd].clear()  # a line longer than any answer: dropped
+                return
             received[fd] += chunk
             while fd == answer_read and b"\n" in received[fd]:
                 line, _, rest = bytes(received[fd]).partition(b"\n")
                 received[fd][:] = rest
-                arrived.append(_take(tree, line, arrived[-1]))
+                _take(tree, calls, line)
 
-        selector = selectors.DefaultSelector()
-        for fd in received:
-            selector.register(fd, selectors.EVENT_READ)
         while status_read in selector.get_map():
+            if writing:
+                if calls.outgoing and call_write not in selector.get_map():
+                    selector.register(call_write, selectors.EVENT_WRITE)
+                elif calls.done and not calls.outgoing:
+                    stop_calls()  # the child's loop ends, its pools close, it exits
             for key, _ in selector.select(timeout=1.0):
+                if key.fd == call_write:
+                    try:
+                        written = os.write(call_write, calls.outgoing)
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # the child is gone; its status says why
+                        calls.outgoing.clear()
+                        stop_calls()
+                        continue
+                    del calls.outgoing[:written]
+                    if not calls.outgoing:
+                        selector.unregister(call_write)
+                    continue
                 chunk = os.read(key.fd, 1 << 16)
                 if chunk:
                     take(key.fd, chunk)
                 else:
                     selector.unregister(key.fd)
+        stop_calls()
         selector.close()
         warden.wait()
         # The warden reports only once every process of the tree is gone: what is left in the
@@ -193,20 +260,20 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
     return tree
 
 
-def _take(tree: _Tree, line: bytes, last: float) -> float:
-    """Record one line the submission's process sent; return when it arrived."""
-    now = time.monotonic()
+def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
+    """Record one line the submission's process sent; anything malformed is ignored."""
     try:
         message = loads(line)
-    except (ValueError, NotPlain):
-        return now
+    except (ValueError, NotPlain, RecursionError, MemoryError):
+        return
     if not isinstance(message, dict):
-        return now
-    if type(message.get("stage")) is str:
-        tree.stage, tree.message = message["stage"], str(message.get("message", ""))
-    elif type(message.get("check")) is str and type(message.get("outcomes")) is list:
-        tree.answers.setdefault(message["check"], (message["outcomes"], now - last))
-    return now
+        return
+    if type(message.get("stage")) is str and calls.current == -1:
+        tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
+        if tree.stage == "imported":
+            calls.advance()
+    elif "call" in message and "outcome" in message:
+        calls.answer(message["call"], message["outcome"])
 
 
 def _tail(output: bytes) -> str:
@@ -236,15 +303,32 @@ def _why(tree: _Tree, cpu: float) -> str:
     return f"the module exited {where} (exit code {code})" + (f": {tail}" if tail else "")
 
 
+@contextlib.contextmanager
+def _memory_cap(extra: int) -> Iterator[None]:
+    """While judging: this process may add at most `extra` bytes of address space (an answer whose
+    sizes would allocate more fails its check with MemoryError instead of exhausting the machine)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        used = int(statm.read().split()[0]) * resource.getpagesize()
+    cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _judge(check: Check, cases: list[Case], outcomes: list) -> tuple[str, str]:
-    """Judge the visible and the hidden cases of a check; return the feedback of each part."""
+    """Judge the visible and the hidden cases of a check (one outcome per case); the feedback of
+    each part."""
     feedback = {False: check.passed, True: f"passed the hidden cases ({check.hidden})"}
     failed: dict[bool, str] = {}
-    for case, outcome in zip(cases, outcomes + [None] * (len(cases) - len(outcomes)), strict=True):
+    for case, outcome in zip(cases, outcomes, strict=True):
         if case.hidden in failed:
             continue
         try:
-            check.judge(case, answer_of(outcome))
+            with _memory_cap(JUDGE_MEMORY):
+                check.judge(case, answer_of(outcome))
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case
@@ -254,37 +338,61 @@ def _judge(check: Check, cases: list[Case], outcomes: list) -> tuple[str, str]:
         except Wrong as wrong:
             failed[case.hidden] = (f"a hidden case ({check.hidden}): {wrong.general}" if case.hidden
                                    else f"{case.label}: {wrong.args[0]}")
+        except MemoryError:
+            failed[case.hidden] = (f"{'a hidden case' if case.hidden else case.label}: judging this answer "
+                                   f"would take more than {JUDGE_MEMORY >> 30} GiB (its sizes are too large)")
         except Exception as error:  # noqa: BLE001 - an answer the judge cannot read is a wrong answer
             failed[case.hidden] = (f"a hidden case ({check.hidden}): an answer of the wrong kind"
                                    if case.hidden else f"{case.label}: an answer of the wrong kind "
-                                   f"({type(error).__name__}: {error})")
+                                   f"({type(error).__name__}: {str(error)[:200]})")
     forbidden = next((text for text in failed.values() if text.startswith("this exercise must")), None)
     if forbidden is not None:
         failed = {False: forbidden, True: forbidden}
     return failed.get(False, feedback[False]), failed.get(True, feedback[True])
 
 
+def _rows(student: str, exercise: str, check: Check, feedback: tuple[str, str], seconds: float,
+          state: str, submission: str, seed: int | None) -> list[Result]:
+    """A check's two rows (visible and hidden cases) from their feedback."""
+    rows = []
+    for is_hidden, points, text in ((False, check.points, feedback[0]),
+                                    (True, check.hidden_points, feedback[1])):
+        passed = text in (check.passed, f"passed the hidden cases ({check.hidden})")
+        rows.append(Result(student, exercise, check.name + (" (hidden)" if is_hidden else ""),
+                           points if passed else 0, points, text, round(seconds, 2), is_hidden, state,
+                           submission, seed))
+    return rows
+
+
 def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int = 0,
-                   time_limit: float | None = None, limits: Limits = Limits(),
-                   sandbox: dict | None = None) -> list[Result]:
-    """Grade one exercise file: run its checks in process trees, then judge every answer here."""
+                   time_limit: float | None = None, limits: Limits = Limits(), jail: _Jail,
+                   warnings: list[str], original: Path | None = None) -> list[Result]:
+    """Grade one exercise file (the grader's copy; `original` is where it was handed in): run its
+    checks in process trees, then judge every answer here."""
     checks = CHECKS[exercise]
     cases = {check.name: cases_of(exercise, check, seed) for check in checks}
     limit = {check.name: time_limit or check.time_limit for check in checks}
-    state = "bubblewrap" if sandbox is not None else "none: ran without a sandbox"
     pending, verdicts = list(checks), {}
     while pending:
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
-        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, sandbox)
+        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail)
         if tree.stage == "import failed":
             text = f"the module raised while being imported: {tree.message}"
             verdicts.update({check.name: ((text, text), 0.0) for check in pending})
             break
         for check in pending:
-            if check.name in tree.answers:
-                outcomes, seconds = tree.answers[check.name]
-                verdicts[check.name] = (_judge(check, cases[check.name], outcomes), seconds)
-        stopped = next((check for check in pending if check.name not in tree.answers), None)
+            outcomes = tree.outcomes.get(check.name, [])
+            if len(outcomes) == len(cases[check.name]):
+                try:
+                    verdicts[check.name] = (_judge(check, cases[check.name], outcomes),
+                                            tree.seconds.get(check.name, 0.0))
+                except Exception as error:  # noqa: BLE001 - the grader's own failure costs one check only
+                    text = (f"the grader could not judge this check ({type(error).__name__}); "
+                            "the instructor has the details")
+                    warnings.append(f"{student}/{exercise}/{check.name}: the judge failed: "
+                                    f"{type(error).__name__}: {error}")
+                    verdicts[check.name] = ((text, text), 0.0)
+        stopped = next((check for check in pending if check.name not in verdicts), None)
         if stopped is None:
             break
         text = _why(tree, limit[stopped.name])
@@ -293,61 +401,73 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
             verdicts.update({check.name: ((text, text), 0.0) for check in pending})
             break
         pending = pending[pending.index(stopped) + 1:]
-    results = []
-    for check in checks:
-        (visible, hidden), seconds = verdicts[check.name]
-        for is_hidden, points, feedback in ((False, check.points, visible),
-                                            (True, check.hidden_points, hidden)):
-            passed = feedback in (check.passed, f"passed the hidden cases ({check.hidden})")
-            results.append(Result(student, exercise, check.name + (" (hidden)" if is_hidden else ""),
-                                  points if passed else 0, points, feedback, round(seconds, 2), is_hidden,
-                                  state, str(submission)))
-    return results
+    return [row for check in checks
+            for row in _rows(student, exercise, check, verdicts[check.name][0], verdicts[check.name][1],
+                             jail.state, str(original or submission), seed)]
 
 
-def _missing(student: str, exercise: str) -> list[Result]:
-    """The rows of an exercise a student did not hand in."""
-    return [Result(student, exercise, check.name + (" (hidden)" if hidden else ""), 0, points,
-                   f"missing: {exercise}.py was not handed in", 0.0, hidden)
-            for check in CHECKS[exercise]
-            for hidden, points in ((False, check.points), (True, check.hidden_points))]
+def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list[Result]:
+    """The rows of an exercise a student did not hand in, or handed in as something refused."""
+    return [row for check in CHECKS[exercise]
+            for row in _rows(student, exercise, check, (why, why), 0.0, "", "", seed)]
 
 
-def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int = 0,
-          sandbox: bool = False, hide: tuple[Path, ...] = (), limits: Limits = Limits(),
-          warnings: list[str] | None = None) -> list[Result]:
+def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int | None = None,
+          sandbox: bool = True, limits: Limits = Limits(), warnings: list[str] | None = None,
+          on_student: Callable[[list[Result]], None] | None = None) -> list[Result]:
     """Grade one exercise file, one student's folder, or a class folder of student folders.
 
-    `sandbox` runs each tree in bubblewrap (an error if it is not installed), with `hide`
-    (say, the reports' folders), the solutions and the other students out of sight."""
+    `sandbox` (the default) runs each tree in bubblewrap: an error if it is missing. Without it,
+    the rows say the run was not contained. `seed` draws the hidden cases: a secret one by default,
+    recorded in every row so that `seed=` reproduces the run. `on_student` gets every row so far
+    after each student, so reports can be written as grading goes."""
     students, found = find_submissions(Path(path))
-    if warnings is not None:
-        warnings += found
+    warnings = [] if warnings is None else warnings
+    warnings += found
     if not any(file for exercises in students.values() for file in exercises.values()):
         raise ValueError(f"no exercise files in {path}; they are named "
                          f"{', '.join(name + '.py' for name in CHECKS)}")
     if sandbox and not bubblewrap.available():
-        raise RuntimeError("--sandbox needs bubblewrap (Debian: apt-get install bubblewrap), and it is "
-                           "not installed or cannot make namespaces here; grade without --sandbox")
+        raise bubblewrap.SandboxMissing(
+            "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
+            f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "
+            "(sandbox=False): student code can then read anything this user can, the solutions included")
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    integrity.preload()
+    before = integrity.fingerprint()
     total = sum(len(CHECKS[name]) for exercises in students.values()
                 for name, file in exercises.items() if file)
     bar = progress_bar("grading", total) if progress else None
-    results = []
-    root = Path(path).resolve()
-    for student, exercises in students.items():
-        for exercise, file in exercises.items():
-            if file is None:
-                results += _missing(student, exercise)
-                continue
-            if bar is not None:
-                bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
-            jail = ({"hidden": [bubblewrap.SOLUTIONS, *(p.resolve() for p in hide),
-                                *([root] if root.is_dir() and root != file.resolve().parent else [])]}
-                    if sandbox else None)
-            results += grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
-                                      limits=limits, sandbox=jail)
-            if bar is not None:
-                bar.update(len(CHECKS[exercise]))
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
+        os.chmod(work, 0o711)
+        taken = snapshot.take(students, warnings, Path(work) / "submissions")
+        jail = (_Jail(bubblewrap.write_etc(Path(work) / "etc"), "bubblewrap") if sandbox
+                else _Jail(None, bubblewrap.uncontained()))
+        if not sandbox:
+            warnings.append(f"graded without a sandbox ({jail.state}): student code could read what this "
+                            "user can read, the solutions included")
+        for student, exercises in taken.items():
+            mine: list[Result] = []
+            for exercise, file in exercises.items():
+                if file is None or isinstance(file, Refused):
+                    why = file or f"missing: {exercise}.py was not handed in"
+                    mine += _not_graded(student, exercise, why, seed)
+                    continue
+                if bar is not None:
+                    bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
+                mine += grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
+                                       limits=limits, jail=jail, warnings=warnings,
+                                       original=students[student][exercise])
+                if bar is not None:
+                    bar.update(len(CHECKS[exercise]))
+            if integrity.fingerprint() != before:
+                raise integrity.Tampered(
+                    f"the installed edulib or site-packages changed while {student}'s code ran; grading "
+                    f"stopped and nothing of {student} was written. Reinstall edulib before grading again")
+            results += mine
+            if on_student is not None:
+                on_student(results)
     if bar is not None:
         bar.close()
     return results

@@ -18,6 +18,7 @@ import torch
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 MAX_TEXT = 64 * 2**20  # the most a submission's answers may take, as JSON
+MAX_DEPTH = 32  # lists and dicts inside each other: far more than any answer holds
 
 
 class NotPlain(TypeError):
@@ -45,26 +46,33 @@ def encode(value: Any) -> Any:
                    "was expected")
 
 
-def decode(data: Any) -> Any:
-    """Encoded data back as Python values, with tensors rebuilt as plain torch Tensors."""
+def decode(data: Any, depth: int = 0) -> Any:
+    """Encoded data back as Python values, with tensors rebuilt as plain torch Tensors; anything
+    nested deeper than any answer is (MAX_DEPTH) is refused."""
+    if depth > MAX_DEPTH:
+        raise NotPlain(f"an answer nested more than {MAX_DEPTH} deep")
     if isinstance(data, list):
-        return [decode(item) for item in data]
+        return [decode(item, depth + 1) for item in data]
     if isinstance(data, dict):
         if set(data) == {"float"} and data["float"] in ("nan", "inf", "-inf"):
             return float(data["float"])
         if set(data) == {"tensor", "shape", "data"}:
             return _tensor(data)
-        return {key: decode(item) for key, item in data.items()}
+        return {key: decode(item, depth + 1) for key, item in data.items()}
     return data
 
 
 def _tensor(data: dict) -> torch.Tensor:
     """A tensor from its encoded form, or NotPlain saying what does not add up."""
     dtype, shape = DTYPES.get(data["tensor"]), data["shape"]
-    if dtype is None or not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
+    if (dtype is None or type(data["data"]) is not str or type(shape) is not list or len(shape) > MAX_DEPTH
+            or not all(type(s) is int and s >= 0 for s in shape)):
         raise NotPlain(f"a tensor of dtype {data['tensor']!r} and shape {shape!r}")
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if size > MAX_TEXT:  # checked before anything is allocated
+        raise NotPlain(f"a tensor of shape {shape}, larger than any answer may be")
     raw = base64.b64decode(data["data"], validate=True)
-    if len(raw) != math.prod(shape) * torch.empty((), dtype=dtype).element_size():
+    if len(raw) != size:
         raise NotPlain(f"a tensor of shape {shape} whose data has {len(raw)} bytes")
     if not raw:
         return torch.empty(shape, dtype=dtype)

@@ -4,16 +4,40 @@ Gradescope's results.json (hidden cases shown only after grades are published)."
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import tempfile
 import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
+from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS
 from edulib.grading.grader import Result, grade
 from edulib.table import format_table
 
 FEEDBACK_WIDTH = 48  # the feedback column wraps here, so the table fits a terminal
+FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet reads a cell that starts so as a formula
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one step: a reader sees the old file or the new, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", newline="") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as text: one that would start a formula gets a leading '."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA) else value
 
 
 def totals(results: list[Result]) -> dict[str, dict[str, tuple[int, int]]]:
@@ -50,39 +74,45 @@ def report(results: list[Result], json_file: Path | None = None) -> str:
         got, most = (sum(values) for values in zip(*exercises.values(), strict=True))
         mine = [r for r in results if r.student == student]
         blocks.append(f"{student}: {got}/{most} points\n\n" + _table(mine))
-    if {r.sandbox for r in results if r.submission} - {"bubblewrap"}:
-        blocks.append("(graded without a sandbox: resource limits and process cleanup only)")
+    states = {r.sandbox for r in results if r.submission} - {"bubblewrap"}
+    if states:
+        blocks.append(f"(graded without a sandbox, {', '.join(sorted(states))}: student code could read and "
+                      "write what this user can; limits and process cleanup only)")
+    seeds = {r.seed for r in results if r.seed is not None}
+    if seeds:
+        blocks.append(f"hidden cases drawn with seed {', '.join(map(str, sorted(seeds)))} "
+                      "(--seed reproduces them)")
     return "\n\n".join(blocks)
 
 
 def write_json(results: list[Result], path: Path) -> None:
-    """One JSON row per (student, exercise, check part)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2))
+    """One JSON row per (student, exercise, check part), written atomically."""
+    write_atomically(path, json.dumps([asdict(r) for r in results], indent=2))
 
 
 def write_csv(results: list[Result], path: Path) -> None:
-    """One row per student: points per exercise, the total, and the most possible."""
-    exercises = list(CHECKS)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["student", *exercises, "total", "max"])
-        for student, got in totals(results).items():
-            points = [got[name][0] if name in got else "" for name in exercises]
-            writer.writerow([student, *points, sum(p for p, _ in got.values()),
-                             sum(m for _, m in got.values())])
+    """One row per student: points per exercise, the total, and the most possible (written atomically,
+    no cell read as a formula)."""
+    exercises, text = list(CHECKS), io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["student", *exercises, "total", "max"])
+    for student, got in totals(results).items():
+        points = [got[name][0] if name in got else "" for name in exercises]
+        writer.writerow([_cell(student), *points, sum(p for p, _ in got.values()),
+                         sum(m for _, m in got.values())])
+    write_atomically(path, text.getvalue())
 
 
-def write_gradescope(results: list[Result], folder: Path) -> list[Path]:
-    """Gradescope's results.json: in `folder` for one student, else in folder/<student>/."""
+def write_gradescope(results: list[Result], folder: Path, one_student: bool | None = None) -> list[Path]:
+    """Gradescope's results.json: in `folder` for one student, else in folder/<student>/ (say which
+    with `one_student` when writing a class's results as they come)."""
     by_student = totals(results)
+    one_student = len(by_student) == 1 if one_student is None else one_student
     written = []
     for student in by_student:
         mine = [r for r in results if r.student == student]
-        target = Path(folder) / ("" if len(by_student) == 1 else student) / "results.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps({
+        target = Path(folder) / ("" if one_student else student) / "results.json"
+        write_atomically(target, json.dumps({
             "score": sum(r.points for r in mine),
             "tests": [{"name": f"{r.exercise}: {r.check}", "score": r.points, "max_score": r.max_points,
                        "output": r.feedback, "visibility": "after_published" if r.hidden else "visible"}
@@ -92,7 +122,8 @@ def write_gradescope(results: list[Result], folder: Path) -> list[Path]:
 
 
 def score(exercise: str, folder: str | Path = "../exercises") -> str:
-    """Grade your copy of an exercise from a lesson notebook: points and feedback per check."""
-    results = grade(Path(folder) / f"{exercise}.py", progress=False)
+    """Grade your copy of an exercise from a lesson notebook: points and feedback per check (in the
+    sandbox where this machine has bubblewrap: it is your own code, so either way is fair)."""
+    results = grade(Path(folder) / f"{exercise}.py", progress=False, sandbox=bubblewrap.available())
     got, most = sum(r.points for r in results), sum(r.max_points for r in results)
     return _table(results, lessons=False) + f"\n\n{exercise}: {got}/{most} points"

@@ -1,8 +1,8 @@
 """The submission's side of a check: call the student's functions on the grader's cases.
 
 This runs only in the check's own process tree (the child and the ranks it starts), never in the
-grader. Each collector takes the imported submission and the cases the grader sent, and returns
-one outcome per case, as plain data: {"answer": ...}, {"missing": hint} for an untouched stub,
+grader. Each collector takes the imported submission and the one case the grader sent, and returns
+its outcome, as plain data: {"answer": ...}, {"missing": hint} for an untouched stub,
 {"raised": text}, or {"forbidden": text}. Which outcome is right is decided by the grader alone.
 """
 
@@ -48,25 +48,19 @@ def _rank_outcome(error: RankError) -> dict:
     return {"raised": f"rank {error.rank} {error.what}".split("\n")[0]}
 
 
-def on_ranks(module: ModuleType, worker: str, cases: list[dict], forbidden: list) -> list[dict]:
-    """Run rank worker `worker` once per case on case["ranks"] ranks; one outcome per case."""
-    found: list[dict] = []
-    for case in cases:
-        if found and ("missing" in found[-1] or "forbidden" in found[-1] or "deadlock" in found[-1]):
-            found.append(found[-1])  # a stub stays a stub, and a deadlock would cost its timeout again
-            continue
-        ranks = case["ranks"]
-        if ranks not in _pools:
-            _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT, start="fork")
-        try:
-            answers = _pools[ranks].run(rank_call, module.__name__, worker, forbidden, case)
-        except RankError as error:
-            found.append(_rank_outcome(error))
-            if isinstance(error, RankTimeout):
-                found[-1]["deadlock"] = True
-        else:
-            found.append({"answer": answers})
-    return found
+def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> dict:
+    """Run rank worker `worker` on case["ranks"] ranks; its outcome (one answer per rank)."""
+    ranks = case["ranks"]
+    if ranks not in _pools:
+        _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT, start="fork")
+    try:
+        answers = _pools[ranks].run(rank_call, module.__name__, worker, forbidden, case)
+    except RankError as error:
+        found = _rank_outcome(error)
+        if isinstance(error, RankTimeout):
+            found["deadlock"] = True
+        return found
+    return {"answer": answers}
 
 
 def close_pools() -> None:
@@ -253,26 +247,27 @@ def _topk(student: ModuleType, case: dict) -> dict:
     return {"results": results, "errors": errors, "sent": per_call}
 
 
-def _topk_training(student: ModuleType, case: dict) -> list[float]:
+def _topk_training(student: ModuleType, case: dict) -> torch.Tensor:
     """Data-parallel training of the lessons' MLP with the student's topk_average as the
-    gradients' average, carrying this rank's error; this rank's loss at each step."""
+    gradients' average, carrying this rank's error; this rank's final weights (the grader measures
+    their loss on data of its own)."""
+    from torch.nn.utils import parameters_to_vector
+
     from edulib.dp.compression import descend, local_gradient
     from edulib.models import mlp
 
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = mlp(case["width"], case["depth"], case["seed"])
     error = torch.zeros(sum(parameter.numel() for parameter in model.parameters()))
-    losses = []
     for step in range(case["steps"]):
-        loss, gradient = local_gradient(model, step, rank, ranks, case["batch"], case["width"], case["seed"])
+        _, gradient = local_gradient(model, step, rank, ranks, case["batch"], case["width"], case["seed"])
         average = student.topk_average(gradient, error, case["ratio"])
         if type(average) is not torch.Tensor or average.shape != gradient.shape:
             raise ValueError(f"topk_average returned {type(average).__name__} "
                              f"{tuple(getattr(average, 'shape', ()))}; expected a tensor shaped like the "
                              f"gradient, {tuple(gradient.shape)}")
         descend(model, average, case["lr"])
-        losses.append(loss)
-    return losses
+    return parameters_to_vector(model.parameters()).detach()
 
 
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
@@ -294,20 +289,20 @@ def _schedule(schedule: Any) -> dict:
 
 
 def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
-    """A collector that calls the student's code in this process, once per case."""
-    def collect(module: ModuleType, cases: list[dict], forbidden: list) -> list[dict]:
-        return [outcome(lambda case=case: call(module, case)) for case in cases]
+    """A collector that calls the student's code in this process on one case."""
+    def collect(module: ModuleType, case: dict, forbidden: list) -> dict:
+        return outcome(lambda: call(module, case))
     return collect
 
 
 def _on_ranks(worker: str) -> Callable:
-    """A collector that runs rank worker `worker` on real ranks, once per case."""
-    def collect(module: ModuleType, cases: list[dict], forbidden: list) -> list[dict]:
-        return on_ranks(module, worker, cases, forbidden)
+    """A collector that runs rank worker `worker` on real ranks on one case."""
+    def collect(module: ModuleType, case: dict, forbidden: list) -> dict:
+        return on_ranks(module, worker, case, forbidden)
     return collect
 
 
-COLLECTORS: dict[str, Callable[[ModuleType, list[dict], list], list[dict]]] = {
+COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "server_step": _in_process(lambda s, c: s.server_step(c["parameters"].clone(),
                                                           [g.clone() for g in c["gradients"]], c["lr"])),
     "buckets": _on_ranks("buckets"),

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 POLL = 0.05  # seconds between looks at the tree
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -85,7 +85,9 @@ def _kill_all(main: int, status: dict) -> None:
 
 
 def _limits(config: dict) -> None:
-    """In the command's process, before it starts: the resource limits."""
+    """In the command's process, before it starts: the resource limits, and death with the warden
+    (the command is the sandbox or the pid namespace's parent, so its tree dies with it)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu_time"]) + 5),
                         ("RLIMIT_FSIZE", config["file_size"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
@@ -103,9 +105,10 @@ def main() -> None:
     status_pipe = os.fdopen(config["status_fd"], "w")
     began = time.monotonic()
     child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
-                             pass_fds=(config["answer_fd"],), start_new_session=True,
+                             pass_fds=(config["answer_fd"], config["call_fd"]), start_new_session=True,
                              preexec_fn=lambda: _limits(config))
     os.close(config["answer_fd"])
+    os.close(config["call_fd"])
     child.stdin.write(config["request"].encode())
     child.stdin.close()
     status: dict = {"exit": None, "limit": None, "most_processes": 1}
