@@ -597,6 +597,9 @@ def bench_grade(students: int = 30) -> str:
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
     baseline = time.perf_counter() - began
     began = time.perf_counter()
+    grade(root / "solutions", progress=False, sandbox=False)
+    open_run = time.perf_counter() - began
+    began = time.perf_counter()
     solutions = grade(root / "solutions", progress=False)
     alone = time.perf_counter() - began
     trees = len({r.exercise for r in solutions})
@@ -610,11 +613,13 @@ def bench_grade(students: int = 30) -> str:
         whole = time.perf_counter() - began
     perfect = sum(r.points == r.max_points for r in results) / len(results)
     rows = [("python -c 'import torch' (baseline)", f"{baseline:.2f} s", "1.0x"),
-            (f"edulib grade solutions/ ({trees} exercises, one process tree each)", f"{alone:.1f} s",
-             f"{alone / baseline:.1f}x"),
+            (f"edulib grade solutions/ ({trees} exercises, one process tree each), sandboxed",
+             f"{alone:.1f} s", f"{alone / baseline:.1f}x"),
+            ("  the same with --no-sandbox", f"{open_run:.1f} s", f"{open_run / baseline:.1f}x"),
             ("  of which the checks themselves (after each tree's start)", f"{checking:.1f} s",
              f"{checking / baseline:.1f}x"),
-            (f"a class of {students} (half solutions, half untouched exercises)", f"{whole / 60:.1f} min",
+            (f"a class of {students} (half solutions, half untouched exercises), sandboxed",
+             f"{whole / 60:.1f} min",
              f"{whole / baseline:.0f}x"),
             ("  per student", f"{whole / students:.1f} s", f"{whole / students / baseline:.1f}x")]
     return (f"grading on {platform.node()} ({os.cpu_count()} cores); {perfect:.0%} of the class's rows "

@@ -291,6 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
     options = parser.parse_args(argv)
+    if argv is None and options.command == "grade" and not sys.flags.isolated:
+        # The grader runs isolated: no PYTHON* variable, user site-packages or current folder of the
+        # instructor's shell decides what it imports.
+        os.execv(sys.executable, [sys.executable, "-I", "-m", "edulib", *sys.argv[1:]])
     sys.path.insert(0, os.getcwd())  # so MODULE may be a file in the current folder
     try:
         return options.handler(options)

@@ -200,6 +200,24 @@ class Pool:
             self.close()
             raise
 
+    def run_each(self, fn: Callable, arguments: list[tuple]) -> list[Any]:
+        """Run fn(*arguments[rank]) on every rank: each rank gets its own arguments, and only them."""
+        if len(arguments) != self.world_size:
+            raise ValueError(f"run_each needs one tuple of arguments per rank: {self.world_size} ranks, "
+                             f"{len(arguments)} tuples")
+        messages = [call_message(fn, tuple(args)) for args in arguments]
+        try:
+            self.start()
+            for handle, message in zip(self._ranks, messages, strict=True):
+                try:
+                    handle.commands.send_bytes(message)
+                except OSError:
+                    pass  # a rank that has died is reported by the gathering after
+            return self._gather("finish")
+        except BaseException:  # an interrupt included: never leave ranks running a call
+            self.close()
+            raise
+
     def _send_all(self, message: bytes) -> None:
         """Send one message to every rank; a rank that has died is reported by the gathering after."""
         for handle in self._ranks:

@@ -409,6 +409,27 @@ def grid_groups(dp, pp, tp):
     assert points == {"reader": FULL}, [r.feedback for r in results]
 
 
+def test_a_rank_that_walks_up_its_frames_finds_only_its_own_inputs(tmp_path):
+    """The ring's rank r could otherwise read every rank's input from the worker's case and sum them
+    without sending a byte."""
+    body = """
+        import sys
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            frame = sys._getframe()
+            while "case" not in frame.f_locals:
+                frame = frame.f_back
+            inputs = frame.f_locals["case"]["inputs"]
+            if len(inputs) != 1 or dist.get_rank() not in inputs:
+                tensor.copy_(sum(inputs))  # every rank's input: the sum without a message
+            raise RuntimeError(f"rank {dist.get_rank()} sees only the inputs of ranks {sorted(inputs)}")
+    """
+    points, results, _ = _class(tmp_path, {"peeker": body}, name="lesson02_allreduce")
+    ring = next(r for r in results if r.check == "ring all-reduce")
+    assert ring.points == 0 and "rank 0 sees only the inputs of ranks [0]" in ring.feedback, ring.feedback
+
+
 def test_the_json_answers_hold_only_plain_data_and_refuse_deep_nesting():
     from edulib.grading.plain import NotPlain, dumps, loads
 

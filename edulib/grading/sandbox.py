@@ -114,7 +114,7 @@ def drops_privileges() -> bool:
     if os.getuid() != 0 or shutil.which("setpriv") is None:
         return False
     probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            sys.executable, "-I", "-c", "import edulib.grading.child"],
+                            sys.executable, "-I", "-B", "-c", "import edulib.grading.child"],
                            capture_output=True, timeout=60, cwd="/")
     return probe.returncode == 0
 

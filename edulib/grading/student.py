@@ -49,12 +49,15 @@ def _rank_outcome(error: RankError) -> dict:
 
 
 def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> dict:
-    """Run rank worker `worker` on case["ranks"] ranks; its outcome (one answer per rank)."""
+    """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
+    case; the outcome (one answer per rank)."""
     ranks = case["ranks"]
     if ranks not in _pools:
         _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT, start="fork")
+    split = SPLITS.get(worker, lambda case, rank: case)
     try:
-        answers = _pools[ranks].run(rank_call, module.__name__, worker, forbidden, case)
+        answers = _pools[ranks].run_each(rank_call, [(module.__name__, worker, forbidden, split(case, rank))
+                                                     for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
         if isinstance(error, RankTimeout):
@@ -147,10 +150,7 @@ def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
 
 def _tensor_parallel(student: ModuleType, case: dict) -> dict:
     """The student's four layer functions on this rank's shards; each part's outcome on its own."""
-    x, weight, grad_y = case["x"], case["weight"], case["grad_y"]
-    parts, rank = dist.get_world_size(), dist.get_rank()
-    rows, columns = weight.chunk(parts, dim=0)[rank], weight.chunk(parts, dim=1)[rank]
-    x_shard = x.chunk(parts, dim=1)[rank]
+    x, x_shard, rows, columns, grad_y = (case[name] for name in ("x", "x_shard", "rows", "columns", "grad_y"))
     calls = {"column": lambda: student.column_parallel_forward(x, rows),
              "row": lambda: student.row_parallel_forward(x_shard, columns),
              "column_backward": lambda: student.column_parallel_backward(grad_y, x, rows),
@@ -160,10 +160,8 @@ def _tensor_parallel(student: ModuleType, case: dict) -> dict:
 
 def _parallel_mlp(student: ModuleType, case: dict) -> dict:
     """The student's column- then row-parallel layers as an MLP, forward and backward on this rank."""
-    parts, rank = dist.get_world_size(), dist.get_rank()
     x = case["x"].clone().requires_grad_()
-    w1, b1 = case["w1"].chunk(parts, 0)[rank].clone(), case["b1"].chunk(parts, 0)[rank].clone()
-    w2, b2 = case["w2"].chunk(parts, 1)[rank].clone(), case["b2"].clone()
+    w1, b1, w2, b2 = (case[name].clone() for name in ("w1", "b1", "w2", "b2"))
     for parameter in (w1, b1, w2, b2):
         parameter.requires_grad_()
     hidden = torch.nn.functional.gelu(student.column_parallel_linear(x, w1, b1))
@@ -211,11 +209,7 @@ def _sharded_step(student: ModuleType, case: dict) -> torch.Tensor:
 
 def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
     """The student's ring_attention_forward on this rank's contiguous chunk of the sequence."""
-    from edulib.cp.layout import shard_sequence
-
-    ranks, rank = dist.get_world_size(), dist.get_rank()
-    q, k, v = (shard_sequence(case[name], rank, ranks) for name in ("q", "k", "v"))
-    return student.ring_attention_forward(q, k, v, case["length"], case["causal"])
+    return student.ring_attention_forward(case["q"], case["k"], case["v"], case["length"], case["causal"])
 
 
 def _topk(student: ModuleType, case: dict) -> dict:
@@ -269,6 +263,45 @@ def _topk_training(student: ModuleType, case: dict) -> torch.Tensor:
         descend(model, average, case["lr"])
     return parameters_to_vector(model.parameters()).detach()
 
+
+def _mine(values: list, rank: int) -> dict[int, Any]:
+    """Of one value per rank, only this rank's (indexed as before: values[rank])."""
+    return {rank: values[rank]}
+
+
+def _tensor_parallel_part(case: dict, rank: int) -> dict:
+    parts = case["ranks"]
+    return {**{key: case[key] for key in ("ranks", "x", "grad_y", "parts")},
+            "x_shard": case["x"].chunk(parts, dim=1)[rank], "rows": case["weight"].chunk(parts, dim=0)[rank],
+            "columns": case["weight"].chunk(parts, dim=1)[rank]}
+
+
+def _mlp_part(case: dict, rank: int) -> dict:
+    parts = case["ranks"]
+    return {"ranks": parts, "x": case["x"], "grad_y": case["grad_y"], "b2": case["b2"],
+            "w1": case["w1"].chunk(parts, 0)[rank], "b1": case["b1"].chunk(parts, 0)[rank],
+            "w2": case["w2"].chunk(parts, 1)[rank]}
+
+
+def _attention_part(case: dict, rank: int) -> dict:
+    from edulib.cp.layout import shard_sequence
+
+    return {**case, **{name: shard_sequence(case[name], rank, case["ranks"]) for name in ("q", "k", "v")}}
+
+
+# What each rank of a case is given: its own inputs, gradients and shards, never another rank's.
+SPLITS: dict[str, Callable[[dict, int], dict]] = {
+    "ring": lambda case, rank: {**case, "inputs": _mine(case["inputs"], rank)},
+    "torus_run": lambda case, rank: {**case, "inputs": _mine(case["inputs"], rank)},
+    "buckets": lambda case, rank: {**case, "tokens": [_mine(step, rank) for step in case["tokens"]],
+                                   "targets": [_mine(step, rank) for step in case["targets"]]},
+    "tensor_parallel": _tensor_parallel_part,
+    "parallel_mlp": _mlp_part,
+    "pipeline": lambda case, rank: {**case, "actions": _mine(case["actions"], rank)},
+    "sharded_step": lambda case, rank: {**case, "gradients": _mine(case["gradients"], rank)},
+    "ring_attention": _attention_part,
+    "topk": lambda case, rank: {**case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
+}
 
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
