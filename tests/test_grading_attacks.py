@@ -430,6 +430,23 @@ def test_a_rank_that_walks_up_its_frames_finds_only_its_own_inputs(tmp_path):
     assert ring.points == 0 and "rank 0 sees only the inputs of ranks [0]" in ring.feedback, ring.feedback
 
 
+def test_filling_the_private_tmp_stops_at_its_size_not_at_the_machines_memory(tmp_path):
+    """Files in the sandbox's /tmp live in memory: 100 files of 15 MiB each would take 1.5 GiB."""
+    points, results, _ = _class(tmp_path, {"filler": """
+        written = 0
+        try:
+            for index in range(100):
+                with open(f"/tmp/fill{index}", "wb") as file:
+                    file.write(b"x" * 15 * 2**20)
+                written += 15
+        except OSError as error:
+            raise RuntimeError(f"stopped after {written} MiB: {error.strerror}")
+    """ + STUB})
+    assert points == {"filler": 0}
+    most = bubblewrap.SCRATCH_BYTES // 2**20 // 15 * 15  # whole files of 15 MiB that fit
+    assert f"stopped after {most} MiB: No space left" in results[0].feedback
+
+
 def test_the_json_answers_hold_only_plain_data_and_refuse_deep_nesting():
     from edulib.grading.plain import NotPlain, dumps, loads
 

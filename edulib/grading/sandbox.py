@@ -28,6 +28,7 @@ import edulib
 NOBODY = 65534  # the unprivileged user and group a submission runs as
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SUBMISSION = "/submission"  # where a student's snapshot appears inside the sandbox
+SCRATCH_BYTES = 256 * 2**20  # the private /tmp's size: files there live in the machine's memory
 ETC_FILES = {  # written by the grader: what Python, the resolver and gloo look up, and nothing else
     "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
     "passwd": f"root:x:0:0::/:/bin/false\nnobody:x:{NOBODY}:{NOBODY}::/tmp:/bin/false\n",
@@ -94,7 +95,8 @@ def wrap(argv: Sequence[str], snapshot: Path, etc: Path, scratch: str = "/tmp") 
     for path in installed():
         command += ["--ro-bind", str(path), str(path)]
     command += ["--ro-bind", str(etc), "/etc", "--ro-bind", str(snapshot), SUBMISSION,
-                "--dev", "/dev", "--proc", "/proc", "--tmpfs", scratch, "--chdir", scratch]
+                "--dev", "/dev", "--proc", "/proc", "--size", str(SCRATCH_BYTES), "--tmpfs", scratch,
+                "--chdir", scratch]
     return [*command, "--", *argv]
 
 
