@@ -166,6 +166,32 @@ except OSError:
                 path.write_bytes(data)
 
 
+def test_the_fingerprint_sees_a_planted_file_and_a_changed_byte():
+    import edulib
+    before = integrity.fingerprint()
+    planted = Path(edulib.__file__).parent / "grading" / "__pycache__" / "zz_fingerprint_probe.pyc"
+    planted.parent.mkdir(exist_ok=True)
+    try:
+        planted.write_bytes(b"\0")
+        first = integrity.fingerprint()
+        planted.write_bytes(b"\1")
+        assert len({before, first, integrity.fingerprint()}) == 3
+    finally:
+        planted.unlink()
+    assert integrity.fingerprint() == before
+
+
+def test_a_change_while_a_student_ran_stops_grading_and_writes_nothing_of_them(tmp_path, monkeypatch):
+    """Whatever changed the installed edulib (here: the fingerprint, after the first student), grading
+    stops naming that student, and the reports keep only the students graded before."""
+    prints = iter(["before", "before", "after"])
+    monkeypatch.setattr(integrity, "fingerprint", lambda: next(prints))
+    written: list[list] = []
+    with pytest.raises(integrity.Tampered, match="while cleo's code ran"):  # graded in name order
+        _class(tmp_path, {"abel": SOLUTION, "cleo": STUB, "zed": SOLUTION}, on_student=written.append)
+    assert [{r.student for r in rows} for rows in written] == [{"abel"}]
+
+
 @pytest.mark.parametrize("sandbox", MODES)
 def test_a_daemon_that_kills_wardens_and_rewrites_reports_does_not_survive(tmp_path, sandbox):
     report = tmp_path / "grades.json"
