@@ -473,6 +473,15 @@ def test_filling_the_private_tmp_stops_at_its_size_not_at_the_machines_memory(tm
     assert f"stopped after {most} MiB: No space left" in results[0].feedback
 
 
+def test_python_installed_below_the_scratch_folder_stays_in_sight():
+    """A checkout (and its virtual environment) under /tmp: the private /tmp is mounted first, so the
+    installation's binds land on top of it instead of being hidden by it."""
+    command = bubblewrap.wrap(["python"], Path("/nowhere"), Path("/nowhere"), scratch="/tmp")
+    scratch = command.index("--tmpfs")
+    for path in bubblewrap.installed():
+        assert command.index(str(path)) > scratch, path
+
+
 def test_the_json_answers_hold_only_plain_data_and_refuse_deep_nesting():
     from edulib.grading.plain import NotPlain, dumps, loads
 

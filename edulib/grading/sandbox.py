@@ -92,11 +92,13 @@ def wrap(argv: Sequence[str], snapshot: Path, etc: Path, scratch: str = "/tmp") 
             command += ["--symlink", os.readlink(folder), folder]
         elif os.path.isdir(folder):
             command += ["--ro-bind", folder, folder]
+    # The scratch folder first: a Python or edulib installed below it (a checkout in /tmp) is bound
+    # on top of it, not hidden by it.
+    command += ["--size", str(SCRATCH_BYTES), "--tmpfs", scratch]
     for path in installed():
         command += ["--ro-bind", str(path), str(path)]
     command += ["--ro-bind", str(etc), "/etc", "--ro-bind", str(snapshot), SUBMISSION,
-                "--dev", "/dev", "--proc", "/proc", "--size", str(SCRATCH_BYTES), "--tmpfs", scratch,
-                "--chdir", scratch]
+                "--dev", "/dev", "--proc", "/proc", "--chdir", scratch]
     return [*command, "--", *argv]
 
 
