@@ -10,7 +10,7 @@ from torch import nn
 
 def server_step(parameters: torch.Tensor, gradients: list[torch.Tensor], lr: float) -> torch.Tensor:
     """The server's update: average the workers' gradients and take one SGD step (a new tensor)."""
-    raise NotImplementedError('w <- w - lr * (1/K) * sum of the K gradients')
+    raise NotImplementedError("what does one synchronous SGD step do with the K workers' gradients?")
 
 
 class GradientBuckets:
@@ -25,17 +25,17 @@ class GradientBuckets:
     """
 
     def __init__(self, model: nn.Module, bucket_bytes: int, overlap: bool = True) -> None:
-        raise NotImplementedError('walk reversed(list(model.parameters())); register_post_accumulate_grad_hook(self.ready)')
+        raise NotImplementedError('which gradients does backward finish first, and which hook fires when one is complete?')
 
     def ready(self, parameter: nn.Parameter) -> None:
         """Backward's hook: `parameter.grad` is final for this step."""
-        raise NotImplementedError("count down the parameter's bucket; at zero (and with overlap) launch it")
+        raise NotImplementedError('how does a bucket know that its last gradient has arrived?')
 
     def launch(self, index: int) -> None:
         """Start the all-reduce of bucket `index`, flattened into one tensor, without waiting."""
-        raise NotImplementedError('torch.cat of the gradients reshaped to 1-D, then dist.all_reduce(flat, async_op=True)')
+        raise NotImplementedError('one collective per bucket, on one flat tensor, that does not block the backward pass')
 
     def finish(self) -> None:
         """After backward: launch the buckets not launched yet, wait for all of them, and replace
         every gradient by its average over the ranks; then get ready for the next step."""
-        raise NotImplementedError('wait() each launched work; copy slices of flat / world_size back with view_as')
+        raise NotImplementedError('what must finish before the optimizer reads .grad; is a sum an average?')

@@ -18,12 +18,12 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
     of N-1 rounds send one chunk to the next rank with isend and receive one from the previous
     rank with irecv. An empty chunk is not sent.
     """
-    raise NotImplementedError('tensor.split(sizes), first len % n one longer; round s sends chunk (rank - s) % n')
+    raise NotImplementedError('one chunk per rank (lengths need not divide); the ring figure shows which chunk moves each round')
 
 
 def halving_doubling_schedule(n: int) -> Schedule:
     """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
-    raise NotImplementedError('round k pairs v with v ^ (1 << k); keep half of your chunks, send the other half')
+    raise NotImplementedError("the butterfly figure: who is a rank's partner each round, and how much of the vector is still its own?")
 
 
 def torus_schedule(rows: int, cols: int) -> Schedule:
@@ -38,4 +38,4 @@ def torus_schedule(rows: int, cols: int) -> Schedule:
     That is 2(cols - 1) + 2(rows - 1) rounds; each rank sends 2(cols - 1)/cols of the tensor in the
     rows and 2(rows - 1)/(rows cols) of it in the columns.
     """
-    raise NotImplementedError('ring round s: member i sends piece (i - s - 1) % size on (reduce); all-gather: (i - s) % size')
+    raise NotImplementedError("a torus is rings along rows, then along columns: the ring's two phases on each line")

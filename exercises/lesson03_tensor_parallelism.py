@@ -8,24 +8,24 @@ import torch.distributed as dist
 
 def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
     """y_i = x W_i^T for this rank's rows of W, then all-gathered along the last dimension."""
-    raise NotImplementedError('the local slice, then dist.all_gather into a list and torch.cat(dim=-1)')
+    raise NotImplementedError('each rank computes some output features; what does every rank need at the end?')
 
 
 def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
     """y = sum over ranks of x_i W_i^T: each rank holds its columns of W and of x."""
-    raise NotImplementedError('a partial product per rank, then dist.all_reduce')
+    raise NotImplementedError('each rank multiplies its slice of the input features: how do partial products become y?')
 
 
 def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given the full grad_y of column_parallel_forward, return (grad_x, grad of weight_shard)."""
-    raise NotImplementedError("take this rank's columns of grad_y; grad_x needs an all-reduce (Megatron's f)")
+    raise NotImplementedError("which part of grad_y belongs to this rank's output features, and does any rank hold all of grad_x?")
 
 
 def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_shard: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
-    raise NotImplementedError('grad_y is the same on every rank (after the all-reduce): no communication is needed')
+    raise NotImplementedError('in the row-parallel layer, what does each rank already hold of grad_y?')
 
 
 class F(torch.autograd.Function):
@@ -33,11 +33,11 @@ class F(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError('return x unchanged (x.view_as(x) keeps autograd happy)')
+        raise NotImplementedError("f in the forward pass: the lecture's table of f and g")
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("every rank's partial gradient of x, summed: all-reduce a copy of grad")
+        raise NotImplementedError("f in the backward pass: each rank holds only part of x's gradient")
 
 
 class G(torch.autograd.Function):
@@ -45,20 +45,20 @@ class G(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("all-reduce a copy of x (never the caller's tensor in place)")
+        raise NotImplementedError("g in the forward pass: the lecture's table of f and g; whose tensor may you change?")
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("the sum's gradient reaches every partial product unchanged")
+        raise NotImplementedError('g in the backward pass: what is the gradient of a sum with respect to each of its terms?')
 
 
 def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_shard: torch.Tensor
                            ) -> torch.Tensor:
     """This rank's output features x W_i^T + b_i, its input passed through F: the output stays split."""
-    raise NotImplementedError("F.apply(x), then a linear layer with this rank's rows of W and b")
+    raise NotImplementedError('where does f go in a column-parallel layer: before or after the matrix multiply?')
 
 
 def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor
                         ) -> torch.Tensor:
     """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
-    raise NotImplementedError('G.apply of the partial product, then the bias once (after the sum)')
+    raise NotImplementedError('where does g go in a row-parallel layer, and how many times may the bias be added?')

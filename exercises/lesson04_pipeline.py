@@ -12,12 +12,12 @@ from torch import nn
 
 def one_f_one_b(p: int, m: int) -> list[str]:
     """Each device's 1F1B action list as a string such as "F0 F1 B0 F2 B1 B2"."""
-    raise NotImplementedError('p - d - 1 warm-up forwards on device d, then F and B in turn, then drain')
+    raise NotImplementedError("the 1F1B timeline: how many forwards run before a device's first backward, and why fewer later?")
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The lecture's bubble fraction: bubble time over ideal time, with v chunks per device."""
-    raise NotImplementedError('(p - 1) / m, divided by v for interleaving')
+    raise NotImplementedError("the idle time at the timeline's start and end against the time computing: the lecture's bubble")
 
 
 def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], targets: list[torch.Tensor],
@@ -34,4 +34,4 @@ def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], tar
     Receive with dist.recv; send with dist.isend and wait for every send at the end (two
     neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
     """
-    raise NotImplementedError("keep each micro-batch's (input, output) from its F until its B; input.requires_grad_() past rank 0")
+    raise NotImplementedError("what must a stage keep from a micro-batch's forward until its backward, and what goes back upstream?")

@@ -10,7 +10,7 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over keys A and keys B together, from attention over each: outputs (..., q, d)
     and log-sum-exps (..., q) of the scores. A part with no keys has lse -inf and output 0."""
-    raise NotImplementedError('lse = logaddexp of the two; weigh each output by exp(its lse - lse)')
+    raise NotImplementedError("the lesson's log-sum-exp rule: how much of the combined softmax mass does each part hold?")
 
 
 def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
@@ -22,4 +22,4 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     N - 1 times with dist.isend and dist.irecv, and merge each part's attention with `merge`, in
     float32. With `causal`, a query attends only to keys at or before its own position.
     """
-    raise NotImplementedError("chunk c starts at c * (length // N) + min(c, length % N); at step s you hold rank r - s's keys")
+    raise NotImplementedError('at each ring step, whose keys do you hold, and which may your queries see (causal)?')

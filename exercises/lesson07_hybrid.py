@@ -11,4 +11,4 @@ def grid_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
     dp x pp x tp ranks has pp * tp data-parallel groups of dp ranks, dp * tp pipeline groups of pp
     ranks and dp * pp tensor-parallel groups of tp ranks.
     """
-    raise NotImplementedError("loop over the two other coordinates; collect the rank for each value of the axis's own")
+    raise NotImplementedError('a group holds the ranks that differ along one axis only: what stays fixed within a group?')

@@ -8,7 +8,7 @@ from functools import cache
 def best_slicing(costs: list[float], stages: int, microbatches: int) -> float:
     """The least pipeline latency sum(t_i) + (B - 1) max(t_j) over ways of cutting `costs` (one
     per operator, in order) into `stages` contiguous, non-empty stages, t_i = the stage's sum."""
-    raise NotImplementedError('for each t_max, F(s, k) = min over i of cost(k..i) + F(s - 1, i + 1), cost <= t_max')
+    raise NotImplementedError("fix the slowest stage's time first; then how best to cover the layers left with the stages left?")
 
 
 def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: int,
@@ -23,4 +23,4 @@ def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: in
     + (B - 1) t_max. Stop before a t_max with B t_max >= the best latency so far (Alpa's rule).
     Returns (best latency, how many t_max values were tried); (inf, n) if nothing fits.
     """
-    raise NotImplementedError('@cache a function of (s, k, d) inside the t_max loop; F(0, K, 0) = 0, F(0, other) = inf')
+    raise NotImplementedError('what does a state remember (stages, first layer, devices left), and when is one finished?')

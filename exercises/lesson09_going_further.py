@@ -17,4 +17,4 @@ def topk_average(gradient: torch.Tensor, error: torch.Tensor, ratio: float) -> t
     average over the ranks of their decoded tensors (zeros except the kept entries), shaped like
     `gradient`, adding the ranks' tensors in rank order.
     """
-    raise NotImplementedError("flat.abs().topk(k).indices; two dist.all_gather calls; index_add_ each rank's values")
+    raise NotImplementedError('compress the gradient plus what you left out last time; why all-gather, not all-reduce?')

@@ -11,7 +11,7 @@ from torch import nn
 def server_step(parameters: torch.Tensor, gradients: list[torch.Tensor], lr: float) -> torch.Tensor:
     """The server's update: average the workers' gradients and take one SGD step (a new tensor)."""
     # BEGIN SOLUTION
-    # HINT: w <- w - lr * (1/K) * sum of the K gradients
+    # HINT: what does one synchronous SGD step do with the K workers' gradients?
     return parameters - lr * torch.stack(gradients).mean(dim=0)
     # END SOLUTION
 
@@ -29,7 +29,7 @@ class GradientBuckets:
 
     def __init__(self, model: nn.Module, bucket_bytes: int, overlap: bool = True) -> None:
         # BEGIN SOLUTION
-        # HINT: walk reversed(list(model.parameters())); register_post_accumulate_grad_hook(self.ready)
+        # HINT: which gradients does backward finish first, and which hook fires when one is complete?
         self.overlap, self.buckets, size = overlap, [[]], 0
         for parameter in reversed(list(model.parameters())):
             nbytes = parameter.numel() * parameter.element_size()
@@ -47,7 +47,7 @@ class GradientBuckets:
     def ready(self, parameter: nn.Parameter) -> None:
         """Backward's hook: `parameter.grad` is final for this step."""
         # BEGIN SOLUTION
-        # HINT: count down the parameter's bucket; at zero (and with overlap) launch it
+        # HINT: how does a bucket know that its last gradient has arrived?
         index = self.bucket_of[id(parameter)]
         self.waiting[index] -= 1
         if self.waiting[index] == 0 and self.overlap:
@@ -57,7 +57,7 @@ class GradientBuckets:
     def launch(self, index: int) -> None:
         """Start the all-reduce of bucket `index`, flattened into one tensor, without waiting."""
         # BEGIN SOLUTION
-        # HINT: torch.cat of the gradients reshaped to 1-D, then dist.all_reduce(flat, async_op=True)
+        # HINT: one collective per bucket, on one flat tensor, that does not block the backward pass
         flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
         self.launched[index] = (flat, dist.all_reduce(flat, async_op=True))
         # END SOLUTION
@@ -66,7 +66,7 @@ class GradientBuckets:
         """After backward: launch the buckets not launched yet, wait for all of them, and replace
         every gradient by its average over the ranks; then get ready for the next step."""
         # BEGIN SOLUTION
-        # HINT: wait() each launched work; copy slices of flat / world_size back with view_as
+        # HINT: what must finish before the optimizer reads .grad; is a sum an average?
         for index in range(len(self.buckets)):
             if index not in self.launched:
                 self.launch(index)

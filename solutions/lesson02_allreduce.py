@@ -19,7 +19,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
     rank with irecv. An empty chunk is not sent.
     """
     # BEGIN SOLUTION
-    # HINT: tensor.split(sizes), first len % n one longer; round s sends chunk (rank - s) % n
+    # HINT: one chunk per rank (lengths need not divide); the ring figure shows which chunk moves each round
     rank, n = dist.get_rank(), dist.get_world_size()
     base, extra = divmod(tensor.numel(), n)
     chunks = list(tensor.split([base + (c < extra) for c in range(n)]))
@@ -45,7 +45,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 def halving_doubling_schedule(n: int) -> Schedule:
     """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
     # BEGIN SOLUTION
-    # HINT: round k pairs v with v ^ (1 << k); keep half of your chunks, send the other half
+    # HINT: the butterfly figure: who is a rank's partner each round, and how much of the vector is still its own?
     held = [[(0, n)] for _ in range(n)]
     rounds = []
     for step in range(n.bit_length() - 1):
@@ -77,7 +77,7 @@ def torus_schedule(rows: int, cols: int) -> Schedule:
     rows and 2(rows - 1)/(rows cols) of it in the columns.
     """
     # BEGIN SOLUTION
-    # HINT: ring round s: member i sends piece (i - s - 1) % size on (reduce); all-gather: (i - s) % size
+    # HINT: a torus is rings along rows, then along columns: the ring's two phases on each line
     def rounds(size: int, rank, piece, op: str, shift: int) -> list[tuple[Message, ...]]:
         """Ring rounds along every row (or column): `rank(line, i)` is member i of a line."""
         return [tuple(Message(rank(line, i), rank(line, (i + 1) % size),

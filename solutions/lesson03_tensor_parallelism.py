@@ -9,7 +9,7 @@ import torch.distributed as dist
 def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
     """y_i = x W_i^T for this rank's rows of W, then all-gathered along the last dimension."""
     # BEGIN SOLUTION
-    # HINT: the local slice, then dist.all_gather into a list and torch.cat(dim=-1)
+    # HINT: each rank computes some output features; what does every rank need at the end?
     local = x @ weight_shard.t()
     pieces = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(pieces, local.contiguous())
@@ -20,7 +20,7 @@ def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torc
 def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
     """y = sum over ranks of x_i W_i^T: each rank holds its columns of W and of x."""
     # BEGIN SOLUTION
-    # HINT: a partial product per rank, then dist.all_reduce
+    # HINT: each rank multiplies its slice of the input features: how do partial products become y?
     partial = x_shard @ weight_shard.t()
     dist.all_reduce(partial)
     return partial
@@ -31,7 +31,7 @@ def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given the full grad_y of column_parallel_forward, return (grad_x, grad of weight_shard)."""
     # BEGIN SOLUTION
-    # HINT: take this rank's columns of grad_y; grad_x needs an all-reduce (Megatron's f)
+    # HINT: which part of grad_y belongs to this rank's output features, and does any rank hold all of grad_x?
     parts, rank = dist.get_world_size(), dist.get_rank()
     mine = grad_y.chunk(parts, dim=-1)[rank]
     grad_x = mine @ weight_shard
@@ -44,7 +44,7 @@ def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_sh
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
     # BEGIN SOLUTION
-    # HINT: grad_y is the same on every rank (after the all-reduce): no communication is needed
+    # HINT: in the row-parallel layer, what does each rank already hold of grad_y?
     return grad_y @ weight_shard, grad_y.t() @ x_shard
     # END SOLUTION
 
@@ -55,14 +55,14 @@ class F(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: return x unchanged (x.view_as(x) keeps autograd happy)
+        # HINT: f in the forward pass: the lecture's table of f and g
         return x.view_as(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: every rank's partial gradient of x, summed: all-reduce a copy of grad
+        # HINT: f in the backward pass: each rank holds only part of x's gradient
         grad = grad.clone()
         dist.all_reduce(grad)
         return grad
@@ -75,7 +75,7 @@ class G(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: all-reduce a copy of x (never the caller's tensor in place)
+        # HINT: g in the forward pass: the lecture's table of f and g; whose tensor may you change?
         total = x.clone()
         dist.all_reduce(total)
         return total
@@ -84,7 +84,7 @@ class G(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: the sum's gradient reaches every partial product unchanged
+        # HINT: g in the backward pass: what is the gradient of a sum with respect to each of its terms?
         return grad
         # END SOLUTION
 
@@ -93,7 +93,7 @@ def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_sha
                            ) -> torch.Tensor:
     """This rank's output features x W_i^T + b_i, its input passed through F: the output stays split."""
     # BEGIN SOLUTION
-    # HINT: F.apply(x), then a linear layer with this rank's rows of W and b
+    # HINT: where does f go in a column-parallel layer: before or after the matrix multiply?
     return F.apply(x) @ weight_shard.t() + bias_shard
     # END SOLUTION
 
@@ -102,6 +102,6 @@ def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias:
                         ) -> torch.Tensor:
     """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
     # BEGIN SOLUTION
-    # HINT: G.apply of the partial product, then the bias once (after the sum)
+    # HINT: where does g go in a row-parallel layer, and how many times may the bias be added?
     return G.apply(x_shard @ weight_shard.t()) + bias
     # END SOLUTION

@@ -13,7 +13,7 @@ from torch import nn
 def one_f_one_b(p: int, m: int) -> list[str]:
     """Each device's 1F1B action list as a string such as "F0 F1 B0 F2 B1 B2"."""
     # BEGIN SOLUTION
-    # HINT: p - d - 1 warm-up forwards on device d, then F and B in turn, then drain
+    # HINT: the 1F1B timeline: how many forwards run before a device's first backward, and why fewer later?
     rows = []
     for device in range(p):
         warm = min(p - device - 1, m)
@@ -29,7 +29,7 @@ def one_f_one_b(p: int, m: int) -> list[str]:
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The lecture's bubble fraction: bubble time over ideal time, with v chunks per device."""
     # BEGIN SOLUTION
-    # HINT: (p - 1) / m, divided by v for interleaving
+    # HINT: the idle time at the timeline's start and end against the time computing: the lecture's bubble
     return (p - 1) / (v * m)
     # END SOLUTION
 
@@ -49,7 +49,7 @@ def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], tar
     neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
     """
     # BEGIN SOLUTION
-    # HINT: keep each micro-batch's (input, output) from its F until its B; input.requires_grad_() past rank 0
+    # HINT: what must a stage keep from a micro-batch's forward until its backward, and what goes back upstream?
     rank, last = dist.get_rank(), dist.get_world_size() - 1
     kept, sends = {}, []
     for action in actions.split():

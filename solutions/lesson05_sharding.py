@@ -10,7 +10,7 @@ def shard_bounds(length: int, ranks: int) -> list[int]:
     """Where each rank's shard of a flat vector of `length` starts: rank r owns
     [bounds[r], bounds[r + 1]), and the first length % ranks shards are one element longer."""
     # BEGIN SOLUTION
-    # HINT: base, extra = divmod(length, ranks); shard r holds base + (r < extra) elements
+    # HINT: the lesson's shard figure: which ranks get one element more when the length does not divide?
     base, extra = divmod(length, ranks)
     bounds = [0]
     for rank in range(ranks):
@@ -24,7 +24,7 @@ def sharded_sgd_step(parameters: torch.Tensor, gradient: torch.Tensor, lr: float
     its shard), update this rank's shard of the parameters, then all-gather the updated shards.
     Returns the full updated parameters, the same on every rank. Shards may be empty."""
     # BEGIN SOLUTION
-    # HINT: dist.reduce_scatter into your shard, update it, dist.all_gather the shards padded to one length
+    # HINT: which collective leaves each rank its shard of the summed gradient, and which shares the update?
     ranks, rank = dist.get_world_size(), dist.get_rank()
     bounds = shard_bounds(parameters.numel(), ranks)
     sizes = [bounds[r + 1] - bounds[r] for r in range(ranks)]

@@ -11,7 +11,7 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
     """Attention over keys A and keys B together, from attention over each: outputs (..., q, d)
     and log-sum-exps (..., q) of the scores. A part with no keys has lse -inf and output 0."""
     # BEGIN SOLUTION
-    # HINT: lse = logaddexp of the two; weigh each output by exp(its lse - lse)
+    # HINT: the lesson's log-sum-exp rule: how much of the combined softmax mass does each part hold?
     lse = torch.logaddexp(lse_a, lse_b)
     out = out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None]
     return out, lse
@@ -28,7 +28,7 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     float32. With `causal`, a query attends only to keys at or before its own position.
     """
     # BEGIN SOLUTION
-    # HINT: chunk c starts at c * (length // N) + min(c, length % N); at step s you hold rank r - s's keys
+    # HINT: at each ring step, whose keys do you hold, and which may your queries see (causal)?
     ranks, rank = dist.get_world_size(), dist.get_rank()
     base, extra = divmod(length, ranks)
     starts = [c * base + min(c, extra) for c in range(ranks + 1)]

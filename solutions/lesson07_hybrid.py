@@ -12,7 +12,7 @@ def grid_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
     ranks and dp * pp tensor-parallel groups of tp ranks.
     """
     # BEGIN SOLUTION
-    # HINT: loop over the two other coordinates; collect the rank for each value of the axis's own
+    # HINT: a group holds the ranks that differ along one axis only: what stays fixed within a group?
     def rank(d: int, p: int, t: int) -> int:
         return (d * pp + p) * tp + t
 

@@ -9,7 +9,7 @@ def best_slicing(costs: list[float], stages: int, microbatches: int) -> float:
     """The least pipeline latency sum(t_i) + (B - 1) max(t_j) over ways of cutting `costs` (one
     per operator, in order) into `stages` contiguous, non-empty stages, t_i = the stage's sum."""
     # BEGIN SOLUTION
-    # HINT: for each t_max, F(s, k) = min over i of cost(k..i) + F(s - 1, i + 1), cost <= t_max
+    # HINT: fix the slowest stage's time first; then how best to cover the layers left with the stages left?
     n = len(costs)
     prefix = [0.0]
     for cost in costs:
@@ -47,7 +47,7 @@ def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: in
     Returns (best latency, how many t_max values were tried); (inf, n) if nothing fits.
     """
     # BEGIN SOLUTION
-    # HINT: @cache a function of (s, k, d) inside the t_max loop; F(0, K, 0) = 0, F(0, other) = inf
+    # HINT: what does a state remember (stages, first layer, devices left), and when is one finished?
     count = len(times[0])
     candidates = sorted({t for by_s in times for by_k in by_s for by_i in by_k for t in by_i
                          if t != float("inf")})

@@ -18,7 +18,7 @@ def topk_average(gradient: torch.Tensor, error: torch.Tensor, ratio: float) -> t
     `gradient`, adding the ranks' tensors in rank order.
     """
     # BEGIN SOLUTION
-    # HINT: flat.abs().topk(k).indices; two dist.all_gather calls; index_add_ each rank's values
+    # HINT: compress the gradient plus what you left out last time; why all-gather, not all-reduce?
     flat = (gradient + error).reshape(-1)
     k = min(flat.numel(), max(1, math.ceil(ratio * flat.numel())))
     indices = flat.abs().topk(k).indices
