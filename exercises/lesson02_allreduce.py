@@ -23,7 +23,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 
 def halving_doubling_schedule(n: int) -> Schedule:
     """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
-    raise NotImplementedError("the butterfly figure: who is a rank's partner each round, and how much of the vector is still its own?")
+    raise NotImplementedError("the butterfly figure: each round, who is a rank's partner, and how much of the vector is its own?")
 
 
 def torus_schedule(rows: int, cols: int) -> Schedule:

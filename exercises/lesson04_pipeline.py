@@ -34,4 +34,4 @@ def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], tar
     Receive with dist.recv; send with dist.isend and wait for every send at the end (two
     neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
     """
-    raise NotImplementedError("what must a stage keep from a micro-batch's forward until its backward, and what goes back upstream?")
+    raise NotImplementedError("what must a stage keep from a micro-batch's forward to its backward, and what goes upstream?")

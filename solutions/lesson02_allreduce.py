@@ -45,7 +45,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 def halving_doubling_schedule(n: int) -> Schedule:
     """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
     # BEGIN SOLUTION
-    # HINT: the butterfly figure: who is a rank's partner each round, and how much of the vector is still its own?
+    # HINT: the butterfly figure: each round, who is a rank's partner, and how much of the vector is its own?
     held = [[(0, n)] for _ in range(n)]
     rounds = []
     for step in range(n.bit_length() - 1):

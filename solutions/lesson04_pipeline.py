@@ -49,7 +49,7 @@ def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], tar
     neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
     """
     # BEGIN SOLUTION
-    # HINT: what must a stage keep from a micro-batch's forward until its backward, and what goes back upstream?
+    # HINT: what must a stage keep from a micro-batch's forward to its backward, and what goes upstream?
     rank, last = dist.get_rank(), dist.get_world_size() - 1
     kept, sends = {}, []
     for action in actions.split():
