@@ -1,5 +1,15 @@
 """Lesson 01 exercises: one step of a synchronous parameter server, then bucketed, overlapped
-gradient all-reduces driven by backward hooks (what PyTorch's DDP does)."""
+gradient all-reduces driven by backward hooks (what PyTorch's DDP does).
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- server step, 1 + 1 points: the average of the workers' gradients, one SGD step. Visible cases: 3
+  workers, 5 parameters. Hidden cases: other worker counts, 0 and 1 parameters.
+- gradient buckets, 3 + 3 points: gradients equal to one process's, buckets launched as they fill.
+  Visible cases: 2 ranks, vocabulary 11, hidden 6, buckets of 1048576 bytes, overlap=True; 2 ranks,
+  vocabulary 11, hidden 6, buckets of 400 bytes, overlap=True; 2 ranks, vocabulary 11, hidden 6,
+  buckets of 300 bytes, overlap=False. Hidden cases: 3 and 4 ranks, other models and bucket sizes,
+  with and without overlap.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g."""
+"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g.
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- forward, 1 + 1 points: equal to the full layer's forward pass. Visible cases: 2 ranks, x of shape
+  (5, 4), W of shape (2, 4). Hidden cases: 3 and 4 ranks, other shapes.
+- backward, 1 + 1 points: equal to the full layer's backward pass. Visible cases: 2 ranks, x of
+  shape (2, 2), W of shape (6, 2). Hidden cases: 3 and 4 ranks, other shapes.
+- f and g, 3 + 3 points: an MLP of your layers: output and every gradient equal to the full
+  module's. Visible cases: 2 ranks, x of shape (1, 5), 2 hidden features. Hidden cases: 3 and 4
+  ranks, other shapes.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""Lesson 05 exercise: ZeRO stage 1's sharded optimizer step, on real ranks."""
+"""Lesson 05 exercise: ZeRO stage 1's sharded optimizer step, on real ranks.
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- shard bounds, 1 + 1 points: every shard where the lesson puts it, empty ones included. Visible
+  cases: shard_bounds(10, 3); shard_bounds(2, 4). Hidden cases: empty shards and other sizes.
+- sharded step, 2 + 1 points: every rank holds the updated parameters. Visible cases: length 10 on 3
+  ranks. Hidden cases: empty shards, 4 ranks.
+"""
 
 from __future__ import annotations
 

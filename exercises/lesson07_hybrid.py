@@ -1,4 +1,9 @@
-"""Lesson 07 exercise: the process groups of a (data, pipeline, tensor) grid of ranks."""
+"""Lesson 07 exercise: the process groups of a (data, pipeline, tensor) grid of ranks.
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- grid groups, 3 + 2 points: every data-, pipeline- and tensor-parallel group of the grid. Visible
+  cases: grid_groups(2, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes."""
+"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes.
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- stage slicing, 1 + 1 points: equal to exhaustive search. Visible cases: best_slicing([3, 1, 4, 1,
+  5], 2, 4); best_slicing([2, 7, 1, 8, 2, 8], 3, 6). Hidden cases: random small graphs.
+- inter-op program, 3 + 2 points: equal to exhaustive search, stopping by Alpa's rule. Visible
+  cases: 3 clusters on 2 devices, submeshes of [1, 2] devices, B = 4; 4 clusters on 4 devices,
+  submeshes of [1, 2, 4] devices, B = 8. Hidden cases: random stage tables, submeshes and
+  micro-batch counts.
+"""
 
 from __future__ import annotations
 

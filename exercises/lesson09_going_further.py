@@ -1,4 +1,14 @@
-"""Lesson 09 exercise: top-k gradient compression with error feedback, on real ranks."""
+"""Lesson 09 exercise: top-k gradient compression with error feedback, on real ranks.
+
+Graded on (the lesson's score cell and `edulib grade` run the same checks):
+- top-k with error feedback, 3 + 3 points: every call's average and every rank's error as top-k with
+  error feedback gives them, and its bytes. Visible cases: 3 calls on 2 ranks, 10 entries, ratio
+  0.3; 2 calls on 3 ranks, 7 entries, ratio 0.2. Hidden cases: 4 and other rank counts, k = 1, six
+  calls, one entry.
+- training converges, 2 + 2 points: data-parallel training with it gives weights within 1.5x
+  uncompressed training's loss on the grader's held-out data. Visible cases: 150 steps on 2 ranks,
+  top-k 1 %, seed 0. Hidden cases: 4 ranks, another seed.
+"""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("solution", sorted((ROOT / "solutions").glob("*.py")), ids=lambda p: p.stem)
 def test_exercises_are_exactly_what_the_solutions_generate(solution):
     exercise = ROOT / "exercises" / solution.name
-    assert exercise.read_text() == make_exercise(solution.read_text()), (
+    assert exercise.read_text() == make_exercise(solution.read_text(), solution.stem), (
         f"exercises/{solution.name} drifted; regenerate it with edulib.grading.generate")
     assert "BEGIN SOLUTION" not in exercise.read_text()
 
