@@ -1,4 +1,5 @@
-"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g.
+"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g,
+then a tensor-parallel attention block and sequence parallelism's pair of operators.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - forward, 1 + 1 points: equal to the full layer's forward pass. Visible cases: 2 ranks, x of shape
@@ -8,12 +9,23 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - f and g, 3 + 3 points: an MLP of your layers: output and every gradient equal to the full
   module's. Visible cases: 2 ranks, x of shape (1, 5), 2 hidden features. Hidden cases: 3 and 4
   ranks, other shapes.
+- attention shards, 1 + 1 points: each rank's rows of Q, K and V and columns of the output
+  projection, by heads. Visible cases: rank 1 of 2, 4 heads, hidden size 12. Hidden cases: other
+  ranks, head counts and widths.
+- tensor-parallel attention, 3 + 3 points: output and every gradient equal to the full attention
+  block's. Visible cases: 2 ranks, 4 heads of width 1, x of shape (1, 5, 4). Hidden cases: 3 and 4
+  ranks, head counts, sequence lengths and widths you do not see.
+- sequence-parallel pair, 2 + 2 points: both operators' forward and backward equal to an all-gather
+  and a reduce-scatter over tokens. Visible cases: 2 ranks, 4 tokens, batch 3, width 1. Hidden
+  cases: 3 and 4 ranks, other sequence lengths and shapes.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from edulib.models import attend
 
 
 def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
@@ -72,3 +84,57 @@ def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias:
                         ) -> torch.Tensor:
     """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
     raise NotImplementedError('where does g go in a row-parallel layer, and how many times may the bias be added?')
+
+
+def attention_shards(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weight: torch.Tensor, heads: int,
+                     rank: int, ranks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's part of an attention block whose `heads` heads are split evenly across `ranks`
+    ranks, rank r holding the r-th run of consecutive heads: (its rows of the fused QKV weight, its
+    entries of the QKV bias, its columns of the output projection's weight).
+
+    The fused weight stacks W_Q, W_K and W_V, each (hidden, hidden), into (3 hidden, hidden); head h
+    owns rows h d .. (h + 1) d - 1 of each, with d = hidden / heads. Keep Q's rows, then K's, then V's.
+    """
+    raise NotImplementedError("look at the lesson's figure of the split QKV weight: why three bands of stripes per rank?")
+
+
+def parallel_attention(x: torch.Tensor, qkv_shard: torch.Tensor, qkv_bias_shard: torch.Tensor,
+                       out_shard: torch.Tensor, out_bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """Self-attention over this rank's `heads` heads, from the shards attention_shards gives: the
+    QKV projection column-parallel, attention local, the output projection row-parallel, on your F
+    and G. x is the whole (batch, tokens, hidden) input on every rank; returns the whole output.
+    Use attend(q, k, v, heads) for the attention of `heads` heads."""
+    raise NotImplementedError("which of Megatron's operators goes where in the attention block, as in the MLP?")
+
+
+def _sequence_chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """A (batch, tokens, ...) tensor's equal runs of tokens, one per rank, each contiguous."""
+    return [chunk.contiguous() for chunk in tensor.chunk(dist.get_world_size(), dim=1)]
+
+
+class GatherSequence(torch.autograd.Function):
+    """Sequence parallelism's all-gather: forward, every rank's run of tokens (dim 1, in rank
+    order) gathered into the whole sequence; backward, the gradient reduce-scattered back to this
+    rank's run. The token count divides by the number of ranks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("the lecture's figure of sequence parallelism: what does the next layer need?")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("each rank's gradient of the whole sequence is partial: which collective undoes a gather?")
+
+
+class ScatterSequence(torch.autograd.Function):
+    """Sequence parallelism's reduce-scatter: forward, every rank's partial sum over the whole
+    sequence summed and split, each rank keeping its run of tokens (dim 1); backward, the
+    gradient all-gathered. The token count divides by the number of ranks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError('this replaces g: which collective sums like g but leaves each rank only its tokens?')
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("after the layer, each rank holds its own tokens' gradient: what does the layer need?")

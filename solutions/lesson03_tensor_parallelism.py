@@ -1,9 +1,12 @@
-"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g."""
+"""Lesson 03 exercises: column- and row-parallel linear layers by hand, then on Megatron's f and g,
+then a tensor-parallel attention block and sequence parallelism's pair of operators."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from edulib.models import attend
 
 
 def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
@@ -105,3 +108,90 @@ def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias:
     # HINT: where does g go in a row-parallel layer, and how many times may the bias be added?
     return G.apply(x_shard @ weight_shard.t()) + bias
     # END SOLUTION
+
+
+def attention_shards(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weight: torch.Tensor, heads: int,
+                     rank: int, ranks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's part of an attention block whose `heads` heads are split evenly across `ranks`
+    ranks, rank r holding the r-th run of consecutive heads: (its rows of the fused QKV weight, its
+    entries of the QKV bias, its columns of the output projection's weight).
+
+    The fused weight stacks W_Q, W_K and W_V, each (hidden, hidden), into (3 hidden, hidden); head h
+    owns rows h d .. (h + 1) d - 1 of each, with d = hidden / heads. Keep Q's rows, then K's, then V's.
+    """
+    # BEGIN SOLUTION
+    # HINT: look at the lesson's figure of the split QKV weight: why three bands of stripes per rank?
+    hidden = out_weight.shape[0]
+    width = hidden // ranks
+    columns = torch.arange(rank * width, (rank + 1) * width)
+    rows = torch.cat([part * hidden + columns for part in range(3)])
+    return qkv_weight[rows], qkv_bias[rows], out_weight[:, columns]
+    # END SOLUTION
+
+
+def parallel_attention(x: torch.Tensor, qkv_shard: torch.Tensor, qkv_bias_shard: torch.Tensor,
+                       out_shard: torch.Tensor, out_bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """Self-attention over this rank's `heads` heads, from the shards attention_shards gives: the
+    QKV projection column-parallel, attention local, the output projection row-parallel, on your F
+    and G. x is the whole (batch, tokens, hidden) input on every rank; returns the whole output.
+    Use attend(q, k, v, heads) for the attention of `heads` heads."""
+    # BEGIN SOLUTION
+    # HINT: which of Megatron's operators goes where in the attention block, as in the MLP?
+    q, k, v = (F.apply(x) @ qkv_shard.t() + qkv_bias_shard).chunk(3, dim=-1)
+    return G.apply(attend(q, k, v, heads) @ out_shard.t()) + out_bias
+    # END SOLUTION
+
+
+def _sequence_chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """A (batch, tokens, ...) tensor's equal runs of tokens, one per rank, each contiguous."""
+    return [chunk.contiguous() for chunk in tensor.chunk(dist.get_world_size(), dim=1)]
+
+
+class GatherSequence(torch.autograd.Function):
+    """Sequence parallelism's all-gather: forward, every rank's run of tokens (dim 1, in rank
+    order) gathered into the whole sequence; backward, the gradient reduce-scattered back to this
+    rank's run. The token count divides by the number of ranks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: the lecture's figure of sequence parallelism: what does the next layer need?
+        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, x.contiguous())
+        return torch.cat(pieces, dim=1)
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: each rank's gradient of the whole sequence is partial: which collective undoes a gather?
+        chunks = _sequence_chunks(grad)
+        mine = torch.empty_like(chunks[dist.get_rank()])
+        dist.reduce_scatter(mine, chunks)
+        return mine
+        # END SOLUTION
+
+
+class ScatterSequence(torch.autograd.Function):
+    """Sequence parallelism's reduce-scatter: forward, every rank's partial sum over the whole
+    sequence summed and split, each rank keeping its run of tokens (dim 1); backward, the
+    gradient all-gathered. The token count divides by the number of ranks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: this replaces g: which collective sums like g but leaves each rank only its tokens?
+        chunks = _sequence_chunks(x)
+        mine = torch.empty_like(chunks[dist.get_rank()])
+        dist.reduce_scatter(mine, chunks)
+        return mine
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # BEGIN SOLUTION
+        # HINT: after the layer, each rank holds its own tokens' gradient: what does the layer need?
+        pieces = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, grad.contiguous())
+        return torch.cat(pieces, dim=1)
+        # END SOLUTION

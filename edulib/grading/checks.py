@@ -389,6 +389,116 @@ def _mlp_judge(case: Case, answer: Any) -> None:
             _tensor(found[name], want, f"rank {rank}: {what}")
 
 
+def _head_split(hidden: int, heads: int, rank: int, ranks: int) -> tuple[range, list[int]]:
+    """The output projection's columns and the QKV rows of rank `rank`'s run of heads."""
+    from edulib.tp.layers import head_slices
+
+    share = heads // ranks
+    return head_slices(hidden, heads, range(rank * share, (rank + 1) * share))
+
+
+def _attention_block_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, heads: int, hidden: bool) -> Case:
+        batch, tokens, width = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 3)
+        size = heads * width
+        names = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "grad_y")
+        tensors = _tensors(rng, (batch, tokens, size), (3 * size, size), (3 * size,), (size, size), (size,),
+                           (batch, tokens, size))
+        full = dict(zip(names, tensors, strict=True))
+        for name in ("qkv_weight", "out_weight"):  # as initialised: outputs of the input's scale
+            full[name] = full[name] / size ** 0.5
+        shards = []  # each rank's QKV rows, QKV bias entries and output columns, split by the grader
+        for rank in range(ranks):
+            columns, rows = _head_split(size, heads, rank, ranks)
+            shards.append([full["qkv_weight"][rows], full["qkv_bias"][rows], full["out_weight"][:, columns]])
+        return Case({"ranks": ranks, "heads": heads, "shards": shards, **full},
+                    f"{ranks} ranks, {heads} heads of width {width}, x of shape {(batch, tokens, size)}",
+                    hidden)
+    return [case(2, 4, False), case(3, 3 * rng.randint(1, 2), True), case(4, 4, True),
+            case(2, 2 * rng.randint(2, 3), True)]
+
+
+def _shards_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, rank: int, heads: int, hidden: bool) -> Case:
+        size = heads * rng.randint(1, 3)
+        qkv_weight, qkv_bias, out_weight = _tensors(rng, (3 * size, size), (3 * size,), (size, size))
+        return Case({"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "out_weight": out_weight, "heads": heads,
+                     "rank": rank, "ranks": ranks},
+                    f"rank {rank} of {ranks}, {heads} heads, hidden size {size}", hidden)
+    return [case(2, 1, 4, False), case(3, 2, 6, True), case(4, 0, 4, True), case(2, 0, 2, True)]
+
+
+def _shards_judge(case: Case, answer: Any) -> None:
+    inputs = case.inputs
+    size = inputs["out_weight"].shape[0]
+    columns, rows = _head_split(size, inputs["heads"], inputs["rank"], inputs["ranks"])
+    if type(answer) is not list or len(answer) != 3:
+        raise Wrong("attention_shards must return (QKV rows, QKV bias entries, output columns)",
+                    "attention_shards does not return three tensors")
+    wants = [inputs["qkv_weight"][rows], inputs["qkv_bias"][rows], inputs["out_weight"][:, columns]]
+    for got, want, what in zip(answer, wants, ("the QKV rows", "the QKV bias entries", "the output columns"),
+                               strict=True):
+        _tensor(got, want, f"attention_shards' {what}", atol=0.0)
+
+
+def _attention_block_judge(case: Case, answer: Any) -> None:
+    from edulib.models import attend
+
+    names = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias")
+    leaves = {name: case.inputs[name].clone().requires_grad_() for name in names}
+    q, k, v = torch.nn.functional.linear(leaves["x"], leaves["qkv_weight"], leaves["qkv_bias"]).chunk(3, -1)
+    y = torch.nn.functional.linear(attend(q, k, v, case.inputs["heads"]), leaves["out_weight"],
+                                   leaves["out_bias"])
+    (y * case.inputs["grad_y"]).sum().backward()
+    ranks, size = case.inputs["ranks"], case.inputs["x"].shape[-1]
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", *names}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        _tensor(found["y"], y.detach(), f"rank {rank}'s output")
+        columns, rows = _head_split(size, case.inputs["heads"], rank, ranks)
+        grads = {name: leaf.grad for name, leaf in leaves.items()}
+        wants = {"x": grads["x"], "qkv_weight": grads["qkv_weight"][rows],
+                 "qkv_bias": grads["qkv_bias"][rows], "out_weight": grads["out_weight"][:, columns],
+                 "out_bias": grads["out_bias"]}
+        for name, want in wants.items():
+            what = "the input's gradient" if name == "x" else f"the gradient of {name}'s shard"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
+            _tensor(found[name], want, f"rank {rank}: {what}", atol=1e-5 * max(1.0, float(want.abs().max())))
+
+
+def _sequence_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, tokens: int, hidden: bool) -> Case:
+        batch, width = rng.randint(1, 3), rng.randint(1, 4)
+        shape = (batch, tokens, width)
+        x, scatter_grad, *rest = _tensors(rng, *[shape] * (2 + 2 * ranks))
+        return Case({"ranks": ranks, "x": x, "scatter_grad": scatter_grad, "gather_grads": rest[:ranks],
+                     "partials": rest[ranks:]},
+                    f"{ranks} ranks, {tokens} tokens, batch {batch}, width {width}", hidden)
+    return [case(2, 4, False), case(3, 3 * rng.randint(1, 3), True), case(4, 4 * rng.randint(1, 2), True),
+            case(2, 2, True)]
+
+
+def _sequence_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    summed = torch.stack(inputs["partials"]).sum(0).chunk(ranks, dim=1)
+    gathered = torch.stack(inputs["gather_grads"]).sum(0).chunk(ranks, dim=1)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"gather", "scatter"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        wants = {"gather": ([inputs["x"], gathered[rank]], "GatherSequence"),
+                 "scatter": ([summed[rank], inputs["scatter_grad"]], "ScatterSequence")}
+        for part, (want, function) in wants.items():
+            got = answer_of(found[part])
+            if type(got) is not list or len(got) != 2:
+                raise Wrong(f"rank {rank}: {function} sent no result", f"{function} sent no result")
+            _tensor(got[0], want[0], f"rank {rank}: {function}'s forward output")
+            if got[1] is None:
+                raise Wrong(f"rank {rank}: {function}'s backward gave its input no gradient",
+                            f"{function}'s backward gave no gradient")
+            _tensor(got[1], want[1], f"rank {rank}: {function}'s backward (the input's gradient)")
+
+
 # -- lesson 4: pipelines ---------------------------------------------------------------------------
 
 def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
@@ -768,9 +878,11 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         *((f"edulib.tp.ops.{name}", "the column- and row-parallel layers")
           for name in ("f", "g", "gather", "split", "gathered_linear")),
         *((f"edulib.tp.layers.{name}", "the column- and row-parallel layers")
-          for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")),
+          for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
+                       "ParallelBlock", "head_slices")),
+        *((f"edulib.tp.ops.{name}", "sequence parallelism's pair") for name in ("reduce_scatter_sequence",)),
         *((f"torch.distributed.nn.functional.{name}", "f and g")
-          for name in ("all_reduce", "reduce_scatter"))],
+          for name in ("all_reduce", "reduce_scatter", "all_gather", "_AllGather", "_Reduce_Scatter"))],
     "lesson04_pipeline": [
         *((f"edulib.pp.schedules.{name}", "the 1F1B schedule")
           for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
@@ -817,7 +929,16 @@ CHECKS: dict[str, list[Check]] = {
               "equal to the full layer's backward pass", "3 and 4 ranks, other shapes"),
         Check("f and g", 3, 3, "parallel_mlp", _mlp_cases, _mlp_judge,
               "an MLP of your layers: output and every gradient equal to the full module's",
-              "3 and 4 ranks, other shapes")],
+              "3 and 4 ranks, other shapes"),
+        Check("attention shards", 1, 1, "attention_shards", _shards_cases, _shards_judge,
+              "each rank's rows of Q, K and V and columns of the output projection, by heads",
+              "other ranks, head counts and widths"),
+        Check("tensor-parallel attention", 3, 3, "parallel_attention", _attention_block_cases,
+              _attention_block_judge, "output and every gradient equal to the full attention block's",
+              "3 and 4 ranks, head counts, sequence lengths and widths you do not see"),
+        Check("sequence-parallel pair", 2, 2, "sequence_pair", _sequence_cases, _sequence_judge,
+              "both operators' forward and backward equal to an all-gather and a reduce-scatter over tokens",
+              "3 and 4 ranks, other sequence lengths and shapes")],
     "lesson04_pipeline": [
         Check("1F1B schedule", 1, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
               "valid, 1F1B's bubble, at most p micro-batches in flight",

@@ -171,6 +171,31 @@ def _parallel_mlp(student: ModuleType, case: dict) -> dict:
                                 (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}}
 
 
+def _parallel_attention(student: ModuleType, case: dict) -> dict:
+    """The student's parallel_attention on this rank's shards, forward and backward."""
+    x = case["x"].clone().requires_grad_()
+    shards = {name: case[name].clone().requires_grad_()
+              for name in ("qkv_weight", "qkv_bias", "out_weight", "out_bias")}
+    y = student.parallel_attention(x, *shards.values(), case["heads"] // case["ranks"])
+    (y * case["grad_y"]).sum().backward()
+    return {"y": y.detach(), "x": x.grad, **{name: tensor.grad for name, tensor in shards.items()}}
+
+
+def _sequence_pair(student: ModuleType, case: dict) -> dict:
+    """The student's GatherSequence and ScatterSequence on this rank's part, forward and backward;
+    each operator's outcome on its own."""
+    rank = dist.get_rank()
+
+    def run(function: str, x: torch.Tensor, grad: torch.Tensor) -> list:
+        x = x.clone().requires_grad_()
+        y = getattr(student, function).apply(x)
+        y.backward(grad)
+        return [y.detach(), x.grad]
+    return {"gather": outcome(lambda: run("GatherSequence", case["x"][rank], case["gather_grads"][rank])),
+            "scatter": outcome(lambda: run("ScatterSequence", case["partials"][rank],
+                                           case["scatter_grad"][rank]))}
+
+
 def _pipeline(student: ModuleType, case: dict) -> dict:
     """The student's run_pipeline on this rank's stage: its gradients and its messages, in order."""
     from edulib.models import mlp, split
@@ -283,6 +308,20 @@ def _mlp_part(case: dict, rank: int) -> dict:
             "w2": case["w2"].chunk(parts, 1)[rank]}
 
 
+def _attention_block_part(case: dict, rank: int) -> dict:
+    qkv_weight, qkv_bias, out_weight = case["shards"][rank]
+    return {"ranks": case["ranks"], "heads": case["heads"], "x": case["x"], "grad_y": case["grad_y"],
+            "qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "out_weight": out_weight,
+            "out_bias": case["out_bias"]}
+
+
+def _sequence_part(case: dict, rank: int) -> dict:
+    chunks = {name: case[name].chunk(case["ranks"], dim=1) for name in ("x", "scatter_grad")}
+    return {"ranks": case["ranks"], "x": _mine(chunks["x"], rank),
+            "scatter_grad": _mine(chunks["scatter_grad"], rank),
+            "gather_grads": _mine(case["gather_grads"], rank), "partials": _mine(case["partials"], rank)}
+
+
 def _attention_part(case: dict, rank: int) -> dict:
     from edulib.cp.layout import shard_sequence
 
@@ -297,6 +336,8 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
                                    "targets": [_mine(step, rank) for step in case["targets"]]},
     "tensor_parallel": _tensor_parallel_part,
     "parallel_mlp": _mlp_part,
+    "parallel_attention": _attention_block_part,
+    "sequence_pair": _sequence_part,
     "pipeline": lambda case, rank: {**case, "actions": _mine(case["actions"], rank)},
     "sharded_step": lambda case, rank: {**case, "gradients": _mine(case["gradients"], rank)},
     "ring_attention": _attention_part,
@@ -305,6 +346,7 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
 
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
+                "parallel_attention": _parallel_attention, "sequence_pair": _sequence_pair,
                 "sharded_step": _sharded_step, "ring_attention": _ring_attention, "topk": _topk,
                 "topk_training": _topk_training}
 
@@ -345,6 +387,11 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "torus_run": _on_ranks("torus_run"),
     "tensor_parallel": _on_ranks("tensor_parallel"),
     "parallel_mlp": _on_ranks("parallel_mlp"),
+    "attention_shards": _in_process(lambda s, c: s.attention_shards(
+        *(c[name].clone() for name in ("qkv_weight", "qkv_bias", "out_weight")), c["heads"], c["rank"],
+        c["ranks"])),
+    "parallel_attention": _on_ranks("parallel_attention"),
+    "sequence_pair": _on_ranks("sequence_pair"),
     "one_f_one_b": _in_process(lambda s, c: s.one_f_one_b(c["p"], c["m"])),
     "bubble_fraction": _in_process(lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"])),
     "shard_bounds": _in_process(lambda s, c: s.shard_bounds(c["length"], c["ranks"])),

@@ -134,6 +134,14 @@ class ParallelMLP(ParallelModule):
         return self.down(self.activation(self.up(x)))
 
 
+def head_slices(hidden: int, heads: int, mine: range) -> tuple[range, list[int]]:
+    """The output projection's columns and the fused QKV weight's rows (Q's, then K's, then V's)
+    that belong to heads `mine` of `heads`: each head owns hidden / heads consecutive features."""
+    width = hidden // heads
+    columns = range(mine.start * width, mine.stop * width)
+    return columns, [part * hidden + column for part in range(3) for column in columns]
+
+
 class ParallelSelfAttention(ParallelModule):
     """Heads split across ranks: the fused QKV projection column-parallel (each rank's heads'
     rows of Q, K and V), attention local to each rank, the output projection row-parallel."""
@@ -141,11 +149,8 @@ class ParallelSelfAttention(ParallelModule):
     def __init__(self, full: SelfAttention, group=None, algorithm: str = "builtin",
                  sequence_parallel: bool = False) -> None:
         super().__init__()
-        hidden = full.out.in_features
         heads = _share(full.heads, group, "the attention heads")
-        width = hidden // full.heads
-        columns = range(heads.start * width, heads.stop * width)
-        rows = [part * hidden + column for part in range(3) for column in columns]
+        _, rows = head_slices(full.out.in_features, full.heads, heads)
         self.heads = len(heads)
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
                                         name="qkv.", algorithm=algorithm, sequence_parallel=sequence_parallel)
