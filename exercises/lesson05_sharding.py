@@ -1,13 +1,25 @@
-"""Lesson 05 exercise: ZeRO stage 1's sharded optimizer step, on real ranks.
+"""Lesson 05 exercises: ZeRO on real ranks. The shards of a flat vector, ZeRO's optimizer (AdamW
+with fp32 master weights and both moments sharded), and one unit of ZeRO-3.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - shard bounds, 1 + 1 points: every shard where the lesson puts it, empty ones included. Visible
   cases: shard_bounds(10, 3); shard_bounds(2, 4). Hidden cases: empty shards and other sizes.
-- sharded step, 2 + 1 points: every rank holds the updated parameters. Visible cases: length 10 on 3
-  ranks. Hidden cases: empty shards, 4 ranks.
+- gather and reduce-scatter, 1 + 1 points: every rank gathers the whole vector and receives its
+  shard of the average. Visible cases: length 10 on 3 ranks. Hidden cases: empty shards, 4 ranks,
+  other lengths.
+- ZeRO with AdamW, 3 + 3 points: every step's bf16 weights, and each rank's master weights and
+  moments, equal to one process's torch.optim.AdamW; no more than 12 bytes per element of the rank's
+  shard. Visible cases: 3 steps, length 10 on 3 ranks; 3 steps, length 7 on 2 ranks. Hidden cases:
+  empty shards, 4 ranks, other lengths and weight decays.
+- ZeRO-3 unit, 3 + 3 points: output and gradients equal to the full layer's; only the shard kept,
+  the full weights freed after the forward, gathered again and the gradient reduce-scattered in the
+  backward. Visible cases: 2 ranks, a 4 -> 3 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks,
+  other layer sizes, empty shards.
 """
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -19,8 +31,68 @@ def shard_bounds(length: int, ranks: int) -> list[int]:
     raise NotImplementedError("the lesson's shard figure: which ranks get one element more when the length does not divide?")
 
 
-def sharded_sgd_step(parameters: torch.Tensor, gradient: torch.Tensor, lr: float) -> torch.Tensor:
-    """ZeRO-1 with SGD: average the ranks' gradients with a reduce-scatter (each rank receives only
-    its shard), update this rank's shard of the parameters, then all-gather the updated shards.
-    Returns the full updated parameters, the same on every rank. Shards may be empty."""
-    raise NotImplementedError('which collective leaves each rank its shard of the summed gradient, and which shares the update?')
+def gather_shards(shard: torch.Tensor, length: int) -> torch.Tensor:
+    """The whole flat vector of `length`, from every rank's shard (rank r's shard is
+    [bounds[r], bounds[r + 1]) of shard_bounds(length, ranks), possibly empty), on every rank."""
+    raise NotImplementedError('dist.all_gather wants equal sizes from every rank: how can shards of two lengths travel?')
+
+
+def reduce_scatter_mean(full: torch.Tensor) -> torch.Tensor:
+    """This rank's shard (shard_bounds) of the ranks' average of `full`, a flat fp32 vector of the
+    same length on every rank; it receives its shard only."""
+    raise NotImplementedError("lesson 02's reduce-scatter: after it, what does each rank hold of the sum?")
+
+
+class ShardedAdamW:
+    """ZeRO's optimizer: AdamW whose fp32 master weights and two moments are sharded over the ranks.
+
+    `parameters` is the model's whole flat weight vector in bf16, the same on every rank. This rank
+    keeps `master`, `exp_avg` and `exp_avg_sq`: fp32 tensors holding its shard only, 12 bytes per
+    element of its shard (the lesson's K = 12) and no other tensor. step(gradient) takes this rank's
+    whole flat bf16 gradient, averages the ranks' gradients in fp32 so that this rank receives its
+    shard only, makes one AdamW step of its shard exactly as torch.optim.AdamW does (decoupled weight
+    decay, bias correction), and returns the whole updated weight vector in bf16 on every rank.
+    """
+
+    def __init__(self, parameters: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        raise NotImplementedError("the lesson's table of ZeRO's stages: what does stage 1 keep of each rank's shard, in fp32?")
+
+    def step(self, gradient: torch.Tensor) -> torch.Tensor:
+        """One AdamW step of this rank's shard; the whole updated bf16 weights."""
+        raise NotImplementedError("the lesson's step of ZeRO-1: average, update your shard, then how does every rank see it?")
+
+
+class ZeroThreeLinear(torch.nn.Module):
+    """One unit of ZeRO-3: a linear layer that keeps only this rank's shard of its parameters.
+
+    The parameters are the flat vector cat(weight.flatten(), bias), cut by shard_bounds; `shard` is
+    this rank's piece, an nn.Parameter and the module's only tensor. forward(x) gathers the whole
+    weight and bias, computes x W^T + b, and keeps nothing of them once it returns; the backward
+    gathers them again, and leaves in shard.grad this rank's shard of the ranks' average gradient
+    (a reduce-scatter), while x gets this rank's own input gradient.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        bounds = shard_bounds(weight.numel() + bias.numel(), dist.get_world_size())
+        flat = torch.cat([weight.reshape(-1), bias])
+        self.shard = torch.nn.Parameter(flat[bounds[dist.get_rank()]:bounds[dist.get_rank() + 1]].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _GatheredLinear.apply(x, self.shard, self.out_features, self.in_features)
+
+
+class _GatheredLinear(torch.autograd.Function):
+    """y = x W^T + b with W and b gathered from the ranks' shards when needed, and only then."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, shard: torch.Tensor, out_features: int, in_features: int
+                ) -> torch.Tensor:
+        raise NotImplementedError("stage 3 in the lesson's table: what does a unit need before its forward, and what may it keep?")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:
+        raise NotImplementedError("the backward needs the weights the forward let go of; where does each rank's gradient go?")

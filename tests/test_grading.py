@@ -209,6 +209,21 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
     ("lesson04_pipeline", "for action in actions.split():",
      "for action in sorted(actions.split(), key=lambda action: action[0] == 'B'):", "pipeline executor",
      "rank 0 sent and received"),
+    ("lesson05_sharding", "parameters[bounds[dist.get_rank()]:bounds[dist.get_rank() + 1]].float()",
+     "parameters.float()[bounds[dist.get_rank()]:bounds[dist.get_rank() + 1]]",
+     "ZeRO with AdamW",
+     "ShardedAdamW's tensors hold 72 bytes; ZeRO's formula for its shard of 4 elements is K x 4 = 48"),
+    ("lesson05_sharding", "value=-self.lr / (1 - beta1 ** self.steps)", "value=-self.lr", "ZeRO with AdamW",
+     "rank 0: the weights after step 2 holds"),
+    ("lesson05_sharding", "        ctx.save_for_backward(x, shard)\n",
+     "        ctx.save_for_backward(x, shard)\n"
+     "        ctx.kept = gather_shards(shard, out_features * (in_features + 1))\n",
+     "ZeRO-3 unit", "between the forward and the backward, 60 bytes of the full weights stay alive"),
+    ("lesson05_sharding", "return grad @ weight, reduce_scatter_mean(full), None, None",
+     "dist.all_reduce(full)\n"
+     "        low, high = shard_bounds(full.numel(), dist.get_world_size())[dist.get_rank():][:2]\n"
+     "        return grad @ weight, full[low:high] / dist.get_world_size(), None, None", "ZeRO-3 unit",
+     "the backward ran 1 all-gathers, 0 reduce-scatters and 1 all-reduces"),
     ("lesson07_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
      "grid_groups(2, 2, 2): the pp groups are"),
     ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",

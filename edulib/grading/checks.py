@@ -603,19 +603,128 @@ def _bounds_judge(case: Case, answer: Any) -> None:
         raise Wrong(f"returned {answer}, expected {want}", "wrong bounds")
 
 
-def _sharded_cases(rng: random.Random) -> list[Case]:
+def _collectives_cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, length: int, hidden: bool) -> Case:
-        parameters, *gradients = _tensors(rng, *[(length,)] * (ranks + 1))
-        return Case({"ranks": ranks, "parameters": parameters, "gradients": gradients, "lr": 0.5},
+        full, *fulls = _tensors(rng, *[(length,)] * (ranks + 1))
+        bounds = chunk_bounds(length, ranks)
+        return Case({"ranks": ranks, "full": full, "fulls": fulls,
+                     "shards": [full[low:high] for low, high in itertools.pairwise(bounds)]},
                     f"length {length} on {ranks} ranks", hidden)
-    return [case(3, 10, False), case(3, 2, True), case(3, 1, True), case(4, rng.choice((6, 7, 9)), True)]
+    return [case(3, 10, False), case(3, 2, True), case(4, 1, True),
+            case(rng.randint(2, 4), rng.randint(5, 13), True)]
 
 
-def _sharded_judge(case: Case, answer: Any) -> None:
-    inputs = case.inputs
-    want = inputs["parameters"] - inputs["lr"] * torch.stack(inputs["gradients"]).mean(0)
-    for rank, got in enumerate(_per_rank(answer, inputs["ranks"])):
-        _tensor(got, want, f"rank {rank}'s parameters", atol=1e-6)
+def _collectives_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    bounds = chunk_bounds(inputs["full"].numel(), ranks)
+    mean = torch.stack(inputs["fulls"]).mean(0)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"gathered", "scattered"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        _tensor(answer_of(found["gathered"]), inputs["full"], f"rank {rank}: gather_shards' result", atol=0.0)
+        _tensor(answer_of(found["scattered"]), mean[bounds[rank]:bounds[rank + 1]],
+                f"rank {rank}: reduce_scatter_mean's shard", atol=1e-6)
+
+
+ADAMW = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
+
+
+def _adamw_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        steps = 3
+        parameters, *gradients = _tensors(rng, *[(length,)] * (1 + steps * ranks))
+        return Case({"ranks": ranks, "parameters": parameters.bfloat16(),
+                     "gradients": [[g.bfloat16() for g in gradients[step * ranks:(step + 1) * ranks]]
+                                   for step in range(steps)], "weight_decay": rng.choice((0.0, 0.1))},
+                    f"{steps} steps, length {length} on {ranks} ranks", hidden)
+    return [case(3, 10, False), case(2, 7, False), case(3, 2, True), case(4, rng.randint(5, 13), True),
+            case(4, 1, True)]
+
+
+def adamw_reference(parameters: torch.Tensor, gradients: list[list[torch.Tensor]], weight_decay: float
+                    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """One process's torch.optim.AdamW on fp32 master weights, each step on the ranks' average
+    gradient: the bf16 weights after each step, and the master weights and moments at the end."""
+    master = torch.nn.Parameter(parameters.float())
+    optimizer = torch.optim.AdamW([master], weight_decay=weight_decay, **ADAMW)
+    weights = []
+    for step in gradients:
+        master.grad = torch.stack([gradient.float() for gradient in step]).mean(0)
+        optimizer.step()
+        weights.append(master.detach().bfloat16())
+    state = optimizer.state[master]
+    return weights, {"master": master.detach(), **{name: state[name] for name in ("exp_avg", "exp_avg_sq")}}
+
+
+def _adamw_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    weights, state = adamw_reference(inputs["parameters"], inputs["gradients"], inputs["weight_decay"])
+    bounds = chunk_bounds(inputs["parameters"].numel(), ranks)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"weights", "dtypes", "state", "held"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        if found["dtypes"] != ["bfloat16"] * len(weights):
+            raise Wrong(f"rank {rank}: step returned tensors of dtypes {found['dtypes']}; the weights are "
+                        "bf16", "step does not return bf16 weights")
+        for step, (got, want) in enumerate(zip(found["weights"], weights, strict=True)):
+            _tensor(got, want.float(), f"rank {rank}: the weights after step {step + 1}",
+                    atol=2 ** -7 * max(1.0, float(want.abs().max())))
+        shard = slice(bounds[rank], bounds[rank + 1])
+        for name, want in state.items():
+            got = found["state"].get(name) if type(found["state"]) is dict else None
+            if got is None:
+                raise Wrong(f"rank {rank}: ShardedAdamW has no fp32 tensor `{name}`",
+                            f"ShardedAdamW has no fp32 tensor `{name}`")
+            _tensor(got, want[shard], f"rank {rank}: {name} after {len(weights)} steps (this rank's shard)",
+                    atol=1e-5)
+        formula = 12 * (bounds[rank + 1] - bounds[rank])
+        if found["held"] > formula:
+            raise Wrong(f"rank {rank}: ShardedAdamW's tensors hold {found['held']} bytes; ZeRO's formula for "
+                        f"its shard of {bounds[rank + 1] - bounds[rank]} elements is K x {formula // 12} = "
+                        f"{formula} bytes", "the optimizer holds more than its shard's 12 bytes per element")
+
+
+def _zero3_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, out: int, fan_in: int, hidden: bool) -> Case:
+        batch = rng.randint(1, 3)
+        weight, bias, *rest = _tensors(rng, (out, fan_in), (out,), *[(batch, fan_in), (batch, out)] * ranks)
+        return Case({"ranks": ranks, "weight": weight, "bias": bias, "xs": rest[::2], "grad_ys": rest[1::2]},
+                    f"{ranks} ranks, a {fan_in} -> {out} layer, batch {batch} per rank", hidden)
+    return [case(2, 3, 4, False), case(3, 2, 2, True), case(4, 1, rng.randint(1, 3), True),
+            case(rng.randint(2, 4), rng.randint(2, 5), rng.randint(2, 5), True)]
+
+
+def _zero3_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    weight, bias = inputs["weight"], inputs["bias"]
+    unit = weight.numel() + bias.numel()
+    bounds = chunk_bounds(unit, ranks)
+    grads = [torch.cat([(g.t() @ x).reshape(-1), g.sum(0)]) for x, g in zip(inputs["xs"], inputs["grad_ys"],
+                                                                          strict=True)]
+    mean = torch.stack(grads).mean(0)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", "x", "shard", "held", "kept", "backward"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        x, grad_y = inputs["xs"][rank], inputs["grad_ys"][rank]
+        _tensor(found["y"], x @ weight.t() + bias, f"rank {rank}'s output")
+        if found["kept"] != 4 * (bounds[rank + 1] - bounds[rank]):
+            raise Wrong(f"rank {rank}: the module's tensors hold {found['kept']} bytes; its shard of the "
+                        f"unit's {unit} parameters is {bounds[rank + 1] - bounds[rank]} floats",
+                        "the module keeps more (or less) than its shard")
+        if found["held"] >= 4 * unit:
+            raise Wrong(f"rank {rank}: between the forward and the backward, {found['held']} bytes of "
+                        f"the full weights stay alive (saved for backward or kept); ZeRO-3 frees them "
+                        "after the forward and gathers them again", "the full weights outlive the forward")
+        gathers, scatters, reduces = found["backward"]
+        if not gathers or not scatters or reduces:
+            raise Wrong(f"rank {rank}: the backward ran {gathers} all-gathers, {scatters} reduce-scatters "
+                        f"and {reduces} all-reduces; ZeRO-3 gathers the weights again and reduce-scatters "
+                        "the gradient", "not ZeRO-3's collectives in the backward")
+        for name, want in (("x", grad_y @ weight), ("shard", mean[bounds[rank]:bounds[rank + 1]])):
+            what = "the input's gradient" if name == "x" else "shard.grad"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing", f"{what} is missing")
+            _tensor(found[name], want, f"rank {rank}: {what}")
 
 
 # -- lesson 6: context parallelism ------------------------------------------------------------------
@@ -892,7 +1001,11 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
           for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))],
     "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
-                          ("edulib.dp.zero.ZeroDataParallel", "the sharded step")],
+                          ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
+                          ("torch.distributed.optim.ZeroRedundancyOptimizer", "ZeRO's sharded optimizer"),
+                          ("torch.distributed.fsdp.fully_shard", "the ZeRO-3 unit"),
+                          ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
+                          ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")],
     "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
     "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups")],
     "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
@@ -951,8 +1064,17 @@ CHECKS: dict[str, list[Check]] = {
     "lesson05_sharding": [
         Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
               "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
-        Check("sharded step", 2, 1, "sharded_step", _sharded_cases, _sharded_judge,
-              "every rank holds the updated parameters", "empty shards, 4 ranks")],
+        Check("gather and reduce-scatter", 1, 1, "shard_collectives", _collectives_cases, _collectives_judge,
+              "every rank gathers the whole vector and receives its shard of the average",
+              "empty shards, 4 ranks, other lengths"),
+        Check("ZeRO with AdamW", 3, 3, "sharded_adamw", _adamw_cases, _adamw_judge,
+              "every step's bf16 weights, and each rank's master weights and moments, equal to one "
+              "process's torch.optim.AdamW; no more than 12 bytes per element of the rank's shard",
+              "empty shards, 4 ranks, other lengths and weight decays"),
+        Check("ZeRO-3 unit", 3, 3, "zero3_unit", _zero3_cases, _zero3_judge,
+              "output and gradients equal to the full layer's; only the shard kept, the full weights "
+              "freed after the forward, gathered again and the gradient reduce-scattered in the backward",
+              "3 and 4 ranks, other layer sizes, empty shards")],
     "lesson06_context": [
         Check("log-sum-exp merge", 1, 1, "merge", _merge_cases, _merge_judge,
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-          "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 MAX_TEXT = 64 * 2**20  # the most a submission's answers may take, as JSON
 MAX_DEPTH = 32  # lists and dicts inside each other: far more than any answer holds
 
@@ -36,8 +36,9 @@ def encode(value: Any) -> Any:
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in DTYPES:
             tensor, name = tensor.float(), "float32"
+        raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor  # NumPy has no bf16
         return {"tensor": name, "shape": list(tensor.shape),
-                "data": base64.b64encode(tensor.numpy().tobytes()).decode()}
+                "data": base64.b64encode(raw.numpy().tobytes()).decode()}
     if isinstance(value, (list, tuple)):
         return [encode(item) for item in value]
     if isinstance(value, dict) and all(type(key) is str for key in value):

@@ -226,10 +226,79 @@ def _pipeline(student: ModuleType, case: dict) -> dict:
     return {"grads": [parameter.grad for parameter in stage.parameters()], "messages": messages}
 
 
-def _sharded_step(student: ModuleType, case: dict) -> torch.Tensor:
-    """The student's sharded_sgd_step with this rank's gradient."""
-    return student.sharded_sgd_step(case["parameters"].clone(),
-                                    case["gradients"][dist.get_rank()].clone(), case["lr"])
+def _shard_collectives(student: ModuleType, case: dict) -> dict:
+    """The student's gather_shards on this rank's shard and reduce_scatter_mean on its vector."""
+    return {"gathered": outcome(lambda: student.gather_shards(case["shard"].clone(), case["length"])),
+            "scattered": outcome(lambda: student.reduce_scatter_mean(case["full"].clone()))}
+
+
+def _storages(values: Any, skip: set[int], depth: int = 0) -> dict[int, int]:
+    """The bytes of every tensor storage in `values` and the lists, tuples and dicts inside it, by
+    address, except the storages in `skip`."""
+    found: dict[int, int] = {}
+    if isinstance(values, torch.Tensor):
+        storage = values.untyped_storage()
+        if storage.data_ptr() not in skip and storage.nbytes():
+            found[storage.data_ptr()] = storage.nbytes()
+    elif depth < 4 and isinstance(values, (list, tuple, set, dict)):
+        for item in list(values.values() if isinstance(values, dict) else values):
+            found.update(_storages(item, skip, depth + 1))
+    return found
+
+
+def _sharded_adamw(student: ModuleType, case: dict) -> dict:
+    """The student's ShardedAdamW for every step's gradient of this rank: the weights each step
+    returns, the optimizer's master weights and moments, and the bytes its tensors hold."""
+    optimizer = student.ShardedAdamW(case["parameters"].clone(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
+                                     weight_decay=case["weight_decay"])
+    weights = [optimizer.step(step[dist.get_rank()].clone()) for step in case["gradients"]]
+    state = {name: getattr(optimizer, name, None) for name in ("master", "exp_avg", "exp_avg_sq")}
+    return {"weights": weights, "dtypes": [str(getattr(w, "dtype", type(w).__name__)).removeprefix("torch.")
+                                           for w in weights],
+            "state": {name: value for name, value in state.items()
+                      if isinstance(value, torch.Tensor) and value.dtype == torch.float32},
+            "held": sum(_storages(vars(optimizer), set()).values())}
+
+
+def _zero3_unit(student: ModuleType, case: dict) -> dict:
+    """The student's ZeroThreeLinear on this rank's batch: output, gradients, the bytes the module
+    keeps, the bytes of other tensors alive between forward and backward, and the collectives the
+    backward ran (all-gathers, reduce-scatters, all-reduces)."""
+    unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
+    x = case["x"].clone().requires_grad_()
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = unit(x)
+    nodes, seen = [y.grad_fn], []
+    while nodes:  # every node of the graph: what a custom Function put on its ctx
+        node = nodes.pop()
+        if node is not None and all(node is not other for other in seen):
+            seen.append(node)
+            nodes += [following for following, _ in getattr(node, "next_functions", ())]
+    shard = getattr(unit, "shard", None)
+    mine = {x.untyped_storage().data_ptr()}
+    if isinstance(shard, torch.Tensor):
+        mine.add(shard.untyped_storage().data_ptr())
+    held = sum(_storages([saved, [getattr(node, "__dict__", {}) for node in seen]], mine).values())
+    kept = sum(_storages(list(unit.state_dict(keep_vars=True).values()) + [vars(unit)], set()).values())
+    names = {"all_gather": 0, "all_gather_into_tensor": 0, "reduce_scatter": 1, "reduce_scatter_tensor": 1,
+             "all_reduce": 2}
+    originals, counts = {name: getattr(dist, name) for name in names}, [0, 0, 0]
+
+    def counted(name: str) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[names[name]] += 1
+            return originals[name](*args, **kwargs)
+        return call
+    for name in names:
+        setattr(dist, name, counted(name))
+    try:
+        y.backward(case["grad_y"])
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None), "held": held, "kept": kept,
+            "backward": counts}
 
 
 def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
@@ -339,7 +408,12 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "parallel_attention": _attention_block_part,
     "sequence_pair": _sequence_part,
     "pipeline": lambda case, rank: {**case, "actions": _mine(case["actions"], rank)},
-    "sharded_step": lambda case, rank: {**case, "gradients": _mine(case["gradients"], rank)},
+    "shard_collectives": lambda case, rank: {"ranks": case["ranks"], "length": case["full"].numel(),
+                                             "full": case["fulls"][rank], "shard": case["shards"][rank]},
+    "sharded_adamw": lambda case, rank: {**case,
+                                         "gradients": [_mine(step, rank) for step in case["gradients"]]},
+    "zero3_unit": lambda case, rank: {"ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"],
+                                      "x": case["xs"][rank], "grad_y": case["grad_ys"][rank]},
     "ring_attention": _attention_part,
     "topk": lambda case, rank: {**case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
 }
@@ -347,7 +421,8 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
                 "parallel_attention": _parallel_attention, "sequence_pair": _sequence_pair,
-                "sharded_step": _sharded_step, "ring_attention": _ring_attention, "topk": _topk,
+                "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
+                "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
                 "topk_training": _topk_training}
 
 
@@ -396,7 +471,9 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "bubble_fraction": _in_process(lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"])),
     "shard_bounds": _in_process(lambda s, c: s.shard_bounds(c["length"], c["ranks"])),
     "pipeline": _on_ranks("pipeline"),
-    "sharded_step": _on_ranks("sharded_step"),
+    "shard_collectives": _on_ranks("shard_collectives"),
+    "sharded_adamw": _on_ranks("sharded_adamw"),
+    "zero3_unit": _on_ranks("zero3_unit"),
     "merge": _in_process(lambda s, c: s.merge(*(c[name].clone() for name in ("out_a", "lse_a", "out_b",
                                                                                  "lse_b")))),
     "ring_attention": _on_ranks("ring_attention"),
