@@ -226,6 +226,8 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "the backward ran 1 all-gathers, 0 reduce-scatters and 1 all-reduces"),
     ("lesson07_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
      "grid_groups(2, 2, 2): the pp groups are"),
+    ("lesson07_hybrid", "if layout_memory(model, cluster, layout) <= memory:", "if True:", "layout choice",
+     "GiB per device, over the"),
     ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
      "        if (microbatches - 1) * t_max >= best:\n            break\n        tried", "inter-op program",
      "with Alpa's stop rule (B t_max >= the best so far) the program tries"),

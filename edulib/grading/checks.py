@@ -808,6 +808,60 @@ def _grid_judge(case: Case, answer: Any) -> None:
                         "groups not in increasing order")
 
 
+def _layout_cases(rng: random.Random) -> list[Case]:
+    from edulib.layout import Transformer, layout_memory, layouts
+    from edulib.planner import Cluster
+
+    def case(label: str, hidden: bool, share: float) -> Case:
+        model = {"layers": rng.choice((4, 6, 8, 12, 16, 24)), "hidden": rng.choice((1024, 2048, 4096, 8192)),
+                 "heads": rng.choice((8, 16, 32)), "tokens": rng.choice((512, 1024, 2048)),
+                 "batch": rng.choice((16, 32, 64, 96, 128))}
+        cluster = {"nodes": rng.choice((1, 2, 4)), "devices": rng.choice((2, 4, 8)),
+                   "flops": rng.choice((100e12, 312e12, 989e12)), "memory": 80 * 2**30,
+                   "intra": (5e-6, 1 / rng.choice((100e9, 300e9))),
+                   "inter": (20e-6, 1 / rng.choice((12.5e9, 25e9)))}
+        built, machine = Transformer(**model), Cluster(**cluster)
+        needs = sorted(layout_memory(built, machine, layout) for layout in layouts(built, machine))
+        memory = needs[0] / 2 if share == 0 else needs[int(share * (len(needs) - 1))]
+        return Case({"model": model, "cluster": cluster, "memory": memory},
+                    f"{label}: {model['layers']} layers of {model['hidden']}, {model['heads']} heads, "
+                    f"batch {model['batch']} x {model['tokens']} tokens on {cluster['nodes']} x "
+                    f"{cluster['devices']} devices, {memory / 2**30:.1f} GiB each", hidden)
+    return [case("case 1", False, 0.3), case("case 2", False, 0.1), case("a hidden case", True, 0.5),
+            case("a hidden case", True, 0.05), case("a hidden case", True, 0.2),
+            case("nothing fits", True, 0)]
+
+
+def _layout_judge(case: Case, answer: Any) -> None:
+    from edulib import layout as costs
+    from edulib.planner import Cluster
+
+    model, cluster = costs.Transformer(**case.inputs["model"]), Cluster(**case.inputs["cluster"])
+    memory, describe, throughput = case.inputs["memory"], costs.describe, costs.throughput
+    best = costs.best_layout(model, cluster, memory)
+    if best is None:
+        if answer is not None:
+            raise Wrong(f"returned a layout, but none fits {memory / 2**30:.2f} GiB: expected None",
+                        "a layout where none fits")
+        return
+    fields = ("dp", "pp", "tp", "microbatches", "zero", "recompute")
+    if type(answer) is not dict or set(answer) != set(fields):
+        raise Wrong("choose_layout must return a Layout (or None when nothing fits)", "not a Layout")
+    try:
+        layout = costs.Layout(**answer)
+        costs.check_layout(model, cluster, layout)
+    except (TypeError, ValueError) as error:
+        raise Wrong(str(error), "not a layout of the model on the cluster") from None
+    needs = costs.layout_memory(model, cluster, layout)
+    if needs > memory:
+        raise Wrong(f"{describe(layout)} needs {needs / 2**30:.2f} GiB per device, over the "
+                    f"{memory / 2**30:.2f} GiB limit", "a layout that does not fit")
+    found, most = throughput(model, cluster, layout), throughput(model, cluster, best)
+    if found < 0.95 * most:
+        raise Wrong(f"{describe(layout)} trains {found:,.0f} tokens/s, {found / most:.0%} of the best layout "
+                    f"that fits ({most:,.0f} tokens/s)", "more than 5 % slower than the best layout")
+
+
 # -- lesson 8: the planner ---------------------------------------------------------------------------
 
 def _slicing_cases(rng: random.Random) -> list[Case]:
@@ -1007,7 +1061,10 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                           ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
                           ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")],
     "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
-    "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups")],
+    "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
+                        ("edulib.layout.best_layout", "the layout choice"),
+                        ("edulib.layout.layouts", "the layout choice"),
+                        ("edulib.planner.baselines.best_manual", "the layout choice")],
     "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
     "lesson09_going_further": [(f"edulib.dp.compression.{name}", "top-k with error feedback")
@@ -1081,9 +1138,13 @@ CHECKS: dict[str, list[Check]] = {
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
               "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths")],
     "lesson07_hybrid": [
-        Check("grid groups", 3, 2, "grid_groups", _grid_cases, _grid_judge,
+        Check("grid groups", 1, 1, "grid_groups", _grid_cases, _grid_judge,
               "every data-, pipeline- and tensor-parallel group of the grid",
-              "other grid shapes, sizes of 1")],
+              "other grid shapes, sizes of 1"),
+        Check("layout choice", 3, 3, "choose_layout", _layout_cases, _layout_judge,
+              "a layout that fits the memory limit and trains within 5 % of the best that exhaustive search "
+              "finds with the same cost models, or None when nothing fits",
+              "other models, clusters and memory limits, one where nothing fits")],
     "lesson08_alpa": [
         Check("stage slicing", 1, 1, "best_slicing", _slicing_cases, _slicing_judge,
               "equal to exhaustive search", "random small graphs"),

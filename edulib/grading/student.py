@@ -438,6 +438,29 @@ def _schedule(schedule: Any) -> dict:
                        for messages in schedule.rounds]}
 
 
+def _transformer(model: dict) -> Any:
+    from edulib.layout import Transformer
+
+    return Transformer(**model)
+
+
+def _cluster(cluster: dict) -> Any:
+    from edulib.planner import Cluster
+
+    return Cluster(**{**cluster, "intra": tuple(cluster["intra"]), "inter": tuple(cluster["inter"])})
+
+
+def _layout(layout: Any) -> dict | None:
+    """A Layout (or None) as plain data."""
+    from dataclasses import asdict
+
+    from edulib.layout import Layout
+
+    if layout is not None and type(layout) is not Layout:
+        raise NotPlain(f"a {type(layout).__name__}, where an edulib.layout.Layout (or None) was expected")
+    return None if layout is None else asdict(layout)
+
+
 def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
     """A collector that calls the student's code in this process on one case."""
     def collect(module: ModuleType, case: dict, forbidden: list) -> dict:
@@ -478,6 +501,8 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
                                                                                  "lse_b")))),
     "ring_attention": _on_ranks("ring_attention"),
     "grid_groups": _in_process(lambda s, c: s.grid_groups(c["dp"], c["pp"], c["tp"])),
+    "choose_layout": _in_process(lambda s, c: _layout(s.choose_layout(
+        _transformer(c["model"]), _cluster(c["cluster"]), c["memory"]))),
     "inter_op": _in_process(lambda s, c: s.inter_op(c["times"].tolist(), list(c["sizes"]), c["devices"],
                                                     c["microbatches"])),
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
