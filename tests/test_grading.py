@@ -46,21 +46,36 @@ def test_every_check_keeps_some_cases_hidden_and_draws_them_from_its_seed():
     assert any(ranks in (2, 5) and length % ranks for ranks, length in hidden)
 
 
+def _worth(result) -> int:
+    """The points a result's check part is worth, extra credit included."""
+    check = next(c for c in CHECKS[result.exercise] if c.name == result.check.removesuffix(" (hidden)"))
+    return check.hidden_points if result.hidden else check.points
+
+
 def test_the_solutions_score_full_marks_on_every_hidden_case():
     results = grade(ROOT / "solutions", progress=False)
     assert {r.exercise for r in results} == set(CHECKS)
-    missed = [f"{r.exercise}/{r.check}: {r.feedback}" for r in results if r.points != r.max_points]
+    missed = [f"{r.exercise}/{r.check}: {r.feedback}" for r in results if r.points != _worth(r)]
     assert not missed, missed
     assert any(r.hidden for r in results) and all(r.sandbox == "bubblewrap" for r in results)
     text = report(results)
-    most = sum(r.max_points for r in results)
-    assert f"solutions: {most}/{most} points" in text
+    got, most = sum(r.points for r in results), sum(r.max_points for r in results)
+    assert got > most, "the optional checks' points are extra credit"
+    assert f"solutions: {got}/{most} points" in text
+
+
+def test_an_optional_check_is_extra_credit():
+    optional = [(exercise, c) for exercise, checks in CHECKS.items() for c in checks if c.optional]
+    assert optional and all(c.name.endswith("(optional)") for _, c in optional)
+    results = grade(ROOT / "solutions" / "lesson02_allreduce.py", progress=False)
+    extra = [r for r in results if "(optional)" in r.check]
+    assert extra and all(r.max_points == 0 and r.points == _worth(r) > 0 for r in extra)
 
 
 def test_the_reference_ring_passes_the_hidden_cases_of_other_seeds():
     for seed in (1, 2):
         results = grade(ROOT / "solutions" / "lesson02_allreduce.py", progress=False, seed=seed)
-        assert all(r.points == r.max_points for r in results), [r.feedback for r in results]
+        assert all(r.points == _worth(r) for r in results), [r.feedback for r in results]
 
 
 def test_untouched_exercises_say_not_implemented_with_the_hint():
@@ -194,7 +209,8 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "buckets of at most 1048576 bytes filled in reverse order hold [131]"),
     ("lesson01_data_parallelism", "/ dist.get_world_size())", ")", "gradient buckets",
      "step 1, rank 0: the gradient of head_bias holds"),
-    ("lesson02_allreduce", "rank(line, (i + 1) % size)", "rank(line, (i + 2) % size)", "2D-torus schedule",
+    ("lesson02_allreduce", "rank(line, (i + 1) % size)", "rank(line, (i + 2) % size)",
+     "2D-torus schedule (optional)",
      "a 2 x 2 torus: rank"),
     ("lesson03_tensor_parallelism", "of its terms?\n        return grad",
      "of its terms?\n        dist.all_reduce(grad)\n        return grad", "f and g", "2 ranks, x of shape"),
@@ -231,17 +247,21 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
     ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
      "        if (microbatches - 1) * t_max >= best:\n            break\n        tried", "inter-op program",
      "with Alpa's stop rule (B t_max >= the best so far) the program tries"),
-    ("lesson09_going_further", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
+    ("lesson09_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
      "top-k with error feedback", "the error after it (gradient + error - what was kept)"),
-    ("lesson09_going_further", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
+    ("lesson09_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
      "training converges", "training with your topk_average does not converge"),
+    ("lesson10_pipedream", '"vertical_sync": applied[0]', '"vertical_sync": own', "version plan",
+     "version_plan gives stage 1 the versions"),
+    ("lesson10_pipedream", "len({latest, *inflight.values(), *range(upcoming, latest + 1)})",
+     "len({latest, *inflight.values()})", "versions held", "versions_held gives"),
 ])
 def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
     source = (ROOT / "solutions" / f"{name}.py").read_text()
     assert source.count(wrong) == 1, wrong
     path = _submit(tmp_path, name, source.replace(wrong, right))
     visible, hidden = (r for r in grade(path, progress=False) if r.check in (check, f"{check} (hidden)"))
-    assert visible.points + hidden.points < visible.max_points + hidden.max_points
+    assert visible.points + hidden.points < _worth(visible) + _worth(hidden)
     assert said in visible.feedback + hidden.feedback, (visible.feedback, hidden.feedback)
 
 
@@ -315,7 +335,7 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     assert main(["grade", "submissions", "--quiet"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["submissions"], "wrote into the current folder"
     captured = capsys.readouterr()
-    most = sum(c.points + c.hidden_points for checks in CHECKS.values() for c in checks)
+    most = sum(c.points + c.hidden_points for checks in CHECKS.values() for c in checks if not c.optional)
     full = sum(c.points + c.hidden_points for c in CHECKS["lesson01_data_parallelism"])  # alice's score
     assert f"alice: {full}/{most} points" in captured.out and f"bob: 0/{most} points" in captured.out
     for warning in ("alice/notes.py: ignored, not an exercise file", "alice/old/lesson08_alpa.py: ignored, "

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from edulib.grading import grade, integrity, snapshot, write_csv, write_json
+from edulib.grading import CHECKS, grade, integrity, snapshot, write_csv, write_json
 from edulib.grading import sandbox as bubblewrap
 from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE = "lesson07_hybrid"  # judged in the student's process, so each plant grades in seconds
 SOLUTION = (ROOT / "solutions" / f"{EXERCISE}.py").read_text()
-FULL = 5  # its points: the honest classmate's score
+FULL = sum(c.points + c.hidden_points for c in CHECKS[EXERCISE])  # the honest classmate's score
 MODES = [pytest.param(True, id="sandbox"), pytest.param(False, id="no-sandbox")]
 pytestmark = pytest.mark.skipif(not bubblewrap.available(), reason="bubblewrap is not installed here")
 STUB = """
@@ -265,7 +265,7 @@ def test_self_reported_training_is_not_believed(tmp_path, sandbox):
         def topk_average(gradient, error, ratio):
             return torch.zeros_like(gradient)  # never moves the weights
     """
-    points, results, _ = _class(tmp_path, {"idle": body}, sandbox, name="lesson09_going_further")
+    points, results, _ = _class(tmp_path, {"idle": body}, sandbox, name="lesson09_compression")
     training = [r for r in results if r.check.startswith("training converges")]
     assert [r.points for r in training] == [0, 0]
     assert "held-out data" in training[0].feedback
@@ -363,7 +363,6 @@ def test_hidden_cases_come_from_a_secret_seed_that_is_recorded(tmp_path):
     first, second = (grade(path, progress=False) for _ in range(2))
     seeds = {r.seed for r in first} | {r.seed for r in second}
     assert len(seeds) == 2, "each run draws its own seed"
-    from edulib.grading import CHECKS
     from edulib.grading.grader import cases_of
     check = CHECKS["lesson05_sharding"][0]
     a, b = (cases_of("lesson05_sharding", check, seed) for seed in seeds)
@@ -580,11 +579,12 @@ def test_100_mb_of_output_does_not_cost_a_correct_answer(tmp_path):
 
 def test_30_mb_printed_by_a_rank_does_not_cost_a_correct_answer(tmp_path):
     solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
-    points, _, _ = _class(tmp_path, {"printer": solution.replace(
-        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n    bounds",
-        "    ranks, rank = dist.get_world_size(), dist.get_rank()\n"
-        "    if rank == 0:\n        print('y' * 30_000_000)\n    bounds")}, name="lesson05_sharding")
-    assert points == {"printer": 5}
+    wrong, right = "    bounds = shard_bounds(length, dist.get_world_size())\n", (
+        "    if dist.get_rank() == 0:\n        print('y' * 30_000_000)\n"
+        "    bounds = shard_bounds(length, dist.get_world_size())\n")
+    assert solution.count(wrong) == 1
+    points, _, _ = _class(tmp_path, {"printer": solution.replace(wrong, right)}, name="lesson05_sharding")
+    assert points == {"printer": sum(c.points + c.hidden_points for c in CHECKS["lesson05_sharding"])}
 
 
 def test_a_4_gib_allocation_fails_inside_the_check(tmp_path):

@@ -18,7 +18,8 @@ ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "05_memory_and_sharding": ["ZeroDataParallel._gather", "ZeroDataParallel._accumulated"],
     "06_sequence_context_expert": ["_RingAttention"],
     "08_alpa_planner": ["inter._program", "inter.inter_op"],
-    "09_going_further": ["TopK.encode", "compressed_average"],
+    "09_gradient_compression": ["TopK.encode", "compressed_average"],
+    "10_pipedream_and_perseus": ["version_plan", "versions_held", "Stash.forward"],
 }
 
 
@@ -37,3 +38,40 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
         assert name not in before, f"{lesson} shows {name} before its score cell"
         assert name in after, f"{lesson} no longer compares with edulib's {name} after its score cell"
     assert "Compare with edulib's version" in "".join("".join(c["source"]) for c in cells[score:])
+
+
+ROOT = NOTEBOOKS.parent
+
+
+def _table_column(text: str, pattern: str) -> list[str]:
+    """The first column of every table row of `text` whose first cell matches `pattern`."""
+    return re.findall(rf"^\| `({pattern})` \|", text, re.MULTILINE)
+
+
+def test_lessons_exercises_score_cells_and_tables_stay_in_step():
+    from edulib.grading import CHECKS
+
+    lessons = sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
+    assert [int(name[:2]) for name in lessons] == list(range(len(lessons))), lessons
+    readme = (ROOT / "README.md").read_text()
+    assert _table_column(readme, r"\d\d_\w+") == lessons, "README's table of the labs"
+    assert _table_column(readme, r"lesson\d\d_\w+") == list(CHECKS), "README's table of the exercises"
+    scored = {}
+    for lesson in lessons:
+        cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"]
+        found = re.findall(r'score\("(\w+)"\)', " ".join("".join(c["source"]) for c in cells))
+        assert len(found) == (lesson[:2] != "00"), f"{lesson} has score cells for {found}"
+        scored.update({exercise: lesson for exercise in found})
+    assert list(scored) == list(CHECKS)
+    assert all(exercise[6:8] == lesson[:2] for exercise, lesson in scored.items()), scored
+
+
+def test_the_instructors_table_of_points_is_the_checks():
+    from edulib.grading import CHECKS
+
+    rows = re.findall(r"^\| `(lesson\w+)` \| (.*) \| (\d+)(?: \+ (\d+) extra)? \|$",
+                      (ROOT / "docs" / "instructors.md").read_text(), re.MULTILINE)
+    want = {exercise: (sum(c.points + c.hidden_points for c in checks if not c.optional),
+                       sum(c.points + c.hidden_points for c in checks if c.optional))
+            for exercise, checks in CHECKS.items()}
+    assert {exercise: (int(total), int(extra or 0)) for exercise, _, total, extra in rows} == want

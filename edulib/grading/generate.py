@@ -26,7 +26,8 @@ def graded_on(exercise: str) -> str:
     lines = ["Graded on (the lesson's score cell and `edulib grade` run the same checks):"]
     for check in CHECKS[exercise]:
         visible = "; ".join(case.label for case in cases_of(exercise, check) if not case.hidden)
-        lines += textwrap.wrap(f"- {check.name}, {check.points} + {check.hidden_points} points: "
+        extra = " of extra credit" if check.optional else ""
+        lines += textwrap.wrap(f"- {check.name}, {check.points} + {check.hidden_points} points{extra}: "
                                f"{check.passed}. Visible cases: {visible}. Hidden cases: {check.hidden}.",
                                width=100, subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join(lines)

@@ -359,8 +359,8 @@ def _rows(student: str, exercise: str, check: Check, feedback: tuple[str, str], 
                                     (True, check.hidden_points, feedback[1])):
         passed = text in (check.passed, f"passed the hidden cases ({check.hidden})")
         rows.append(Result(student, exercise, check.name + (" (hidden)" if is_hidden else ""),
-                           points if passed else 0, points, text, round(seconds, 2), is_hidden, state,
-                           submission, seed))
+                           points if passed else 0, 0 if check.optional else points, text, round(seconds, 2),
+                           is_hidden, state, submission, seed))
     return rows
 
 

@@ -508,5 +508,9 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
                                                             c["microbatches"])),
     "topk": _on_ranks("topk"),
+    "version_plan": _in_process(lambda s, c: s.version_plan([list(row) for row in c["rows"]], c["policy"],
+                                                            c["every"])),
+    "versions_held": _in_process(lambda s, c: s.versions_held([list(row) for row in c["rows"]], c["policy"],
+                                                              c["every"])),
     "topk_training": _on_ranks("topk_training"),
 }
