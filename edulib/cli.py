@@ -174,7 +174,8 @@ def _plan_command(options: argparse.Namespace) -> int:
     build = getattr(graphs, MODELS[options.model])
     model = build(options.layers) if options.layers else build()
     cluster = Cluster.from_speeds(options.nodes, options.devices, options.tflops, options.memory_gib,
-                                  options.intra_gbps, options.inter_gbps)
+                                  options.intra_gbps, options.inter_gbps, options.efficiency,
+                                  options.hbm_gbps)
 
     bars: dict[str, Any] = {}
 
@@ -265,7 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_argument("--nodes", type=_whole, default=2)
     planner.add_argument("--devices", type=_whole, default=8, help="devices per node")
     planner.add_argument("--microbatches", type=_whole, default=16)
-    planner.add_argument("--tflops", type=_positive, default=100.0, help="achieved TFLOP/s per device")
+    planner.add_argument("--tflops", type=_positive, default=100.0, help="peak TFLOP/s per device")
+    planner.add_argument("--efficiency", type=_positive, default=1.0,
+                         help="the fraction of peak that kernels sustain, at most 1")
+    planner.add_argument("--hbm-gbps", type=_positive, default=float("inf"),
+                         help="memory bandwidth per device, GB/s (element-wise operators)")
     planner.add_argument("--memory-gib", type=_positive, default=16.0, help="memory per device, GiB")
     planner.add_argument("--intra-gbps", type=_positive, default=100.0, help="GB/s inside a node")
     planner.add_argument("--inter-gbps", type=_positive, default=12.5, help="GB/s between nodes")

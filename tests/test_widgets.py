@@ -233,23 +233,28 @@ def test_the_overlap_figure_draws_every_bucket_from_timestamps():
     assert len(axes.collections) == 1 + 1 + 2  # backward span, ready ticks, two buckets
 
 
-def test_the_plan_explorer_falls_back_to_the_plan_it_describes():
+def test_the_plan_explorer_falls_back_to_a_plan_that_mixes_stages_and_tensor_parallelism():
+    from edulib.utilization import LECTURE_RUNS
     from edulib.widgets import plan_explorer
-    from edulib.widgets.planner import describe_case, plan_case
+    from edulib.widgets.planner import DEFAULTS, describe_case, plan_case
 
     figure = plan_explorer(static=True)
-    case = {"nodes": 2, "devices": "4", "intra_gbps": 100, "inter_gbps": 10, "memory_gib": 16}
-    found = plan_case(**case)
-    assert figure.axes[0].get_title().startswith(f"gpt-8 on devices of 16 GiB: {len(found.stages)} stages")
-    assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_case(**case)
+    found = plan_case(**DEFAULTS)
+    assert figure.axes[0].get_title().startswith("gpt-8 on devices of 1.5 GiB: 4 stages")
+    assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_case(**DEFAULTS)
+    assert len(found.stages) > 1, "a pipeline"
+    loops = {loop for stage in found.stages for name in stage.strategies for loop in name.split(",")}
+    assert loops & {"o", "i"}, "Megatron's column or row split in some stage"
+    utilisation = found.throughput / (found.cluster.size * found.cluster.flops)
+    assert utilisation <= max(run.stated_fraction for run in LECTURE_RUNS), "no better than real runs"
     # a cluster too small for the model says so instead of drawing
-    assert "smallest memory per device" in describe_case(**{**case, "memory_gib": 0.01})
+    assert "smallest memory per device" in describe_case(**{**DEFAULTS, "memory_gib": 0.01})
 
 
 def test_less_bandwidth_between_nodes_never_speeds_a_plan_up():
     from edulib.widgets.planner import plan_case
 
-    fast, slow = (plan_case(2, "4", 100, gbps, 16) for gbps in (100, 0.1))
+    fast, slow = (plan_case(2, "4", 300, gbps, 1.5) for gbps in (100, 0.1))
     assert slow.latency >= fast.latency
 
 

@@ -28,6 +28,8 @@ class Cluster:
     memory: float = 16 * 2**30
     intra: Link = (5e-6, 1 / 100e9)
     inter: Link = (20e-6, 1 / 12.5e9)
+    efficiency: float = 1.0  # the fraction of peak FLOP/s kernels sustain (1: the ideal machine)
+    hbm: float = math.inf  # memory bandwidth, bytes/s: element-wise operators stream their tensors
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices"):
@@ -36,6 +38,9 @@ class Cluster:
                 raise ValueError(f"a cluster needs a whole number of {name}, 1 or more; got {value!r}")
         if self.flops <= 0 or self.memory <= 0:
             raise ValueError(f"flops and memory must be positive; got {self.flops!r} and {self.memory!r}")
+        if not 0 < self.efficiency <= 1 or self.hbm <= 0:
+            raise ValueError(f"efficiency must be in (0, 1] and hbm positive; got {self.efficiency!r} and "
+                             f"{self.hbm!r}")
         for name in ("intra", "inter"):
             alpha, beta = getattr(self, name)
             if alpha < 0 or beta < 0:
@@ -43,11 +48,14 @@ class Cluster:
 
     @classmethod
     def from_speeds(cls, nodes: int, devices: int, tflops: float = 100.0, memory_gib: float = 16.0,
-                    intra_gbps: float = 100.0, inter_gbps: float = 12.5) -> Cluster:
-        """A cluster described as people quote it: TFLOP/s, GiB, and GB/s inside and between nodes
-        (each link keeps its default latency)."""
+                    intra_gbps: float = 100.0, inter_gbps: float = 12.5, efficiency: float = 1.0,
+                    hbm_gbps: float = math.inf) -> Cluster:
+        """A cluster described as people quote it: peak TFLOP/s, GiB, GB/s inside and between nodes
+        (each link keeps its default latency), the fraction of peak its kernels sustain and its
+        memory bandwidth in GB/s."""
         return cls(nodes, devices, flops=tflops * 1e12, memory=memory_gib * 2**30,
-                   intra=(cls.intra[0], 1 / (intra_gbps * 1e9)), inter=(cls.inter[0], 1 / (inter_gbps * 1e9)))
+                   intra=(cls.intra[0], 1 / (intra_gbps * 1e9)), inter=(cls.inter[0], 1 / (inter_gbps * 1e9)),
+                   efficiency=efficiency, hbm=hbm_gbps * 1e9)
 
     @property
     def size(self) -> int:
@@ -75,17 +83,19 @@ class Cluster:
             if per_node % b == 0:
                 a = nodes * per_node // b
                 axis0 = link(0, (a - 1) * b) if a > 1 else self.intra  # its farthest pair
-                meshes.append(Mesh((a, b), (axis0, link(0, b - 1)), self.flops))
+                meshes.append(Mesh((a, b), (axis0, link(0, b - 1)), self.flops * self.efficiency, self.hbm))
         return meshes
 
 
 @dataclass(frozen=True)
 class Mesh:
-    """A logical mesh: `shape` (a, b) devices, `links` (alpha, beta) along each axis."""
+    """A logical mesh: `shape` (a, b) devices, `links` (alpha, beta) along each axis, and each
+    device's sustained FLOP/s and memory bandwidth."""
 
     shape: tuple[int, int]
     links: tuple[Link, Link]
-    flops: float
+    flops: float  # what a device sustains
+    hbm: float = math.inf  # bytes/s a device reads and writes its memory at
 
     @property
     def size(self) -> int:

@@ -90,6 +90,8 @@ def strategies(op: Operator, mesh: Mesh, microbatches: int = 1) -> list[Strategy
             elif loop == "e":
                 seconds += 4 * mesh.all_to_all(axis, out_bytes * mesh.shape[axis])  # dispatch, combine
         compute = 3 * op.flops / np.prod(split) / mesh.flops  # forward + backward (twice forward)
+        if op.kind in ("elementwise", "rowwise"):  # memory-bound: each pass reads and writes its tensors
+            compute = max(compute, 3 * (in_bytes + out_bytes) / mesh.hbm)
         found.append(Strategy(loops, compute, seconds, weight, out_bytes, inp, out))
     return found
 
