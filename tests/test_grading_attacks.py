@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -39,8 +40,9 @@ _honest = grid_groups
 
 
 def _strays() -> list[str]:
-    """Processes of a grading tree still alive: a check's process, a rank, a warden, or anything that
-    runs as the sandbox's user (not the ranks of the pools that other tests of this session keep)."""
+    """Processes of a grading tree still alive: a check's process, a rank, a warden or a sandbox, run
+    by this session's Python (not the ranks of the pools that other tests of this session keep, nor
+    another checkout's processes on the same machine)."""
     found, ours = [], {str(pid) for pool in _open_pools for pid in pool.pids}
     for pid in set(filter(str.isdigit, os.listdir("/proc"))) - ours:
         try:
@@ -48,8 +50,8 @@ def _strays() -> list[str]:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(mark in command for mark in ("edulib.grading.child", "grading/warden.py",
-                                                                "edulib.rank import serve", "bwrap")):
+        marks = ("edulib.grading.child", "grading/warden.py", "edulib.rank import serve", "bwrap")
+        if state != "Z" and sys.executable in command and any(mark in command for mark in marks):
             found.append(f"{pid}: {command}")
     return found
 
