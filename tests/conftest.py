@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -10,19 +11,21 @@ import pytest
 from edulib.launch import Pool
 
 RANK_MARK = b"edulib.rank import serve"
+PYTHON = os.fsencode(sys.executable)  # ranks of this session's Python, not another checkout's
 _shared: list[Pool] = []
 
 
 def rank_processes() -> set[int]:
-    """Process ids of every live edulib rank on this machine (zombies count as gone)."""
+    """Process ids of every live edulib rank that this session's Python runs (zombies count as gone)."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as file:
-                if RANK_MARK not in file.read():
-                    continue
+                command = file.read()
+            if RANK_MARK not in command or PYTHON not in command:
+                continue
             with open(f"/proc/{entry}/stat") as file:
                 if file.read().rsplit(")", 1)[1].split()[0] != "Z":
                     found.add(int(entry))

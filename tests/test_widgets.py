@@ -337,3 +337,16 @@ def test_the_frontier_explorer_falls_back_to_the_1f1b_frontier_and_says_its_bloa
     text = describe_case(schedule="1f1b", stages=4, microbatches=8, levels=5)
     assert f"intrinsic bloat {found.intrinsic_bloat() / found.flat_out:.1%}" in text
     assert describe_case(schedule="1f1b", stages=4, microbatches=0, levels=5).startswith("microbatches must")
+
+
+def test_a_measured_figure_says_when_its_ranks_outnumber_the_cores(monkeypatch):
+    import os
+
+    from edulib.pp.schedule import Action
+    from edulib.viz.hybrid import step_figure
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    reports = [{"events": [(Action("F", 0, 0), 0.0, 1.0)], "reduce": (1.0, 2.0), "coordinates": (0, 0, rank)}
+               for rank in range(8)]
+    assert "8 ranks share 2 cores" in step_figure(reports).axes[0].get_title()
+    assert "cores" not in step_figure(reports[:2]).axes[0].get_title()

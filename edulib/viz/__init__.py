@@ -5,7 +5,18 @@ module teaches the display system to show them as PNG pictures, as pyplot's inli
 for its own figures.
 """
 
+import os
+
 from matplotlib.figure import Figure
+
+
+def shared_cores(ranks: int) -> str:
+    """A caption for a measured figure when its ranks outnumber this machine's cores (then a rank
+    waits for a core as well as for its messages), or nothing."""
+    cores = len(os.sched_getaffinity(0))
+    if ranks <= cores:
+        return ""
+    return f"{ranks} ranks share {cores} cores here: a rank also waits for a core, not only for messages"
 
 
 def _show_figures_in_ipython() -> None:

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from edulib.comm.groups import Grid
+from edulib.viz import shared_cores
 from edulib.viz.pipeline import KIND_COLOURS, KIND_NAMES
 
 AXIS_COLOURS = {"tp": "#c44e52", "pp": "#4c72b0", "dp": "#55a868"}
@@ -72,6 +73,7 @@ def step_figure(reports: list[dict], title: str = "one training step on every ra
     axes.legend(handles=[*(Patch(color=KIND_COLOURS[k], label=KIND_NAMES[k]) for k in kinds),
                          Patch(color=REDUCE_COLOUR, label="gradient all-reduce (dp)")],
                 loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
-    axes.set_title(title, fontsize=10)
+    caption = shared_cores(len(reports))
+    axes.set_title(f"{title}\n({caption})" if caption else title, fontsize=10)
     figure.tight_layout()
     return figure

@@ -63,7 +63,7 @@ def traffic_figure(sends: list[list[int]], title: str = "") -> Figure:
     axes.set_xlabel("to rank (its experts)")
     axes.set_ylabel("from rank (its tokens)")
     axes.set_title(title or "tokens dispatched", fontsize=9)
-    figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04).set_label("tokens sent", fontsize=8)
     figure.subplots_adjust(left=0.2, right=0.88, bottom=0.17, top=0.9)
     return figure
 
