@@ -107,15 +107,21 @@ def parallel_attention(x: torch.Tensor, qkv_shard: torch.Tensor, qkv_bias_shard:
     raise NotImplementedError("which of Megatron's operators goes where in the attention block, as in the MLP?")
 
 
-def _sequence_chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """A (batch, tokens, ...) tensor's equal runs of tokens, one per rank, each contiguous."""
-    return [chunk.contiguous() for chunk in tensor.chunk(dist.get_world_size(), dim=1)]
+def all_gather_tokens(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's run of tokens (dim 1 of a (batch, tokens, ...) tensor), gathered in rank order
+    into the whole sequence, on every rank."""
+    raise NotImplementedError("lesson 02's all-gather, along the sequence: in what order do the runs go?")
+
+
+def reduce_scatter_tokens(x: torch.Tensor) -> torch.Tensor:
+    """The ranks' tensors over the whole sequence summed, this rank keeping its own run of tokens
+    (dim 1); the token count divides by the number of ranks."""
+    raise NotImplementedError("lesson 02's reduce-scatter, along the sequence: which run of tokens is this rank's?")
 
 
 class GatherSequence(torch.autograd.Function):
-    """Sequence parallelism's all-gather: forward, every rank's run of tokens (dim 1, in rank
-    order) gathered into the whole sequence; backward, the gradient reduce-scattered back to this
-    rank's run. The token count divides by the number of ranks."""
+    """Sequence parallelism's all-gather: forward, this rank's run of tokens gathered into the whole
+    sequence; backward, the gradient brought back to this rank's run."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -127,9 +133,8 @@ class GatherSequence(torch.autograd.Function):
 
 
 class ScatterSequence(torch.autograd.Function):
-    """Sequence parallelism's reduce-scatter: forward, every rank's partial sum over the whole
-    sequence summed and split, each rank keeping its run of tokens (dim 1); backward, the
-    gradient all-gathered. The token count divides by the number of ranks."""
+    """Sequence parallelism's reduce-scatter: forward, the ranks' partial sums over the whole
+    sequence summed, each rank keeping its run of tokens; backward, the gradient gathered."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:

@@ -142,56 +142,62 @@ def parallel_attention(x: torch.Tensor, qkv_shard: torch.Tensor, qkv_bias_shard:
     # END SOLUTION
 
 
-def _sequence_chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """A (batch, tokens, ...) tensor's equal runs of tokens, one per rank, each contiguous."""
-    return [chunk.contiguous() for chunk in tensor.chunk(dist.get_world_size(), dim=1)]
+def all_gather_tokens(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's run of tokens (dim 1 of a (batch, tokens, ...) tensor), gathered in rank order
+    into the whole sequence, on every rank."""
+    # BEGIN SOLUTION
+    # HINT: lesson 02's all-gather, along the sequence: in what order do the runs go?
+    pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, x.contiguous())
+    return torch.cat(pieces, dim=1)
+    # END SOLUTION
+
+
+def reduce_scatter_tokens(x: torch.Tensor) -> torch.Tensor:
+    """The ranks' tensors over the whole sequence summed, this rank keeping its own run of tokens
+    (dim 1); the token count divides by the number of ranks."""
+    # BEGIN SOLUTION
+    # HINT: lesson 02's reduce-scatter, along the sequence: which run of tokens is this rank's?
+    chunks = [chunk.contiguous() for chunk in x.chunk(dist.get_world_size(), dim=1)]
+    mine = torch.empty_like(chunks[dist.get_rank()])
+    dist.reduce_scatter(mine, chunks)
+    return mine
+    # END SOLUTION
 
 
 class GatherSequence(torch.autograd.Function):
-    """Sequence parallelism's all-gather: forward, every rank's run of tokens (dim 1, in rank
-    order) gathered into the whole sequence; backward, the gradient reduce-scattered back to this
-    rank's run. The token count divides by the number of ranks."""
+    """Sequence parallelism's all-gather: forward, this rank's run of tokens gathered into the whole
+    sequence; backward, the gradient brought back to this rank's run."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
         # HINT: the lecture's figure of sequence parallelism: what does the next layer need?
-        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(pieces, x.contiguous())
-        return torch.cat(pieces, dim=1)
+        return all_gather_tokens(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
         # HINT: each rank's gradient of the whole sequence is partial: which collective undoes a gather?
-        chunks = _sequence_chunks(grad)
-        mine = torch.empty_like(chunks[dist.get_rank()])
-        dist.reduce_scatter(mine, chunks)
-        return mine
+        return reduce_scatter_tokens(grad)
         # END SOLUTION
 
 
 class ScatterSequence(torch.autograd.Function):
-    """Sequence parallelism's reduce-scatter: forward, every rank's partial sum over the whole
-    sequence summed and split, each rank keeping its run of tokens (dim 1); backward, the
-    gradient all-gathered. The token count divides by the number of ranks."""
+    """Sequence parallelism's reduce-scatter: forward, the ranks' partial sums over the whole
+    sequence summed, each rank keeping its run of tokens; backward, the gradient gathered."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
         # HINT: this replaces g: which collective sums like g but leaves each rank only its tokens?
-        chunks = _sequence_chunks(x)
-        mine = torch.empty_like(chunks[dist.get_rank()])
-        dist.reduce_scatter(mine, chunks)
-        return mine
+        return reduce_scatter_tokens(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
         # HINT: after the layer, each rank holds its own tokens' gradient: what does the layer need?
-        pieces = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
-        dist.all_gather(pieces, grad.contiguous())
-        return torch.cat(pieces, dim=1)
+        return all_gather_tokens(grad)
         # END SOLUTION
