@@ -7,7 +7,9 @@ stage (Korthikanti et al.'s bytes per layer, 1F1B keeping up to pp of them). Ste
 (m + pp - 1) micro-batch slots, each one stage's compute (6 FLOPs per parameter and token, 8 with
 full recomputation) plus its tensor-parallel all-reduces and its pipeline sends, then the
 data-parallel gradient all-reduce (ZeRO-3 gathers the weights again: 3/2 of it). Tensor
-parallelism stays inside a node; the ranks are laid out as (d, p, t) with t innermost.
+parallelism stays inside a node; the ranks are laid out as (d, p, t) with t innermost. Nothing
+overlaps, and selective recomputation costs no time here: it recomputes attention's softmax, which
+the 6 FLOPs per parameter and token do not count.
 """
 
 from __future__ import annotations
