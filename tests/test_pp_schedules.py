@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
+from edulib.pp.schedule import Action, Schedule
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -34,7 +35,40 @@ def test_zero_bubble_has_a_smaller_bubble_than_1f1b_for_the_same_work(p, groups)
     assert zero.bubble_fraction < one.bubble_fraction
     # ZB-H1's bubble per device, (p-1)(t_f + t_b - t_w), with unit costs: p - 1
     assert zero.makespan == pytest.approx(3 * m + (p - 1))
-    assert zero.peak_inflight == one.peak_inflight
+    assert max(zero.peak_inflight) == max(one.peak_inflight) == min(p, m)  # H1: 1F1B's peak memory
+
+
+class _Stage:
+    """What torch.distributed.pipelining's schedules read of a stage to build their order."""
+
+    def __init__(self, p: int) -> None:
+        self.stage_index, self.num_stages, self.group_rank, self.group_size = 0, p, 0, p
+        self.is_first, self.is_last, self.submod, self.has_backward = True, p == 1, None, True
+
+
+def _torch_zero_bubble(p: int, m: int) -> Schedule:
+    """torch's own ZB-H1 order (ScheduleInterleavedZeroBubble, one stage per rank) as an edulib
+    Schedule: its I (input gradient) is our B."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    order = ScheduleInterleavedZeroBubble([_Stage(p)], m).pipeline_order
+    kinds = {"F": "F", "I": "B", "W": "W"}
+    rows = tuple(tuple(Action(kinds[str(action).lstrip("0123456789")[0]], action.stage_index,
+                              action.microbatch_index) for action in order[rank] if action is not None)
+                 for rank in range(p))
+    return validate(Schedule("torch_zero_bubble", p, m, 1, rows))
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 6), (3, 9), (4, 2), (4, 4), (4, 8), (4, 16), (5, 10),
+                                      (8, 16)])
+def test_zero_bubble_is_as_fast_as_torchs_order_and_holds_no_more(p, m):
+    ours, theirs = build_schedule("zero_bubble", p, m), _torch_zero_bubble(p, m)
+    assert [sorted(map(str, row)) for row in ours.actions] == [sorted(map(str, row))
+                                                               for row in theirs.actions], "the same work"
+    fast, torch_fast = (simulate(s, t_f=1.0, t_b=1.0, t_w=1.0) for s in (ours, theirs))  # the paper's costs
+    assert fast.makespan <= torch_fast.makespan
+    assert all(a <= b for a, b in zip(fast.peak_inflight, torch_fast.peak_inflight, strict=True))
+    assert max(fast.peak_inflight) <= min(p, m), "never more than 1F1B's peak"
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (8, 32), (3, 2)])

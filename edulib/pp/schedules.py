@@ -81,13 +81,15 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
 
 def zero_bubble(p: int, m: int) -> Schedule:
     """ZB-H1: 1F1B's order of F and B, with each weight gradient W placed where its device would
-    otherwise wait (or at the end). B frees a micro-batch's activations as in 1F1B (W needs only
-    the layers' inputs), so the peak in flight is 1F1B's.
+    otherwise wait (or at the end), but never deferred so far that a device holds more micro-batches
+    (forward done, W not yet) than 1F1B's first device does, min(p, m): before a forward that would
+    exceed it, the oldest deferred W runs. So its peak memory is 1F1B's, as the paper's H1 promises.
 
     Built by running the devices with unit costs and choosing greedily, as the paper's heuristic
     does; the resulting lists are then valid for any costs.
     """
     order = [_one_f_one_b_row(device, p, m) for device in range(p)]
+    bound, held = min(p, m), [0] * p  # micro-batches whose W is still to run, per device
     rows: list[list[Action]] = [[] for _ in range(p)]
     finished: dict[Action, float] = {}
     pending: list[list[Action]] = [[] for _ in range(p)]
@@ -98,6 +100,7 @@ def zero_bubble(p: int, m: int) -> Schedule:
 
     def run(device: int, action: Action, start: float) -> None:
         rows[device].append(action)
+        held[device] += (action.kind == "F") - (action.kind == "W")
         finished[action] = start + 1.0
         if action.kind == "B":
             pending[device].append(Action("W", action.stage, action.microbatch))
@@ -116,7 +119,8 @@ def zero_bubble(p: int, m: int) -> Schedule:
         inputs = dependencies(head, p, m)
         unscheduled = [a for a in inputs if a not in finished]
         ready_at = max((finished[a] for a in inputs if a in finished), default=0.0)
-        if pending[device] and (unscheduled or ready_at > now):
+        full = head.kind == "F" and held[device] >= bound
+        if pending[device] and (unscheduled or ready_at > now or full):
             run(device, pending[device].pop(0), now)
         elif unscheduled:
             waiting.setdefault(unscheduled[0], []).append(device)

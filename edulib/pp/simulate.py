@@ -216,16 +216,15 @@ def replay(timeline: Timeline, t_comm: float | None = None, overhead: float = 0.
 
 
 def count_inflight(schedule: Schedule) -> tuple[int, ...]:
-    """Per device, the most micro-batches in flight at once: forward done, backward not yet.
-
-    That is the activation memory a stage holds. (A split backward's W keeps only the layers'
-    inputs until it runs, a small part, as the zero-bubble paper counts it.)
-    """
+    """Per device, the most micro-batches whose state it holds at once: forward done, weight
+    gradient not yet (the backward B, or W where the backward is split: until W runs, the stage
+    keeps what W needs of that micro-batch)."""
+    done = "W" if schedule.split_backward else "B"
     peaks = []
     for row in schedule.actions:
         held = peak = 0
         for action in row:
-            held += (action.kind == "F") - (action.kind == "B")
+            held += (action.kind == "F") - (action.kind == done)
             peak = max(peak, held)
         peaks.append(peak)
     return tuple(peaks)
