@@ -202,3 +202,52 @@ def moe_with_an_empty_rank() -> dict:
     (y.sum() + routing.aux_loss).backward()
     dense, _ = full(x.detach())
     return {"output": y.detach(), "dense": dense.detach(), "rows": rows, "input_grad": x.grad}
+
+
+def typed_model(kind: str) -> torch.nn.Sequential:
+    """A model whose pipeline messages are not one float32 shape: bf16 throughout, token ids into
+    its first stage, or layers that narrow, so that every stage's output has its own shape."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    if kind == "tokens":
+        return nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    if kind == "narrowing":
+        return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 2))
+    return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16)).to(torch.bfloat16)
+
+
+def typed_batch(kind: str, microbatches: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Micro-batches of inputs and targets for `typed_model(kind)`."""
+    generator = torch.Generator().manual_seed(1)
+    rows = 2 * microbatches
+    if kind == "tokens":
+        inputs = torch.randint(11, (rows, 3), generator=generator)
+        targets = torch.randn(rows, 3, 4, generator=generator)
+    else:
+        width, out = (16, 2) if kind == "narrowing" else (16, 16)
+        inputs = torch.randn(rows, width, generator=generator)
+        targets = torch.randn(rows, out, generator=generator)
+        if kind == "bf16":
+            inputs, targets = inputs.bfloat16(), targets.bfloat16()
+    return list(inputs.chunk(microbatches)), list(targets.chunk(microbatches))
+
+
+def typed_pipeline(kind: str, name: str, microbatches: int = 4) -> dict[str, torch.Tensor]:
+    """One step of `typed_model(kind)` under schedule `name` on this rank's stage, its messages
+    inferred from one forward pass; this rank's gradients, by parameter name."""
+    from edulib.models import split
+    from edulib.pp import build_schedule
+    from edulib.pp.executor import execute, infer_messages
+
+    schedule = build_schedule(name, dist.get_world_size(), microbatches)
+    model = typed_model(kind)
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    pieces = split(model, schedule.stages)
+    inputs, targets = typed_batch(kind, microbatches)
+    rank = dist.get_rank()
+
+    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(y, target) / microbatches
+    execute(schedule, rank, {rank: pieces[rank]}, loss, inputs, targets,
+            messages=infer_messages(pieces, inputs[0]))
+    return {names[id(parameter)]: parameter.grad for parameter in pieces[rank].parameters()}

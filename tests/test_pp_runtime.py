@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -67,3 +69,36 @@ def test_split_cuts_into_nearly_equal_consecutive_pieces():
         strict=True))
     with pytest.raises(ValueError, match="cannot cut 7 blocks into 8 stages"):
         split(mlp(4, 7), 8)
+
+
+def test_messages_of_any_dtype_and_shape_train_like_the_unsplit_model():
+    """bf16 stages, token ids into the first stage, and stages whose outputs narrow, each message's
+    shape and dtype inferred from one forward pass; on 1F1B and on zero bubble's split backward."""
+    from tests.ranks import typed_batch, typed_model, typed_pipeline
+
+    problems = []
+    with Pool(2, backend="gloo", timeout=30) as pool:
+        for kind, name in itertools.product(("bf16", "tokens", "narrowing"), ("1f1b", "zero_bubble")):
+            model = typed_model(kind)
+            for x, target in zip(*typed_batch(kind, 4), strict=True):
+                (torch.nn.functional.mse_loss(model(x), target) / 4).backward()
+            reports = pool.run(typed_pipeline, kind, name)
+            found = {key: grad for report in reports for key, grad in report.items()}
+            tolerance = 2e-2 if kind == "bf16" else 1e-6
+            for key, parameter in model.named_parameters():
+                got = found.get(key)
+                if got is None or got.dtype != parameter.dtype or not torch.allclose(
+                        got.float(), parameter.grad.float(), atol=tolerance):
+                    problems.append(f"{kind}, {name}: the gradient of {key}")
+    assert not problems, problems
+
+
+def test_messages_must_be_declared_for_every_stage_once():
+    from edulib.pp import build_schedule
+    from edulib.pp.executor import execute
+
+    schedule = build_schedule("1f1b", 3, 2)
+    with pytest.raises(ValueError, match="stages \\[1\\] have none"):
+        execute(schedule, 0, {0: torch.nn.Identity()}, None, messages={0: ((2,), torch.float32)})
+    with pytest.raises(ValueError, match="either `shape`"):
+        execute(schedule, 0, {0: torch.nn.Identity()}, None, shape=(2,), messages={0: ((2,), torch.float32)})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -52,6 +52,7 @@ class Links:
 
 
 Event = tuple[Action, float, float]
+Message = tuple[tuple[int, ...], torch.dtype]  # a stage's output per micro-batch: shape and dtype
 RECEIVES_AHEAD = 16  # posted before they are needed: early enough to land at once, few enough for gloo
 
 
@@ -65,18 +66,46 @@ class Weights(Protocol):
         """Take the micro-batch's gradient, once its backward pass has run."""
 
 
+def infer_messages(stages: Sequence[nn.Module], example: torch.Tensor) -> dict[int, Message]:
+    """Each stage's output per micro-batch (shape and dtype), from one forward pass of `example`,
+    one micro-batch of the first stage's input, through every stage in order, without gradients:
+    what stage s sends forward, and the gradient it receives back."""
+    messages = {}
+    with torch.no_grad():
+        for index, stage in enumerate(stages[:-1]):
+            example = stage(example)
+            messages[index] = (tuple(example.shape), example.dtype)
+    return messages
+
+
+def _messages(schedule: Schedule, shape: Sequence[int], messages: Mapping[int, Message] | None
+              ) -> Mapping[int, Message]:
+    """The messages to expect: declared per stage, or one shape in the default dtype for all."""
+    if messages is not None and shape:
+        raise ValueError("give either `shape` (every message alike) or `messages` (per stage), not both")
+    if messages is None:
+        return dict.fromkeys(range(schedule.stages - 1), (tuple(shape), torch.get_default_dtype()))
+    missing = sorted(set(range(schedule.stages - 1)) - set(messages))
+    if missing:
+        raise ValueError(f"`messages` must give the output of every stage but the last; stages {missing} "
+                         "have none (edulib.pp.executor.infer_messages finds them from one forward pass)")
+    return messages
+
+
 def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
             inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
             shape: Sequence[int] = (), links: Links | None = None,
-            weights: Weights | None = None) -> list[Event]:
+            weights: Weights | None = None, messages: Mapping[int, Message] | None = None) -> list[Event]:
     """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`,
     or go to `weights` where the weights change during the run (PipeDream).
 
     `stages` maps each stage this device holds to its module; `inputs` are the first stage's
-    micro-batches and `targets` the last stage's; `loss(output, target)` gives a micro-batch's
-    share of the loss. `shape` is a message's shape. Returns (action, start, end) of each
-    computation, in seconds of the monotonic clock.
+    micro-batches (any dtype: token ids too) and `targets` the last stage's; `loss(output, target)`
+    gives a micro-batch's share of the loss. `messages` gives each stage's output shape and dtype
+    (`infer_messages`); `shape` instead says that every message has one shape, in the default
+    dtype. Returns (action, start, end) of each computation, in seconds of the monotonic clock.
     """
+    expected = _messages(schedule, shape, messages)
     program = lower(schedule)
     held = list(range(device, schedule.stages, schedule.devices)) if 0 <= device < schedule.devices else []
     if not held or sorted(stages) != held:
@@ -89,7 +118,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list]] = {}
     kept: dict[tuple[int, int], Kept] = {}
-    sends, events = [], []
+    sends: deque = deque()  # sends in flight, oldest first: each buffer is let go once its send is done
+    events = []
 
     receives = deque(action for action in program.actions[device] if action.kind in ("RECV_F", "RECV_B"))
 
@@ -97,7 +127,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         """Post receives in the row's order: `RECEIVES_AHEAD` of them, and on to `needed`."""
         while receives and (len(arriving) < RECEIVES_AHEAD or (needed and needed not in arriving)):
             action = receives.popleft()
-            buffer = torch.empty(tuple(shape))
+            size, dtype = expected[action.peer_stage() if action.kind == "RECV_F" else action.stage]
+            buffer = torch.empty(size, dtype=dtype)
             peer = links.receive_from(schedule.device_of(action.peer_stage()))
             arriving[action.kind[-1], action.stage, action.microbatch] = (buffer, comm.irecv(buffer, peer))
 
@@ -129,12 +160,16 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             continue
         if action.kind in ("SEND_F", "SEND_B"):
             tensor = outgoing.pop((action.kind[-1], stage, mb))
-            sends += [comm.isend(tensor, peer)
-                      for peer in links.send_to(schedule.device_of(action.peer_stage()))]
+            sends.extend(comm.isend(tensor, peer)
+                         for peer in links.send_to(schedule.device_of(action.peer_stage())))
             os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
+            while sends and sends[0].is_completed():
+                sends.popleft()
             continue
         if action.kind == "F":
-            x = inputs[mb] if stage == 0 else take("F", stage, mb).requires_grad_()
+            x = inputs[mb] if stage == 0 else take("F", stage, mb)
+            if stage > 0 and x.is_floating_point():
+                x.requires_grad_()
             began = time.perf_counter()
             with recording(stages[stage]) if split else nullcontext([]) as layers:
                 y = stages[stage](x) if weights is None else weights.forward(stage, mb, x)
