@@ -102,3 +102,30 @@ def test_messages_must_be_declared_for_every_stage_once():
         execute(schedule, 0, {0: torch.nn.Identity()}, None, messages={0: ((2,), torch.float32)})
     with pytest.raises(ValueError, match="either `shape`"):
         execute(schedule, 0, {0: torch.nn.Identity()}, None, shape=(2,), messages={0: ((2,), torch.float32)})
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_b_keeps_only_what_w_needs_and_b_plus_w_is_one_backward(norm):
+    from edulib.pp.backward import backward_input, backward_weight, recording
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 6), torch.nn.Tanh(), *([torch.nn.LayerNorm(6)] if norm else []),
+              torch.nn.Linear(6, 3)]
+    stage, x = torch.nn.Sequential(*layers), torch.randn(4, 6, requires_grad=True)
+    (stage(x) ** 2).sum().backward()
+    want = [parameter.grad.clone() for parameter in stage.parameters()] + [x.grad.clone()]
+    stage.zero_grad(set_to_none=True)
+    x.grad = None
+    with recording(stage) as recorded:
+        y = (stage(x) ** 2).sum()
+    input_grad, kept = backward_input(y, None, x, recorded)
+    if norm:  # the LayerNorm's W runs autograd from its output: the graph stays until W
+        assert all(out is not None for module, _, out, _ in kept if type(module) is torch.nn.LayerNorm)
+    else:  # Linears only: W needs their inputs and output gradients, detached, and nothing else
+        assert all(out is None and not x_kept.requires_grad for _, x_kept, out, _ in kept)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(y, x)
+    assert all(parameter.grad is None for parameter in stage.parameters()), "B computed no weight gradient"
+    backward_weight(kept)
+    got = [parameter.grad for parameter in stage.parameters()] + [input_grad]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 Layer = tuple[nn.Module, torch.Tensor, torch.Tensor]  # a layer, its input, its output
-Kept = list[tuple[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]]  # ..., and dY
+Kept = list[tuple[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor]]  # ..., and dY
 
 _listening: weakref.WeakKeyDictionary[nn.Module, list[list[Layer]]] = weakref.WeakKeyDictionary()
 
@@ -49,15 +49,25 @@ def recording(stage: nn.Module) -> Iterator[list[Layer]]:
         _listening[stage].pop()
 
 
+def _by_hand(module: nn.Module, x: object) -> bool:
+    """Whether W computes this layer's weight gradients itself (a Linear with its input recorded)."""
+    return type(module) is nn.Linear and isinstance(x, torch.Tensor)
+
+
 def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torch.Tensor,
                    layers: list[Layer]) -> tuple[torch.Tensor | None, Kept]:
-    """B: the gradient for `inputs` (None if it needs none) and what W needs, in one pass."""
+    """B: the gradient for `inputs` (None if it needs none) and what W needs, in one pass.
+
+    For a Linear W needs only its input and its output's gradient, kept detached; where every
+    layer is one, the rest of the graph is freed at once. Another layer's W runs autograd from its
+    output, so then the graph stays until W."""
     wanted = ([inputs] if inputs.requires_grad else []) + [out for _, _, out in layers]
-    grads = torch.autograd.grad(output, wanted, grad, retain_graph=True, allow_unused=True)
+    by_hand = all(_by_hand(module, x) for module, x, _ in layers)
+    grads = torch.autograd.grad(output, wanted, grad, retain_graph=not by_hand, allow_unused=True)
     input_grad = grads[0] if inputs.requires_grad else None
     layer_grads = grads[1:] if inputs.requires_grad else grads
-    return input_grad, [(module, x, out, g) for (module, x, out), g
-                        in zip(layers, layer_grads, strict=True) if g is not None]
+    return input_grad, [(module, x.detach(), None, g) if _by_hand(module, x) else (module, x, out, g)
+                        for (module, x, out), g in zip(layers, layer_grads, strict=True) if g is not None]
 
 
 def _accumulate(parameter: torch.Tensor | None, grad: torch.Tensor | None) -> None:
@@ -72,8 +82,8 @@ def backward_weight(kept: Kept) -> None:
     """W: each layer's weight gradients from its kept output gradient, added to `.grad`; frees them."""
     while kept:
         module, x, out, grad = kept.pop()
-        if type(module) is nn.Linear and isinstance(x, torch.Tensor):
-            dy, x = grad.reshape(-1, grad.shape[-1]), x.detach().reshape(-1, x.shape[-1])
+        if _by_hand(module, x):
+            dy, x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
             if module.weight.grad is None:
                 module.weight.grad = dy.T @ x
             else:
