@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
@@ -238,3 +240,15 @@ def test_a_runtime_that_dispatches_slowly_delays_each_device_by_hand():
 def test_bad_simulator_options_are_refused_clearly(kwargs, message):
     with pytest.raises(ValueError, match=message):
         simulate(build_schedule("1f1b", 2, 2), **kwargs)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_memory_over_time_peaks_where_the_count_does(name):
+    from edulib.pp.simulate import held_over_time
+
+    timeline = simulate(build_schedule(name, 4, 8, chunks=2 if name == "interleaved_1f1b" else 1), 1.0, 1.0,
+                        1.0)
+    steps = held_over_time(timeline)
+    assert tuple(max(held for _, held in device) for device in steps) == timeline.peak_inflight
+    assert all(device[-1][1] == 0 for device in steps), "everything is let go by the end"
+    assert all(earlier[0] < later[0] for device in steps for earlier, later in itertools.pairwise(device))

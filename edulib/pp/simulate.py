@@ -215,6 +215,29 @@ def replay(timeline: Timeline, t_comm: float | None = None, overhead: float = 0.
                     durations={event.action: event.end - event.start for event in timeline.events})
 
 
+def held_over_time(timeline: Timeline) -> list[list[tuple[float, int]]]:
+    """Per device, when the micro-batches it holds change and how many it then holds: from a
+    forward's start to its weight gradient's end (its backward's, where the backward is not split),
+    the state `count_inflight` counts; at one instant, what ends is let go before what starts."""
+    done = "W" if timeline.schedule.split_backward else "B"
+    changes: list[list[tuple[float, int]]] = [[] for _ in range(timeline.schedule.devices)]
+    for event in timeline.events:
+        if event.action.kind == "F":
+            changes[event.device].append((event.start, 1))
+        elif event.action.kind == done:
+            changes[event.device].append((event.end, -1))
+    steps = []
+    for device in changes:
+        held, step = 0, [(0.0, 0)]
+        for time, change in sorted(device):
+            held += change
+            if step[-1][0] == time:  # one instant, one value: what it holds once all its changes are made
+                step.pop()
+            step.append((time, held))
+        steps.append(step)
+    return steps
+
+
 def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     """Per device, the most micro-batches whose state it holds at once: forward done, weight
     gradient not yet (the backward B, or W where the backward is split: until W runs, the stage

@@ -10,7 +10,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 from edulib.pp.schedule import Action
-from edulib.pp.simulate import Timeline
+from edulib.pp.simulate import Timeline, held_over_time
 
 KIND_COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452"}
 KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
@@ -64,3 +64,25 @@ def draw_timeline(axes: Axes, timeline: Timeline, labels: Mapping[Action, str] |
     axes.set_xlim(0, timeline.makespan)
     axes.set_xlabel("time")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+
+def memory_figure(timelines: Mapping[str, Timeline], width: float = 10) -> Figure:
+    """Beside each schedule's timeline, the micro-batches each device holds over time (forward
+    done, weight gradient not yet: the activations and W's inputs it keeps), one line per device."""
+    figure = Figure(figsize=(width, 2.4 * len(timelines) + 0.6))
+    axes = figure.subplots(len(timelines), 1, squeeze=False)[:, 0]
+    most = max(max(timeline.peak_inflight) for timeline in timelines.values())
+    for panel, (name, timeline) in zip(axes, timelines.items(), strict=True):
+        for device, steps in enumerate(held_over_time(timeline)):
+            times, held = zip(*steps, (timeline.makespan, steps[-1][1]), strict=False)
+            panel.step(times, held, where="post", label=f"device {device}", linewidth=1.4,
+                       alpha=0.85)
+        panel.set_xlim(0, max(timeline.makespan for timeline in timelines.values()))
+        panel.set_ylim(0, most + 0.5)
+        panel.set_ylabel("micro-batches\nheld")
+        panel.set_title(f"{name}: at most {' '.join(map(str, timeline.peak_inflight))} on devices "
+                        f"0-{len(timeline.peak_inflight) - 1}", fontsize=9)
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    axes[-1].set_xlabel("time (a forward pass takes 1)")
+    figure.subplots_adjust(left=0.1, right=0.85, hspace=0.6)
+    return figure
