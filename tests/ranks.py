@@ -251,3 +251,25 @@ def typed_pipeline(kind: str, name: str, microbatches: int = 4) -> dict[str, tor
     execute(schedule, rank, {rank: pieces[rank]}, loss, inputs, targets,
             messages=infer_messages(pieces, inputs[0]))
     return {names[id(parameter)]: parameter.grad for parameter in pieces[rank].parameters()}
+
+
+def frozen_sequence_parallel_bytes(frozen: bool) -> dict[str, int]:
+    """Bytes this rank sends in one forward and backward of a sequence-parallel block, its weights
+    frozen or not, by part of the step."""
+    from edulib.comm import count_communication
+    from edulib.tp.layers import ParallelBlock
+    from edulib.tp.sequence import layer_case
+
+    full, x, probe = layer_case(2, 8, 16, 4, 0)
+    layer = ParallelBlock(full, sequence_parallel=True)
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    rows = slice(rank * 8 // parts, (rank + 1) * 8 // parts)
+    x = x[:, rows].clone().requires_grad_()
+    for parameter in layer.parameters():
+        parameter.requires_grad_(not frozen)
+    with count_communication() as transfers:
+        (layer(x) * probe[:, rows]).sum().backward()
+    sent: dict[str, int] = {}
+    for transfer in transfers:
+        sent[transfer.direction] = sent.get(transfer.direction, 0) + transfer.nbytes
+    return sent

@@ -92,3 +92,14 @@ def test_bad_splits_are_named(pool4, args, message):
 def test_activation_bytes_rejects_nonsense():
     with pytest.raises(ValueError, match="tensor_parallel must be a whole number, 1 or more; got 0"):
         activation_bytes(8, 2, 16, 4, 0)
+
+
+def test_the_gathered_linear_does_only_the_backward_work_that_is_needed(pool4):
+    """Frozen weights: their gradient is not computed, so the input is not gathered again for it;
+    the input's gradient is still reduce-scattered."""
+    from tests.ranks import frozen_sequence_parallel_bytes
+
+    with _pool(2, pool4) as pool:
+        trained, frozen = (pool.run(frozen_sequence_parallel_bytes, freeze) for freeze in (False, True))
+    assert trained[0]["recompute"] > 0 and frozen[0].get("recompute", 0) == 0
+    assert frozen[0]["backward"] == trained[0]["backward"] > 0

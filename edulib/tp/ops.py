@@ -137,10 +137,16 @@ class _GatheredLinear(Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        whole = _all_gather(x, "recompute", ctx.group, ctx.dim, ctx.algorithm)  # gathered again
-        grad_x = _reduce_scatter(grad @ weight, "backward", ctx.group, ctx.dim, ctx.algorithm)
-        grad_weight = grad.reshape(-1, grad.shape[-1]).T @ whole.reshape(-1, whole.shape[-1])
-        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_x = None
+        if needs_x:
+            grad_x = _reduce_scatter(grad @ weight, "backward", ctx.group, ctx.dim, ctx.algorithm)
+        grad_weight = grad_bias = None
+        if needs_weight:  # only the weight's gradient needs the whole input: gathered again
+            whole = _all_gather(x, "recompute", ctx.group, ctx.dim, ctx.algorithm)
+            grad_weight = grad.reshape(-1, grad.shape[-1]).T @ whole.reshape(-1, whole.shape[-1])
+        if needs_bias:
+            grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0)
         return grad_x, grad_weight, grad_bias, None, None, None
 
 
