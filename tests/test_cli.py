@@ -212,6 +212,8 @@ def test_plan_on_an_impossible_cluster_is_a_clear_error(capsys):
     assert main(["plan", "--model", "gpt", "--layers", "2", "--nodes", "1", "--devices", "2",
                  "--memory-gib", "0.001", "--quiet"]) == 1
     assert "the smallest memory per device that fits is" in capsys.readouterr().err
+    assert main(["plan", "--model", "gpt", "--layers", "2", "--efficiency", "1.5", "--quiet"]) == 1
+    assert "efficiency must be in (0, 1]" in capsys.readouterr().err
 
 
 def test_the_executed_plan_benchmark_sets_the_measured_step_beside_the_prediction():
