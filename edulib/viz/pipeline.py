@@ -17,16 +17,19 @@ KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 MAX_LABELS = 128  # past this, numbers in boxes are unreadable and slow to draw
 
 
-def timeline_figure(timeline: Timeline, title: str | None = None, width: float = 10) -> Figure:
+def timeline_figure(timeline: Timeline, title: str | None = None, width: float = 10,
+                    unit: str = "a forward pass takes 1") -> Figure:
     """Draw every action as a box on its device's row; white gaps are the bubble.
 
     Boxes carry their micro-batch number; a device's later stages (interleaving) are lighter.
+    `unit` names the time axis's unit: relative costs by default, "s" for a measured step.
     """
     schedule = timeline.schedule
     height = min(0.42 * schedule.devices, 4.0) + 1.3
     figure = Figure(figsize=(width, height))
     axes = figure.subplots()
     draw_timeline(axes, timeline)
+    axes.set_xlabel(f"time ({unit})")
     shape = f"p={schedule.devices}, m={schedule.microbatches}" + (
         f", v={schedule.chunks}" if schedule.chunks > 1 else "")
     axes.set_title(title or f"{schedule.name} ({shape}): bubble {timeline.bubble_fraction:.1%} "
@@ -62,7 +65,6 @@ def draw_timeline(axes: Axes, timeline: Timeline, labels: Mapping[Action, str] |
     axes.set_ylim(rows - 0.5, -0.5)
     axes.set_yticks(range(rows), [f"device {device}" for device in range(rows)])
     axes.set_xlim(0, timeline.makespan)
-    axes.set_xlabel("time")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
