@@ -278,7 +278,7 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
             t_comm, overhead = pipeline_link(pool, batch // microbatches * width * 4, backend)
             runs = {}
             for name in SCHEDULES:
-                schedule = build_schedule(name, stages, microbatches, 2 if name == "interleaved_1f1b" else 1)
+                schedule = build_schedule(name, stages, microbatches)
                 runs[name] = measure_pipeline(pool, schedule, width, 4 * stages, batch,
                                               t_comm=t_comm, overhead=overhead)
         alone = measured_costs(runs["naive"][0])

@@ -114,9 +114,9 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
     """A check that a pipeline schedule trains like the unsplit model, with the lecture's bubble."""
     def check(pool: Pool) -> str:
         p = pool.world_size
-        m, chunks = 2 * p, 2 if name == "interleaved_1f1b" else 1
-        width, depth, batch = 16, 2 * p, 4 * m
-        schedule = build_pipeline(name, p, m, chunks)
+        m = 2 * p
+        schedule = build_pipeline(name, p, m)
+        width, depth, batch = 16, schedule.stages, 4 * m
         reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
         problems = disagreements(reports, reference_gradients(mlp(width, depth),
                                                               *regression_batch(batch, width)), atol=1e-5)

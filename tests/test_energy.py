@@ -27,7 +27,7 @@ def _convex_curves(rng: np.random.Generator, count: int, levels: int) -> list[di
 
 @pytest.mark.parametrize("name, p, m, levels", CASES)
 def test_the_frontier_equals_exhaustive_search(name, p, m, levels):
-    schedule = build_schedule(name, p, m, 2) if name == "interleaved_1f1b" else build_schedule(name, p, m)
+    schedule = build_schedule(name, p, m)
     nodes, edges = pipeline_dag(schedule)
     rng = np.random.default_rng(CASES.index((name, p, m, levels)))
     for idle in (0.0, float(rng.uniform(0.05, 0.4))):

@@ -25,14 +25,13 @@ def test_1f1b_lowers_to_the_rows_a_student_reads():
 @pytest.mark.parametrize("name", SCHEDULES)
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 def test_every_schedule_lowers_to_rows_that_pair_and_print_and_parse(name, p):
-    chunks = 2 if name == "interleaved_1f1b" else 1
-    schedule = build_schedule(name, p, 2 * p, chunks)
+    schedule = build_schedule(name, p, 2 * p)
     lowered = validate(lower(schedule))
     compute = [[a for a in row if not a.is_message] for row in lowered.actions]
     assert compute == [list(row) for row in schedule.actions]  # the same work, in the same order
     assert simulate(lowered).makespan == simulate(schedule).makespan
     text = [[str(a) for a in row] for row in lowered.actions]
-    assert parse_actions(text, 2 * p, chunks, name).actions == lowered.actions
+    assert parse_actions(text, 2 * p, schedule.chunks, name, schedule.placement).actions == lowered.actions
     for device, row in enumerate(lowered.actions):  # every message goes to another device
         assert all(lowered.device_of(a.peer_stage()) != device for a in row if a.is_message)
 

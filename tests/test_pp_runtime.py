@@ -16,7 +16,7 @@ WIDTH, DEPTH, BATCH, MICROBATCHES = 16, 8, 8, 4
 
 
 def _schedules(p: int) -> list:
-    built = [build_schedule(name, p, MICROBATCHES, 2 if name == "interleaved_1f1b" else 1)
+    built = [build_schedule(name, p, max(MICROBATCHES, 2 * p) if name == "dualpipe_v" else MICROBATCHES)
              for name in SCHEDULES]
     if p == 2:  # a student's own valid schedule runs too
         built.append(parse_actions(["F0 F1 F2 B0 F3 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],

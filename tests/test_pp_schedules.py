@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
-from edulib.pp.schedule import Action, Schedule
+from edulib.pp.schedule import Action, Overlap, Schedule
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -43,34 +43,113 @@ def test_zero_bubble_has_a_smaller_bubble_than_1f1b_for_the_same_work(p, groups)
 class _Stage:
     """What torch.distributed.pipelining's schedules read of a stage to build their order."""
 
-    def __init__(self, p: int) -> None:
-        self.stage_index, self.num_stages, self.group_rank, self.group_size = 0, p, 0, p
-        self.is_first, self.is_last, self.submod, self.has_backward = True, p == 1, None, True
+    def __init__(self, index: int, stages: int, p: int) -> None:
+        self.stage_index, self.num_stages, self.group_size = index, stages, p
+        self.group_rank = index if index < p else stages - 1 - index
+        self.is_first, self.is_last = index == 0, index == stages - 1
+        self.submod, self.has_backward = None, True
 
 
-def _torch_zero_bubble(p: int, m: int) -> Schedule:
-    """torch's own ZB-H1 order (ScheduleInterleavedZeroBubble, one stage per rank) as an edulib
-    Schedule: its I (input gradient) is our B."""
-    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+def _from_torch(action) -> list[Action | Overlap]:
+    """One of torch's actions as edulib's: its I (input gradient) is our B, its full backward
+    our B then W, its OVERLAP_F_B one Overlap of its parts."""
+    kind = action.computation_type.value
+    if kind == "OVERLAP_F_B":
+        return [Overlap(tuple(part for sub in action.sub_actions for part in _from_torch(sub)))]
+    made = {"F": "F", "I": "B", "W": "W", "B": "BW"}[kind]
+    return [Action(k, action.stage_index, action.microbatch_index) for k in made]
 
-    order = ScheduleInterleavedZeroBubble([_Stage(p)], m).pipeline_order
-    kinds = {"F": "F", "I": "B", "W": "W"}
-    rows = tuple(tuple(Action(kinds[str(action).lstrip("0123456789")[0]], action.stage_index,
-                              action.microbatch_index) for action in order[rank] if action is not None)
+
+def _torch_order(name: str, p: int, m: int) -> Schedule:
+    """torch's own order for ZB-H1 (ScheduleInterleavedZeroBubble, one stage per rank), ZB-V or
+    DualPipeV (two stages per rank, in a V), as an edulib Schedule."""
+    from torch.distributed.pipelining import schedules
+
+    cls, chunks = {"zero_bubble": (schedules.ScheduleInterleavedZeroBubble, 1),
+                   "zb_v": (schedules.ScheduleZBVZeroBubble, 2),
+                   "dualpipe_v": (schedules.ScheduleDualPipeV, 2)}[name]
+    stages = [_Stage(0, p * chunks, p)] + ([_Stage(2 * p - 1, 2 * p, p)] if chunks == 2 else [])
+    order = cls(stages, m).pipeline_order
+    rows = tuple(tuple(step for action in order[rank] if action is not None for step in _from_torch(action))
                  for rank in range(p))
-    return validate(Schedule("torch_zero_bubble", p, m, 1, rows))
+    return validate(Schedule(f"torch_{name}", p, m, chunks, rows, "v" if chunks == 2 else "loop"))
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 6), (3, 9), (4, 2), (4, 4), (4, 8), (4, 16), (5, 10),
                                       (8, 16)])
 def test_zero_bubble_is_as_fast_as_torchs_order_and_holds_no_more(p, m):
-    ours, theirs = build_schedule("zero_bubble", p, m), _torch_zero_bubble(p, m)
+    ours, theirs = build_schedule("zero_bubble", p, m), _torch_order("zero_bubble", p, m)
     assert [sorted(map(str, row)) for row in ours.actions] == [sorted(map(str, row))
                                                                for row in theirs.actions], "the same work"
     fast, torch_fast = (simulate(s, t_f=1.0, t_b=1.0, t_w=1.0) for s in (ours, theirs))  # the paper's costs
     assert fast.makespan <= torch_fast.makespan
     assert all(a <= b for a, b in zip(fast.peak_inflight, torch_fast.peak_inflight, strict=True))
     assert max(fast.peak_inflight) <= min(p, m), "never more than 1F1B's peak"
+
+
+@pytest.mark.parametrize("name", ["zb_v", "dualpipe_v"])
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (2, 4), (2, 9), (3, 2), (3, 6), (3, 7), (4, 4), (4, 8), (4, 9),
+                                      (4, 16), (8, 16)])
+def test_the_v_schedules_are_torchs_orders(name, p, m):
+    if name == "dualpipe_v" and m < 2 * p:
+        return  # refused by both
+    ours, theirs = build_schedule(name, p, m), _torch_order(name, p, m)
+    assert [list(map(str, row)) for row in ours.actions] == [list(map(str, row)) for row in theirs.actions]
+    for t_f, t_b, t_w in ((1.0, 1.0, 1.0), (1.0, 1.5, 0.7)):  # so their makespan and memory are torch's
+        fast, torch_fast = simulate(ours, t_f, t_b, t_w), simulate(theirs, t_f, t_b, t_w)
+        assert fast.makespan == torch_fast.makespan and fast.peak_inflight == torch_fast.peak_inflight
+
+
+def test_the_v_placement_gives_device_d_stages_d_and_2p_minus_1_minus_d():
+    schedule = build_schedule("zb_v", 4, 8)
+    assert [schedule.stages_of(device) for device in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [schedule.device_of(stage) for stage in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert build_schedule("interleaved_1f1b", 4, 8).stages_of(1) == [1, 5]  # the loop, for comparison
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_dualpipe_v_has_the_papers_bubble_and_memory(p, groups):
+    """DeepSeek's table, with PP = 2p stages: bubble (PP/2 - 1)(F&B + B - 3W) for per-stage
+    F, full backward B, W and overlapped pair F&B (here F + B: the pair hides communication, not
+    compute), exact where F = B = W, and activations of PP + 1 stage micro-batches."""
+    m = 2 * p * groups
+    schedule = build_schedule("dualpipe_v", p, m)
+    for t_f, t_b, t_w in ((1.0, 1.0, 1.0), (1.0, 1.5, 0.7), (1.0, 2.0, 1.0), (1.0, 1.2, 0.4)):
+        timeline = simulate(schedule, t_f, t_b, t_w)  # per device: each of its 2 stages takes half
+        f, b, w = t_f / 2, (t_b + t_w) / 2, t_w / 2
+        bubble = (p - 1) * ((f + b) + b - 3 * w)
+        if t_f == t_b == t_w:
+            assert timeline.makespan - max(timeline.busy) == pytest.approx(bubble)
+        else:  # where B and W differ the pairs fit closer than the bound
+            assert timeline.makespan - max(timeline.busy) <= bubble + 1e-9
+    assert max(timeline.peak_inflight) == 2 * p + 1
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_zb_v_has_no_bubble_but_the_fill_and_keeps_1f1bs_memory(p, extra):
+    """The zero-bubble paper's ZB-V at F = B = W: once m >= 2p - 1 only the fill is left (the
+    last device waits p - 1 stage forwards for its first input), and each device holds 2p stage
+    micro-batches: p micro-batches' activations of its share of the model, 1F1B's pM_B."""
+    m = 2 * p - 1 + extra
+    timeline = simulate(build_schedule("zb_v", p, m), 1.0, 1.0, 1.0)
+    assert timeline.makespan - max(timeline.busy) == pytest.approx((p - 1) * 0.5)
+    assert timeline.peak_inflight == (2 * p,) * p
+    one = simulate(build_schedule("1f1b", p, m), 1.0, 2.0)
+    assert max(timeline.peak_inflight) / 2 == max(one.peak_inflight)
+
+
+def test_an_overlap_prints_parses_and_runs_as_one_step():
+    schedule = build_schedule("dualpipe_v", 2, 4)
+    pairs = [step for row in schedule.actions for step in row if isinstance(step, Overlap)]
+    assert pairs and all([part.kind for part in pair.parts] == ["F", "B", "W"] for pair in pairs)
+    assert str(pairs[0]) == "&".join(map(str, pairs[0].parts))
+    timeline = simulate(schedule, 1.0, 2.0, 1.0)
+    event = next(e for e in timeline.events if e.action == pairs[0])
+    assert event.end - event.start == pytest.approx((1.0 + 2.0 + 1.0) / 2)  # its parts together
+    with pytest.raises(ValueError, match="overlaps a send or receive"):
+        parse_actions(["F0@0&SEND_F0@0", "F0@1"], 1, 2, placement="v")
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (8, 32), (3, 2)])
@@ -102,10 +181,11 @@ def test_costs_may_differ_per_device():
 @pytest.mark.parametrize("name", SCHEDULES)
 @pytest.mark.parametrize("p, m", [(1, 1), (2, 2), (3, 6), (4, 8)])
 def test_every_built_schedule_is_valid_and_prints_and_parses_back(name, p, m):
-    chunks = 2 if name == "interleaved_1f1b" else 1
-    schedule = validate(build_schedule(name, p, m, chunks))
-    rows = [" ".join(action.short(chunks) for action in row) for row in schedule.actions]
-    assert parse_actions(rows, m, chunks, name).actions == schedule.actions
+    if name == "dualpipe_v" and m < 2 * p:
+        return  # refused: a test below
+    schedule = validate(build_schedule(name, p, m))
+    rows = [" ".join(action.short(schedule.chunks) for action in row) for row in schedule.actions]
+    assert parse_actions(rows, m, schedule.chunks, name, schedule.placement).actions == schedule.actions
     assert f"device {p - 1}: " in str(schedule)
 
 
@@ -131,7 +211,9 @@ def test_a_wrong_schedule_is_named_precisely(rows, message):
 @pytest.mark.parametrize("args, message", [
     (("1f1b", 0, 4), "stages must be a whole number, 1 or more"),
     (("1f1b", 2, 0), "microbatches must be a whole number, 1 or more"),
-    (("gpipe", 2, 4, 2), "chunks > 1 needs interleaved_1f1b"),
+    (("gpipe", 2, 4, 2), "gpipe puts 1 stage on each device; got chunks=2"),
+    (("zb_v", 2, 4, 3), "zb_v puts 2 stages on each device; got chunks=3"),
+    (("dualpipe_v", 4, 6), "needs at least as many micro-batches as stages, 2 x 4 devices = 8; got 6"),
     (("interleaved_1f1b", 4, 6, 2), "must be a multiple of stages \\(4\\); got 6"),
     (("pipedream", 2, 2), "unknown schedule 'pipedream'; choose one of naive, gpipe"),
 ])
@@ -149,8 +231,7 @@ def test_bad_costs_are_refused_clearly():
 def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
     from edulib.pp import measured_costs, replay
 
-    chunks = 2 if name == "interleaved_1f1b" else 1
-    schedule = build_schedule(name, 4, 8, chunks)
+    schedule = build_schedule(name, 4, 8)
     timeline = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5 if schedule.split_backward else 0.0,
                         t_comm=0.25)
     costs = measured_costs(timeline)
@@ -171,8 +252,7 @@ def test_measured_costs_recover_the_costs_a_run_was_timed_with(name):
 def test_a_replay_with_the_simulators_own_durations_is_the_simulated_run(name):
     from edulib.pp import replay
 
-    chunks = 2 if name == "interleaved_1f1b" else 1
-    schedule = build_schedule(name, 4, 8, chunks)
+    schedule = build_schedule(name, 4, 8)
     timeline = simulate(schedule, t_f=[1.0, 1.5, 1.0, 0.5], t_b=2.0,
                         t_w=0.5 if schedule.split_backward else 0.0, t_comm=0.25)
     again = replay(timeline, t_comm=0.25)
@@ -188,7 +268,7 @@ def test_a_replay_with_the_simulators_own_durations_is_the_simulated_run(name):
 @pytest.mark.parametrize("name", SCHEDULES)
 @pytest.mark.parametrize("cores", [4, 5, 8])
 def test_enough_cores_change_nothing(name, cores):
-    schedule = build_schedule(name, 4, 8, 2 if name == "interleaved_1f1b" else 1)
+    schedule = build_schedule(name, 4, 8)
     alone = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5, t_comm=0.1)
     shared = simulate(schedule, t_f=1.0, t_b=2.0, t_w=0.5, t_comm=0.1, cores=cores)
     assert shared.events == alone.events and shared.makespan == alone.makespan
@@ -246,7 +326,7 @@ def test_bad_simulator_options_are_refused_clearly(kwargs, message):
 def test_memory_over_time_peaks_where_the_count_does(name):
     from edulib.pp.simulate import held_over_time
 
-    timeline = simulate(build_schedule(name, 4, 8, chunks=2 if name == "interleaved_1f1b" else 1), 1.0, 1.0,
+    timeline = simulate(build_schedule(name, 4, 8), 1.0, 1.0,
                         1.0)
     steps = held_over_time(timeline)
     assert tuple(max(held for _, held in device) for device in steps) == timeline.peak_inflight

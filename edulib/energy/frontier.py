@@ -32,7 +32,7 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from edulib.energy.gpu import A100, GPU
-from edulib.pp.schedule import Action, Schedule, dependencies
+from edulib.pp.schedule import Schedule, Step, dependencies
 from edulib.pp.simulate import per_device, validate
 
 Curve = dict[int, float]  # whole time units -> joules
@@ -48,13 +48,13 @@ class Point:
     durations: tuple[int, ...]
 
 
-def pipeline_dag(schedule: Schedule) -> tuple[list[Action], list[tuple[int, int]]]:
+def pipeline_dag(schedule: Schedule) -> tuple[list[Step], list[tuple[int, int]]]:
     """The computations of a schedule and the edges between them: each device's order and each
     action's inputs (the simulator's rules)."""
     validate(schedule)
     rows = [[a for a in row if not a.is_message] for row in schedule.actions]
     nodes = [a for row in rows for a in row]
-    index = {action: i for i, action in enumerate(nodes)}
+    index = {part: i for i, action in enumerate(nodes) for part in action.parts}  # an Overlap is one node
     edges = {(index[a], index[b]) for row in rows for a, b in itertools.pairwise(row)}
     edges |= {(index[d], index[a]) for a in nodes
               for d in dependencies(a, schedule.stages, schedule.microbatches)}
@@ -248,7 +248,8 @@ def curves_for(schedule: Schedule, gpu: GPU, t_f: Times, t_b: Times, t_w: Times,
     curves = []
     for action in nodes:
         curve: Curve = {}
-        seconds_at_top = share[action.kind][schedule.device_of(action.stage)] / schedule.chunks
+        seconds_at_top = sum(share[part.kind][schedule.device_of(part.stage)]
+                             for part in action.parts) / schedule.chunks
         for seconds, joules in gpu.options(seconds_at_top):
             units = max(1, round(seconds / unit))
             curve[units] = min(curve.get(units, np.inf), joules)

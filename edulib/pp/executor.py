@@ -107,7 +107,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     """
     expected = _messages(schedule, shape, messages)
     program = lower(schedule)
-    held = list(range(device, schedule.stages, schedule.devices)) if 0 <= device < schedule.devices else []
+    held = schedule.stages_of(device) if 0 <= device < schedule.devices else []
     if not held or sorted(stages) != held:
         raise ValueError(f"device {device} of {schedule.devices} holds stages {held}; `stages` must map "
                          f"exactly those to modules, got stages {sorted(stages)}")
@@ -153,19 +153,9 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         else:
             outgoing[action.kind, action.stage, action.microbatch] = tensor
 
-    post()
-    for action in program.actions[device]:
+    def compute(action: Action) -> float:
+        """Run one F, B or W; return when it began (once its input was here)."""
         stage, mb = action.stage, action.microbatch
-        if action.kind in ("RECV_F", "RECV_B"):
-            continue
-        if action.kind in ("SEND_F", "SEND_B"):
-            tensor = outgoing.pop((action.kind[-1], stage, mb))
-            sends.extend(comm.isend(tensor, peer)
-                         for peer in links.send_to(schedule.device_of(action.peer_stage())))
-            os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
-            while sends and sends[0].is_completed():
-                sends.popleft()
-            continue
         if action.kind == "F":
             x = inputs[mb] if stage == 0 else take("F", stage, mb)
             if stage > 0 and x.is_floating_point():
@@ -194,6 +184,22 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
         else:
             began = time.perf_counter()
             backward_weight(kept.pop((stage, mb)))
+        return began
+
+    post()
+    for action in program.actions[device]:
+        stage, mb = action.stage, action.microbatch
+        if action.kind in ("RECV_F", "RECV_B"):
+            continue
+        if action.kind in ("SEND_F", "SEND_B"):
+            tensor = outgoing.pop((action.kind[-1], stage, mb))
+            sends.extend(comm.isend(tensor, peer)
+                         for peer in links.send_to(schedule.device_of(action.peer_stage())))
+            os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
+            while sends and sends[0].is_completed():
+                sends.popleft()
+            continue
+        began = min(compute(part) for part in action.parts)  # an Overlap's parts, back to back
         events.append((action, began, time.perf_counter()))
     for work in sends:
         work.wait()

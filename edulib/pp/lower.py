@@ -2,14 +2,17 @@
 
 The devices' compute actions are stepped through together, each as soon as its inputs exist (the
 way torch.distributed.pipelining adds its SEND and RECV actions). When an action's result is
-needed on another device, the sender's row gets SEND right after it and the receiver's row gets
-the matching RECV at that same moment. So between any two devices the sends and the receives come
+needed on another device, the sender's row gets SEND right after it (after an Overlap, a SEND
+for each part whose result travels) and the receiver's row gets the matching RECV at that same
+moment. So between any two devices the sends and the receives come
 in the same order, which is all that order-matched messages (NCCL's, and gloo's without tags) need.
 """
 
 from __future__ import annotations
 
-from edulib.pp.schedule import Action, Schedule, consumer, key_of, needs
+from dataclasses import replace
+
+from edulib.pp.schedule import Action, Schedule, Step, consumer, dependencies
 from edulib.pp.simulate import validate
 
 
@@ -19,24 +22,23 @@ def lower(schedule: Schedule) -> Schedule:
     if schedule.lowered:
         return schedule
     stages, m = schedule.stages, schedule.microbatches
-    rows: list[list[Action]] = [[] for _ in range(schedule.devices)]
+    rows: list[list[Step]] = [[] for _ in range(schedule.devices)]
     position = [0] * schedule.devices
-    done: set[int] = set()
+    done: set[Action] = set()
     while any(position[d] < len(row) for d, row in enumerate(schedule.actions)):
         for device, row in enumerate(schedule.actions):
             if position[device] == len(row):
                 continue
-            action = row[position[device]]
-            key = key_of(action, stages, m)
-            if not all(needed in done for needed in needs(key, stages, m)):
+            step = row[position[device]]
+            if not all(needed in done for needed in dependencies(step, stages, m)):
                 continue  # `validate` proved that some device can always go on
-            rows[device].append(action)
-            done.add(key)
+            rows[device].append(step)
+            done.update(step.parts)
             position[device] += 1
-            target = consumer(action, stages)
-            if target is not None and schedule.device_of(target) != device:
-                send = Action(f"SEND_{action.kind}", action.stage, action.microbatch)
-                rows[device].append(send)
-                rows[schedule.device_of(target)].append(send.partner())
-    return Schedule(schedule.name, schedule.devices, m, schedule.chunks,
-                    tuple(tuple(row) for row in rows))
+            for action in step.parts:
+                target = consumer(action, stages)
+                if target is not None and schedule.device_of(target) != device:
+                    send = Action(f"SEND_{action.kind}", action.stage, action.microbatch)
+                    rows[device].append(send)
+                    rows[schedule.device_of(target)].append(send.partner())
+    return replace(schedule, actions=tuple(tuple(row) for row in rows))

@@ -32,7 +32,7 @@ def train_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: int =
     model = mlp(width, depth, seed)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
     pieces = split(model, schedule.stages)
-    mine = {stage: pieces[stage] for stage in range(device, schedule.stages, schedule.devices)}
+    mine = {stage: pieces[stage] for stage in schedule.stages_of(device)}
     inputs, targets = (tensor.chunk(m) for tensor in regression_batch(batch, width, seed))
     comm.barrier()  # every device starts the step together: the events time the schedule, not the set-up
     events = execute(schedule, device, mine, lambda y, target: nn.functional.mse_loss(y, target) / m,

@@ -3,8 +3,11 @@
 naive runs one micro-batch at a time through the whole pipeline; GPipe runs every forward, then
 every backward; 1F1B starts the backward of a micro-batch as soon as it can, so at most p are in
 flight; Megatron's interleaved 1F1B gives each device v smaller stages; ZB-H1 splits the backward
-into B and W and moves the W passes into what would have been bubbles. PipeDream's asynchronous
-1F1B runs 1F1B's rows over a stream of mini-batches with no flush between them.
+into B and W and moves the W passes into what would have been bubbles. ZB-V and DualPipeV give
+each device two stages placed in a V (device d holds stages d and 2p - 1 - d), so a micro-batch
+comes back to the device it started on; DualPipeV also runs a forward and a backward of the
+device's two stages as one overlapped step. PipeDream's asynchronous 1F1B runs 1F1B's rows over a
+stream of mini-batches with no flush between them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import heapq
 from collections.abc import Callable
 
 from edulib.checks import check_choice, check_count
-from edulib.pp.schedule import Action, Schedule, dependencies
+from edulib.pp.schedule import Action, Overlap, Schedule, Step, dependencies
 
 
 def _rows(p: int, build: Callable[[int], list[Action]]) -> tuple[tuple[Action, ...], ...]:
@@ -130,22 +133,135 @@ def zero_bubble(p: int, m: int) -> Schedule:
     return Schedule("zero_bubble", p, m, 1, tuple(tuple(row) for row in rows))
 
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+class _Counters:
+    """Per kind and stage, the next micro-batch: the V schedules are written as which stage acts
+    next, and each stage takes its micro-batches in order."""
+
+    def __init__(self) -> None:
+        self.next: dict[tuple[str, int], int] = {}
+
+    def __call__(self, kind: str, stage: int) -> Action:
+        microbatch = self.next.get((kind, stage), 0)
+        self.next[kind, stage] = microbatch + 1
+        return Action(kind, stage, microbatch)
+
+    def count(self, kind: str, stage: int) -> int:
+        """How many of `kind` this stage has run."""
+        return self.next.get((kind, stage), 0)
 
 
-def build_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """A named schedule for `stages` devices, `microbatches` micro-batches, `chunks` stages per device."""
+def zb_v(p: int, m: int) -> Schedule:
+    """ZB-V (the zero-bubble paper's V schedule): device d holds stages d and 2p - 1 - d. The first
+    stage's forwards fill the pipe, then each step runs one forward, B and W of each stage; the
+    W passes left at the end fill the drain. With F = B = W it has no bubble once m >= 2p - 1, and
+    holds no more than 1F1B: 2p stage micro-batches, p micro-batches' worth on each device.
+
+    Written for max(m, 2p - 1) micro-batches, then those past m are left out, as torch's order does.
+    """
+    n = max(m, 2 * p - 1)
+
+    def row(device: int) -> list[Action]:
+        first, second, act, actions = device, 2 * p - 1 - device, _Counters(), []
+        actions += [act("F", first) for _ in range(2 * (p - device) - 1)]
+        for _ in range(device):
+            actions += [act("F", second), act("F", first)]
+        for _ in range(p - device):
+            actions += [act("F", second), act("B", second), act("W", second)]
+        while act.count("F", second) < act.count("F", first) or act.count("F", first) < n:
+            if act.count("F", first) < n:
+                actions.append(act("F", first))
+            actions += [act("B", first), act("W", first), act("F", second), act("B", second),
+                        act("W", second)]
+        for _ in range(device):
+            actions += [act("B", first), act("B", second)]
+        for _ in range(p - device):
+            actions += [act("B", first), act("W", first)]
+        for stage in (second, first):
+            actions += [act("W", stage) for _ in range(act.count("B", stage) - act.count("W", stage))]
+        return [action for action in actions if action.microbatch < m]
+
+    return Schedule("zb_v", p, m, 2, _rows(p, row), placement="v")
+
+
+def dualpipe_v(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek's DualPipe cut in half, in a V): device d holds stages d and 2p - 1 - d.
+    In the steady state each step is an Overlap, the forward of one of the device's stages run
+    together with the full backward (B and W) of the other, so one's communication hides under
+    the other's compute; the drain splits backwards into B and W and fills its gaps with the W's.
+    Needs m >= 2p micro-batches.
+    """
+    def row(device: int) -> list[Step]:
+        first, second, act, actions = device, 2 * p - 1 - device, _Counters(), []
+        deferred: list[Action] = []  # W passes whose B has run, oldest first
+
+        def backward(stage: int, split: bool) -> list[Action]:
+            """B, with its W deferred (split) or right after it (a full backward)."""
+            b = act("B", stage)
+            w = Action("W", stage, b.microbatch)
+            if split:
+                deferred.append(w)
+                return [b]
+            return [b, w]
+
+        def weight() -> list[Action]:
+            """The oldest deferred W, if any."""
+            return [deferred.pop(0)] if deferred else []
+
+        def overlap(forward: int, back: int) -> Overlap:
+            return Overlap((act("F", forward), *backward(back, split=False)))
+
+        actions += [act("F", first) for _ in range(2 * (p - device - 1))]
+        for _ in range(device + 1):
+            actions += [act("F", first), act("F", second)]
+        for _ in range(p - device - 1):
+            actions += [*backward(second, split=True), *weight(), act("F", second)]
+        for step in range(m - 2 * p + device + 1):
+            if step == 0 and device == p - 1:  # the device at the V's tip: nothing to hide yet
+                actions += [act("F", first), *backward(second, split=False)]
+            else:
+                actions.append(overlap(first, second))
+            actions.append(overlap(second, first))
+        for _ in range(p - device - 1):
+            actions += [*backward(second, split=False), overlap(second, first)]
+        split = False
+        for step in range(device + 1):
+            split = split or (step == (device + 1) // 2 and device % 2 == 1)
+            actions += backward(second, split)
+            split = split or (step == (device + 1) // 2 and device % 2 == 0)
+            actions += backward(first, split)
+        for _ in range(p - device - 1):
+            actions += [*weight(), *backward(first, split)]
+        for _ in range(device + 1):
+            actions += weight()
+        return actions
+
+    return Schedule("dualpipe_v", p, m, 2, _rows(p, row), placement="v")
+
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zb_v", "dualpipe_v")
+STAGES_PER_DEVICE = {"interleaved_1f1b": 2, "zb_v": 2, "dualpipe_v": 2}  # others: 1
+
+
+def build_schedule(name: str, stages: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """A named schedule for `stages` devices, `microbatches` micro-batches, `chunks` stages per
+    device (by default the schedule's own: 2 for the interleaved and V schedules, else 1)."""
     check_choice(name, SCHEDULES, "schedule")
+    own = STAGES_PER_DEVICE.get(name, 1)
+    chunks = own if chunks is None else chunks
     for value, what in ((stages, "stages"), (microbatches, "microbatches"), (chunks, "chunks")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{what} must be a whole number, 1 or more; got {value!r}")
-    if name != "interleaved_1f1b" and chunks != 1:
-        raise ValueError(f"{name} puts one stage on each device; chunks > 1 needs interleaved_1f1b")
+    if name != "interleaved_1f1b" and chunks != own:
+        raise ValueError(f"{name} puts {own} stage{'s' * (own > 1)} on each device; got chunks={chunks} "
+                         "(only interleaved_1f1b takes other numbers)")
+    if name == "dualpipe_v" and microbatches < 2 * stages:
+        raise ValueError(f"dualpipe_v needs at least as many micro-batches as stages, 2 x {stages} "
+                         f"devices = {2 * stages}; got {microbatches}")
     if name == "interleaved_1f1b":
         if microbatches % stages:
             raise ValueError(f"interleaved_1f1b sends micro-batches through in groups of one per "
                              f"device, so micro-batches must be a multiple of stages ({stages}); "
                              f"got {microbatches}")
         return interleaved_1f1b(stages, microbatches, chunks)
-    return {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b,
-            "zero_bubble": zero_bubble}[name](stages, microbatches)
+    return {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble,
+            "zb_v": zb_v, "dualpipe_v": dualpipe_v}[name](stages, microbatches)

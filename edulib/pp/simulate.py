@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from edulib.pp.schedule import (
     Action,
+    Overlap,
     Schedule,
+    Step,
     action_of,
     check_messages,
     consumer,
@@ -58,9 +60,10 @@ class Timeline:
         return (total - sum(self.busy)) / total if total else 0.0
 
 
-def _keys(schedule: Schedule) -> list[list[int]]:
+def _keys(schedule: Schedule) -> list[list[tuple[int, ...]]]:
     """Number every action (kind, stage, micro-batch) -> key, checking that each appears exactly
-    once, on the device that holds its stage. Keys are F, then B, then W, stage-major."""
+    once, on the device that holds its stage. Keys are F, then B, then W, stage-major. Each step
+    of a row becomes its keys: one, or an Overlap's several."""
     p, stages, m = schedule.devices, schedule.stages, schedule.microbatches
     if p < 1 or m < 1 or schedule.chunks < 1:
         raise ValueError("a schedule needs at least 1 device, 1 micro-batch and 1 stage per device; "
@@ -72,29 +75,35 @@ def _keys(schedule: Schedule) -> list[list[int]]:
     rows = []
     for device, row in enumerate(schedule.actions):
         keys = []
-        for action in row:
-            if action.is_message:
+        for step in row:
+            if step.is_message:
                 continue
-            if action.kind not in kinds or not (0 <= action.stage < stages
-                                                and 0 <= action.microbatch < m):
-                raise ValueError(f"device {device}: {action} is not part of this pipeline "
-                                 f"({stages} stages, micro-batches 0-{m - 1})")
-            if action.stage % p != device:
-                raise ValueError(f"device {device}: {action} belongs on device {action.stage % p}, "
-                                 f"which holds stage {action.stage}")
-            key = key_of(action, stages, m)
-            if count[key]:
-                raise ValueError(f"device {device}: {action} appears twice; every action runs "
-                                 "exactly once")
-            count[key] = 1
-            keys.append(key)
+            for action in step.parts:
+                if action.kind not in kinds or not (0 <= action.stage < stages
+                                                    and 0 <= action.microbatch < m):
+                    raise ValueError(f"device {device}: {action} is not part of this pipeline "
+                                     f"({stages} stages, micro-batches 0-{m - 1})")
+                if schedule.device_of(action.stage) != device:
+                    raise ValueError(f"device {device}: {action} belongs on device "
+                                     f"{schedule.device_of(action.stage)}, which holds stage {action.stage}")
+                key = key_of(action, stages, m)
+                if count[key]:
+                    raise ValueError(f"device {device}: {action} appears twice; every action runs "
+                                     "exactly once")
+                count[key] = 1
+            keys.append(tuple(key_of(action, stages, m) for action in step.parts))
         rows.append(keys)
     missing = next((key for key in range(len(kinds) * stages * m) if not count[key]), None)
     if missing is not None:
         action = action_of(missing, stages, m)
         raise ValueError(f"{len(kinds) * stages * m - sum(count)} actions are missing, first "
-                         f"{action} on device {action.stage % p}")
+                         f"{action} on device {schedule.device_of(action.stage)}")
     return rows
+
+
+def _needs(step: tuple[int, ...], stages: int, microbatches: int) -> list[int]:
+    """What a step's keys need that the step does not run itself."""
+    return [key for part in step for key in needs(part, stages, microbatches) if key not in step]
 
 
 def per_device(value: float | Sequence[float], devices: int, what: str) -> list[float]:
@@ -120,7 +129,9 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     spend `overhead` on it (LogGP's o): the sender right after the action, the receiver before
     the action that uses it. A device spends `dispatch` between two of its actions (a runtime's
     own work: bookkeeping, posting messages). With `cores` fewer than the devices, the devices
-    share them: n actions running at once each run at min(1, cores / n).
+    share them: n actions running at once each run at min(1, cores / n). An Overlap takes as long
+    as its parts together (what it hides is communication, which these costs leave out) and its
+    results are all ready when it ends.
     """
     rows = _keys(schedule)
     p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
@@ -133,24 +144,26 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         f, b, w = (per_device(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
         if not schedule.split_backward:
             b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
-        time_of = {key: [f, b, w][key // (stages * m)][d] / v for d in range(p) for key in rows[d]}
+        time_of = {step: sum([f, b, w][key // (stages * m)][d] for key in step) / v
+                   for d in range(p) for step in rows[d]}
     else:
-        time_of = {key: _given(durations, action_of(key, stages, m)) for row in rows for key in row}
-    held_by = {key: device for device in range(p) for key in rows[device]}
-    sends = {key: (target := consumer(action_of(key, stages, m), stages)) is not None
-                 and schedule.device_of(target) != held_by[key] for key in held_by}
+        time_of = {step: _given(durations, _step_of(step, stages, m)) for row in rows for step in row}
+    held_by = {key: device for device in range(p) for step in rows[device] for key in step}
+    sends = {step: sum((target := consumer(action_of(key, stages, m), stages)) is not None
+                       and schedule.device_of(target) != held_by[key] for key in step)
+             for row in rows for step in row}
     finished: list[float | None] = [None] * (3 * stages * m)
     position, clock = [0] * p, [0.0] * p
     waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
     running: dict[int, list[float]] = {}  # device -> [start, end at the current rate]
     blocked: dict[int, list[int]] = {}  # key not yet finished -> devices whose next action needs it
-    timed: list[tuple[int, int, float, float]] = []
+    timed: list[tuple[int, tuple[int, ...], float, float]] = []
     now, rate, free = 0.0, 1.0, list(range(p))  # free: devices that may go on now
     while True:
         for device in sorted(free):
             if position[device] == len(rows[device]):
                 continue
-            needed = needs(rows[device][position[device]], stages, m)
+            needed = _needs(rows[device][position[device]], stages, m)
             missing = next((k for k in needed if finished[k] is None), None)
             if missing is not None:
                 blocked.setdefault(missing, []).append(device)
@@ -171,26 +184,34 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         now = min([span[1] for span in running.values()] + list(waiting.values()))
         for device in [d for d, span in running.items() if span[1] <= now]:
             start, end = running.pop(device)
-            key = rows[device][position[device]]
-            finished[key] = clock[device] = end + overhead * sends[key]
-            timed.append((device, key, start, end))
+            step = rows[device][position[device]]
+            clock[device] = end + overhead * sends[step]
+            for key in step:
+                finished[key] = clock[device]
+            timed.append((device, step, start, end))
             position[device] += 1
             if position[device] < len(rows[device]):
                 clock[device] += dispatch
-            free += [device, *blocked.pop(key, [])]
-    stuck = [(device, action_of(rows[device][position[device]], stages, m))
+            free += [device, *(d for key in step for d in blocked.pop(key, []))]
+    stuck = [(device, _step_of(rows[device][position[device]], stages, m))
              for device in range(p) if position[device] < len(rows[device])]
     if stuck:
         details = "; ".join(
             f"device {device} waits at {action} for " + ", ".join(
-                str(action_of(k, stages, m)) for k in needs(rows[device][position[device]], stages, m)
+                str(action_of(k, stages, m)) for k in _needs(rows[device][position[device]], stages, m)
                 if finished[k] is None)
             for device, action in stuck)
         raise ValueError(f"{schedule.name} deadlocks: {details}")
-    events = [Event(device, action_of(key, stages, m), start, end)
-              for device, key, start, end in timed]
-    busy = tuple(sum(time_of[key] for key in rows[d]) for d in range(p))
+    events = [Event(device, _step_of(step, stages, m), start, end)
+              for device, step, start, end in timed]
+    busy = tuple(sum(time_of[step] for step in rows[d]) for d in range(p))
     return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
+
+
+def _step_of(step: tuple[int, ...], stages: int, microbatches: int) -> Step:
+    """The Action (or Overlap) a step's keys stand for."""
+    actions = tuple(action_of(key, stages, microbatches) for key in step)
+    return actions[0] if len(actions) == 1 else Overlap(actions)
 
 
 def _given(durations: Mapping[Action, float], action: Action) -> float:
@@ -222,10 +243,11 @@ def held_over_time(timeline: Timeline) -> list[list[tuple[float, int]]]:
     done = "W" if timeline.schedule.split_backward else "B"
     changes: list[list[tuple[float, int]]] = [[] for _ in range(timeline.schedule.devices)]
     for event in timeline.events:
-        if event.action.kind == "F":
-            changes[event.device].append((event.start, 1))
-        elif event.action.kind == done:
-            changes[event.device].append((event.end, -1))
+        for part in event.action.parts:
+            if part.kind == "F":
+                changes[event.device].append((event.start, 1))
+            elif part.kind == done:
+                changes[event.device].append((event.end, -1))
     steps = []
     for device in changes:
         held, step = 0, [(0.0, 0)]
@@ -246,9 +268,10 @@ def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     peaks = []
     for row in schedule.actions:
         held = peak = 0
-        for action in row:
-            held += (action.kind == "F") - (action.kind == done)
+        for step in row:
+            held += sum(action.kind == "F" for action in step.parts)
             peak = max(peak, held)
+            held -= sum(action.kind == done for action in step.parts)
         peaks.append(peak)
     return tuple(peaks)
 
@@ -288,7 +311,7 @@ def measured_costs(timeline: Timeline) -> dict[str, float | list[float]]:
                                if e.device == device and e.action.kind == kind)
             medians.append(durations[len(durations) // 2] * schedule.chunks if durations else 0.0)
         costs["t_" + kind.lower()] = medians
-    ended = {event.action: event.end for event in timeline.events}
+    ended = {part: event.end for event in timeline.events for part in event.action.parts}
     previous_end = {after.action: before.end for device in range(schedule.devices)
                     for before, after in _pairs(timeline, device)}
     lags = sorted(event.start - ended[needed] for event in timeline.events
