@@ -70,6 +70,9 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
     With `sequence_parallel`, the model has LayerNorms and each stage keeps the activations between
     its tensor-parallel blocks split along the sequence (`tokens` of them, a multiple of tp).
     """
+    if build_schedule(schedule, pp, microbatches).chunks != 1:
+        raise ValueError(f"hybrid_step gives each pipeline rank one stage of tiny_gpt; {schedule} puts "
+                         "several on each (use naive, gpipe, 1f1b or zero_bubble)")
     if sequence_parallel and zero is not None:
         raise ValueError("sequence_parallel sums the LayerNorms' gradients over tp before data "
                          "parallelism reduces them; use it with zero=None")

@@ -34,7 +34,7 @@ def rank_processes() -> set[int]:
     return found
 
 
-def wait_until_gone(pids: set[int], seconds: float = 5.0) -> set[int]:
+def wait_until_gone(pids: set[int], seconds: float = 30.0) -> set[int]:
     """Wait for processes to end; return the ones still alive after `seconds`."""
     deadline = time.monotonic() + seconds
     while (alive := pids & rank_processes()) and time.monotonic() < deadline:

@@ -159,8 +159,9 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
     from edulib.bench import bench_pipeline
     from edulib.measured import load
     from edulib.pp import SCHEDULES
+    from edulib.pp.schedules import STAGES_PER_DEVICE
 
-    report = bench_pipeline(world_sizes=(2,), microbatches=2, width=16, batch=8, cores=1,
+    report = bench_pipeline(world_sizes=(2,), microbatches=4, width=16, batch=8, cores=1,
                             save_to=tmp_path / "m.json")
     rows = [line.split() for line in report.splitlines() if line.split() and line.split()[0] in SCHEDULES]
     assert [row[0] for row in rows] == list(SCHEDULES)
@@ -171,10 +172,9 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
             low, high = (float(model) - 0.05) / (measured + 0.05), (float(model) + 0.05) / (measured - 0.05)
             assert low - 0.005 <= float(ratio) <= high + 0.005, row
     saved = load("pipeline", tmp_path / "m.json")  # what the bubble explorer will name
-    assert sorted(saved) == sorted(f"{name} p=2 m=2 v={2 if name == 'interleaved_1f1b' else 1}"
-                                   for name in SCHEDULES)
+    assert sorted(saved) == sorted(f"{name} p=2 m=4 v={STAGES_PER_DEVICE.get(name, 1)}" for name in SCHEDULES)
     assert [round(saved[key]["makespan"] * 1e3, 1) for key in
-            (f"{row[0]} p=2 m=2 v={2 if row[0] == 'interleaved_1f1b' else 1}" for row in rows)] == [
+            (f"{row[0]} p=2 m=4 v={STAGES_PER_DEVICE.get(row[0], 1)}" for row in rows)] == [
         float(row[1]) for row in rows]
 
 

@@ -80,6 +80,9 @@ def test_a_grid_that_does_not_match_the_ranks_is_refused():
             pool.run(hybrid_step, 1, 1, 2, sequence_parallel=True)
         with pytest.raises(RankError, match="use it with zero=None"):
             pool.run(hybrid_step, 2, 1, 1, sequence_parallel=True, zero=1)
+        for schedule in ("interleaved_1f1b", "zb_v", "dualpipe_v"):
+            with pytest.raises(RankError, match=f"{schedule} puts several on each"):
+                pool.run(hybrid_step, 1, 2, 1, microbatches=4, schedule=schedule)
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 1), (1, 2, 2), (2, 1, 2)])

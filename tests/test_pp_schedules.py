@@ -332,3 +332,36 @@ def test_memory_over_time_peaks_where_the_count_does(name):
     assert tuple(max(held for _, held in device) for device in steps) == timeline.peak_inflight
     assert all(device[-1][1] == 0 for device in steps), "everything is let go by the end"
     assert all(earlier[0] < later[0] for device in steps for earlier, later in itertools.pairwise(device))
+
+
+COSTS = [(1.0, 1.0, 1.0), (1.0, 2.0, 0.0), (1.0, 1.5, 0.7), (1.0, 2.0, 1.0), (1.0, 1.2, 0.4), (2.0, 1.0, 0.5)]
+
+
+@pytest.mark.parametrize("name", [name for name in SCHEDULES if name != "naive"])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 8, 9, 16])
+def test_the_papers_closed_forms_hold_in_the_simulator(name, p, m):
+    """Every schedule's bubble and peak memory against its paper's formula (edulib.pp.formulas)."""
+    from edulib.pp.formulas import closed_form
+
+    try:
+        schedule = build_schedule(name, p, m)
+    except ValueError:
+        return  # refused, with its reason (tested above)
+    for t_f, t_b, t_w in COSTS:
+        split = schedule.split_backward
+        timeline = simulate(schedule, t_f, t_b if split else t_b + t_w, t_w if split else 0.0)
+        form = closed_form(name, p, m, schedule.chunks, t_f, t_b, t_w)
+        if form is None:
+            continue
+        bubble = timeline.makespan - max(timeline.busy)
+        assert {"=": bubble == pytest.approx(form.bubble, abs=1e-9), "<=": bubble <= form.bubble + 1e-9,
+                ">=": bubble >= form.bubble - 1e-9}[form.relation], (t_f, t_b, t_w, bubble, form)
+        assert max(timeline.peak_inflight) / schedule.chunks == pytest.approx(form.held)
+
+
+def test_each_schedule_with_a_paper_has_a_closed_form():
+    from edulib.pp.formulas import closed_form
+
+    assert all(closed_form(name, 4, 8, build_schedule(name, 4, 8).chunks, 1.0, 1.0, 1.0) is not None
+               for name in SCHEDULES if name != "naive")

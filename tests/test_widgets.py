@@ -178,7 +178,7 @@ def test_the_bubble_description_gives_the_closed_form_and_memory():
 
     text = describe_case(schedule="interleaved_1f1b", stages=4, microbatches=8, chunks=2,
                          backward_ratio=2)
-    assert "0.1875   closed form: 0.1875" in text
+    assert "0.1875   closed form (p-1)(F+B)/v: 0.1875" in text
     assert describe_case(schedule="interleaved_1f1b", stages=4, microbatches=6, chunks=2,
                          backward_ratio=2).endswith("must be a multiple of stages (4); got 6")
 

@@ -276,12 +276,15 @@ def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     return tuple(peaks)
 
 
+def ratio_costs(schedule: Schedule, backward: float = 2.0) -> tuple[float, float, float]:
+    """t_f, t_b, t_w for `simulate_ratio`: a forward of 1 and a backward `backward` times as long,
+    split evenly into B and W where the schedule has W."""
+    return (1.0, backward / 2, backward / 2) if schedule.split_backward else (1.0, backward, 0.0)
+
+
 def simulate_ratio(schedule: Schedule, backward: float = 2.0) -> Timeline:
-    """Simulate with t_f = 1 and a backward pass `backward` times as long, split evenly into B
-    and W where the schedule has W: the same work for every schedule, so bubbles compare."""
-    if schedule.split_backward:
-        return simulate(schedule, 1.0, backward / 2, backward / 2)
-    return simulate(schedule, 1.0, backward)
+    """Simulate with `ratio_costs`: the same work for every schedule, so bubbles compare."""
+    return simulate(schedule, *ratio_costs(schedule, backward))
 
 
 def validate(schedule: Schedule) -> Schedule:

@@ -19,8 +19,7 @@ def frontier_case(schedule: str, stages: int, microbatches: int, levels: int) ->
     """A schedule's frontier on the A100 model with its `levels` highest clocks, in units of a
     quarter of a forward (interleaved: 2 stages per device; zero bubble: B and W a forward each)."""
     gpu = GPU(A100.name, A100.frequencies[-int(levels):], A100.power[-int(levels):], A100.idle)
-    chunks = 2 if schedule == "interleaved_1f1b" else 1
-    built = build_schedule(schedule, int(stages), int(microbatches), chunks)
+    built = build_schedule(schedule, int(stages), int(microbatches))
     split = built.split_backward
     return pipeline_frontier(built, gpu, 1.0, 1.0 if split else 2.0, 1.0 if split else 0.0, unit=0.25)
 

@@ -8,15 +8,18 @@ from typing import Any
 
 from edulib.measured import load, pipeline_key
 from edulib.pp import SCHEDULES, Timeline, build_schedule, simulate_ratio
+from edulib.pp.formulas import closed_form
+from edulib.pp.simulate import ratio_costs
 from edulib.viz.pipeline import timeline_figure
 from edulib.widgets.explorer import Choice, Slider, drawn_once, explore
 
 
 def pipeline_case(schedule: str, stages: int, microbatches: int, chunks: int,
                   backward_ratio: float) -> Timeline:
-    """Simulate a named schedule (only interleaved_1f1b uses `chunks`) with `simulate_ratio`."""
+    """Simulate a named schedule (only interleaved_1f1b takes `chunks`; the others hold their own
+    number of stages per device) with `simulate_ratio`."""
     return simulate_ratio(build_schedule(schedule, int(stages), int(microbatches),
-                                         int(chunks) if schedule == "interleaved_1f1b" else 1),
+                                         int(chunks) if schedule == "interleaved_1f1b" else None),
                           backward_ratio)
 
 
@@ -37,14 +40,19 @@ def describe_case(saved: dict | None = None, **case: Any) -> str:
         timeline = pipeline_case(**case)
     except ValueError as error:
         return str(error)
-    p, m, v = timeline.schedule.devices, timeline.schedule.microbatches, timeline.schedule.chunks
-    closed = {"gpipe": (p - 1) / m, "1f1b": (p - 1) / m, "interleaved_1f1b": (p - 1) / (v * m)}
+    schedule = timeline.schedule
+    p, m, v = schedule.devices, schedule.microbatches, schedule.chunks
+    form = closed_form(schedule.name, p, m, v, *ratio_costs(schedule, case["backward_ratio"]))
+    bound = {"=": "", "<=": "at most ", ">=": "at least "}[form.relation] if form else ""
     lines = [f"bubble fraction (bubble / ideal time): {timeline.bubble_fraction:.4f}"
-             + (f"   closed form: {closed[case['schedule']]:.4f}" if case["schedule"] in closed else ""),
+             + (f"   closed form {form.bubble_formula}: {bound}{form.bubble / max(timeline.busy):.4f}"
+                if form else ""),
              f"idle fraction (idle / all device time): {timeline.idle_fraction:.4f}",
-             f"makespan: {timeline.makespan:g} (one forward of one stage = 1)",
-             "micro-batches in flight at most, per device: "
-             + " ".join(map(str, timeline.peak_inflight)),
+             f"makespan: {timeline.makespan:g} (a device's forward pass = 1)",
+             ("micro-batches" if v == 1 else f"stage micro-batches (a device holds {v} stages)")
+             + " in flight at most, per device: " + " ".join(map(str, timeline.peak_inflight))
+             + (f"\n  the paper's memory: {form.held_formula} = {form.held:g} micro-batches of a "
+                "device's layers" if form else ""),
              _measured(saved or {}, timeline)]
     return "\n".join(line for line in lines if line)
 
@@ -72,4 +80,5 @@ def bubble_explorer(static: bool | None = None) -> Any:
         "chunks": Slider(2, 1, 4, 1, integer=True),
         "backward_ratio": Slider(2, 0.5, 4, 0.5)}, static, describe=partial(describe_case, saved),
         applies={"chunks": lambda schedule, **_: None if schedule == "interleaved_1f1b" else
-                 "chunks per stage: only the interleaved schedule (interleaved_1f1b) uses them"})
+                 "chunks per stage: only the interleaved schedule (interleaved_1f1b) takes them; "
+                 "zb_v and dualpipe_v always hold 2"})
