@@ -199,6 +199,40 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     return measured, simulate(schedule, overhead=overhead, **costs)
 
 
+MEMORY_SCHEDULES = ("1f1b", "zero_bubble", "zb_v", "dualpipe_v")
+
+
+def pipeline_memory(pool: Pool, stages: int, microbatches: int, width: int, depth: int,
+                    batch: int) -> list[list[str]]:
+    """Per schedule and device, the peak bytes held for later passes in one real step (counted
+    from the tensors) beside the model: the simulator's count of micro-batches, each weighted by
+    its stage's bytes between F and B and between B and W, as this run's actions changed them."""
+    from edulib.pp import build_schedule, simulate
+    from edulib.pp.memory import model_peaks
+    from edulib.pp.runtime import train_step
+
+    rows = []
+    for name in MEMORY_SCHEDULES:
+        schedule = build_schedule(name, stages, microbatches)
+        reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch, memory=True)
+        changes: dict[tuple[str, int], list[int]] = {}
+        for report in reports:
+            before = 0
+            for action, held in report["memory"]:
+                changes.setdefault((action.kind, action.stage), []).append(held - before)
+                before = held
+        activations = {stage: statistics.median(changes["F", stage]) for stage in range(schedule.stages)}
+        kept = {stage: activations[stage] + statistics.median(changes["B", stage])
+                for stage in range(schedule.stages)}
+        modelled = model_peaks(schedule, activations, kept)
+        counts = simulate(schedule).peak_inflight
+        for device, report in enumerate(reports):
+            measured = max(held for _, held in report["memory"])
+            rows.append([name, str(device), str(counts[device]), format_bytes(modelled[device]),
+                         format_bytes(measured), f"{measured / modelled[device]:.3f}"])
+    return rows
+
+
 def pipeline_link(pool: Pool, message_bytes: int, backend: str = "gloo") -> tuple[float, float]:
     """(t_comm, overhead) of a pipeline's messages on this pool: one message's time from the
     alpha-beta fit, and LogGP's per-message overhead from a stream of messages."""
@@ -281,6 +315,7 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
                 schedule = build_schedule(name, stages, microbatches)
                 runs[name] = measure_pipeline(pool, schedule, width, 4 * stages, batch,
                                               t_comm=t_comm, overhead=overhead)
+            memory = pipeline_memory(pool, stages, microbatches, width, 4 * stages, batch)
         alone = measured_costs(runs["naive"][0])
         shared = stages > cores
         rows = []
@@ -305,7 +340,12 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
             f"{stages} {backend} stages on {cores} cores; a message of "
             f"{format_bytes(batch // microbatches * width * 4)}: t_comm = {t_comm * 1e3:.3f} ms from the "
             f"alpha-beta fit, overhead o = {overhead * 1e6:.1f} us a message at each end\n\n"
-            + format_table(headers, rows))
+            + format_table(headers, rows)
+            + "\n\nmemory held for later passes (saved activations, recorded layer outputs, W's kept "
+            "tensors), peak per device in one step: the simulator's count of micro-batches held, "
+            "weighted by each stage's bytes before and after B, against the tensors counted\n\n"
+            + format_table(["schedule", "device", "held (simulator)", "model", "measured",
+                            "measured / model"], memory))
     if save_to:
         reports.append(f"saved for the bubble explorer: {save_measured('pipeline', saved, save_to)}")
     return (f"fastest of 3 training steps on {platform.node()}, {microbatches} micro-batches of "

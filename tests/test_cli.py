@@ -156,14 +156,15 @@ def test_the_agreement_counts_close_predictions_and_wrong_winners_by_hand():
 
 
 def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model(tmp_path):
-    from edulib.bench import bench_pipeline
+    from edulib.bench import MEMORY_SCHEDULES, bench_pipeline
     from edulib.measured import load
     from edulib.pp import SCHEDULES
     from edulib.pp.schedules import STAGES_PER_DEVICE
 
     report = bench_pipeline(world_sizes=(2,), microbatches=4, width=16, batch=8, cores=1,
                             save_to=tmp_path / "m.json")
-    rows = [line.split() for line in report.splitlines() if line.split() and line.split()[0] in SCHEDULES]
+    timing, memory = report.split("memory held for later passes")
+    rows = [line.split() for line in timing.splitlines() if line.split() and line.split()[0] in SCHEDULES]
     assert [row[0] for row in rows] == list(SCHEDULES)
     assert "2 gloo stages on 1 cores" in report and "overhead o = " in report
     for row in rows:  # measured, replay, its ratio, simulated, its ratio, cores model, its ratio
@@ -171,6 +172,10 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
         for model, ratio in ((row[2], row[3]), (row[4], row[5]), (row[6], row[7])):
             low, high = (float(model) - 0.05) / (measured + 0.05), (float(model) + 0.05) / (measured - 0.05)
             assert low - 0.005 <= float(ratio) <= high + 0.005, row
+    ratios = [(row.split()[0], float(row.split()[-1])) for row in memory.splitlines()
+              if row.split() and row.split()[0] in MEMORY_SCHEDULES]
+    assert [name for name, _ in ratios] == [name for name in MEMORY_SCHEDULES for _ in range(2)]
+    assert all(0.9 <= ratio <= 1.1 for _, ratio in ratios), memory  # each device's peak: the model's
     saved = load("pipeline", tmp_path / "m.json")  # what the bubble explorer will name
     assert sorted(saved) == sorted(f"{name} p=2 m=4 v={STAGES_PER_DEVICE.get(name, 1)}" for name in SCHEDULES)
     assert [round(saved[key]["makespan"] * 1e3, 1) for key in

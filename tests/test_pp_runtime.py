@@ -129,3 +129,37 @@ def test_b_keeps_only_what_w_needs_and_b_plus_w_is_one_backward(norm):
     backward_weight(kept)
     got = [parameter.grad for parameter in stage.parameters()] + [input_grad]
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zero_bubble", "zb_v", "dualpipe_v"])
+def test_a_device_holds_what_the_memory_model_says(name, pool4):
+    """Counted from the tensors during a real step: each stage's micro-batch holds the same bytes
+    between F and B and between B and W; with a split backward, B keeps exactly W's inputs (each
+    Linear's input and output gradient) and frees the rest; nothing is left at the end; and each
+    device's peak is the model's (the simulator's count, weighted by those bytes)."""
+    import statistics
+
+    from edulib.pp.memory import model_peaks
+
+    p, m, width = 4, 8, 16
+    schedule = build_schedule(name, p, m)
+    depth = 2 * schedule.stages
+    reports = pool4.run(train_step, schedule, width=width, depth=depth, batch=2 * m, memory=True)
+    changes: dict = {}
+    for report in reports:
+        assert report["memory"][-1][1] == 0, "everything is let go by the end of the step"
+        before = 0
+        for action, held in report["memory"]:
+            changes.setdefault((action.kind, action.stage), []).append(held - before)
+            before = held
+    activations = {s: statistics.median(changes["F", s]) for s in range(schedule.stages)}
+    kept = {s: activations[s] + statistics.median(changes["B", s]) for s in range(schedule.stages)}
+    # two Linears per stage, micro-batches of 2 rows, fp32; where a stage's input comes from a stage
+    # on the same device (the V's tip) it shares that stage's output tensor, so it is counted there
+    device_of = schedule.device_of
+    apart = [s for s in range(schedule.stages) if s == 0 or device_of(s - 1) != device_of(s)]
+    if schedule.split_backward:
+        assert all(kept[s] == 2 * (2 * 2 * width * 4) for s in apart), str(kept)
+    measured = tuple(max(held for _, held in report["memory"]) for report in reports)
+    assert all(abs(a / b - 1) <= 0.1 for a, b in zip(measured, model_peaks(schedule, activations, kept),
+                                                       strict=True))

@@ -15,11 +15,12 @@ from edulib.pp.simulate import Event, Timeline, count_inflight, validate
 
 
 def train_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: int = 16,
-               seed: int = 0) -> dict:
+               seed: int = 0, memory: bool = False) -> dict:
     """One training step of `mlp(width, depth, seed)` cut into the schedule's stages.
 
     Returns this device's parameter gradients (named as in the unsplit model) and its events as
-    (action, start, end) in seconds of the machine's monotonic clock.
+    (action, start, end) in seconds of the machine's monotonic clock; with `memory`, also the
+    bytes it held after each action, as (action, bytes) (`execute`'s `memory`).
     """
     validate(schedule)
     device = dist.get_rank()
@@ -35,11 +36,12 @@ def train_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: int =
     mine = {stage: pieces[stage] for stage in schedule.stages_of(device)}
     inputs, targets = (tensor.chunk(m) for tensor in regression_batch(batch, width, seed))
     comm.barrier()  # every device starts the step together: the events time the schedule, not the set-up
+    held: list | None = [] if memory else None
     events = execute(schedule, device, mine, lambda y, target: nn.functional.mse_loss(y, target) / m,
-                     inputs, targets, shape=(batch // m, width))
+                     inputs, targets, shape=(batch // m, width), memory=held)
     gradients = {names[id(parameter)]: parameter.grad
                  for stage in mine.values() for parameter in stage.parameters()}
-    return {"gradients": gradients, "events": events}
+    return {"gradients": gradients, "events": events} | ({"memory": held} if memory else {})
 
 
 def measured_timeline(schedule: Schedule, reports: list[dict]) -> Timeline:
