@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from edulib.pp.schedule import (
     Action,
-    Overlap,
     Schedule,
     Step,
     action_of,
@@ -60,10 +59,10 @@ class Timeline:
         return (total - sum(self.busy)) / total if total else 0.0
 
 
-def _keys(schedule: Schedule) -> list[list[tuple[int, ...]]]:
+def _keys(schedule: Schedule) -> tuple[list[list[tuple[int, ...]]], list[list[Step]]]:
     """Number every action (kind, stage, micro-batch) -> key, checking that each appears exactly
     once, on the device that holds its stage. Keys are F, then B, then W, stage-major. Each step
-    of a row becomes its keys: one, or an Overlap's several."""
+    of a row becomes its keys (one, or an Overlap's several); returns them and the steps."""
     p, stages, m = schedule.devices, schedule.stages, schedule.microbatches
     if p < 1 or m < 1 or schedule.chunks < 1:
         raise ValueError("a schedule needs at least 1 device, 1 micro-batch and 1 stage per device; "
@@ -72,12 +71,12 @@ def _keys(schedule: Schedule) -> list[list[tuple[int, ...]]]:
         raise ValueError(f"expected one action list per device ({p}); got {len(schedule.actions)}")
     kinds = "FBW" if schedule.split_backward else "FB"
     count = bytearray(3 * stages * m)
-    rows = []
+    rows, steps = [], []
     for device, row in enumerate(schedule.actions):
         keys = []
-        for step in row:
-            if step.is_message:
-                continue
+        steps.append([step for step in row if not step.is_message])
+        for step in steps[-1]:
+            step_keys = []
             for action in step.parts:
                 if action.kind not in kinds or not (0 <= action.stage < stages
                                                     and 0 <= action.microbatch < m):
@@ -91,18 +90,21 @@ def _keys(schedule: Schedule) -> list[list[tuple[int, ...]]]:
                     raise ValueError(f"device {device}: {action} appears twice; every action runs "
                                      "exactly once")
                 count[key] = 1
-            keys.append(tuple(key_of(action, stages, m) for action in step.parts))
+                step_keys.append(key)
+            keys.append(tuple(step_keys))
         rows.append(keys)
     missing = next((key for key in range(len(kinds) * stages * m) if not count[key]), None)
     if missing is not None:
         action = action_of(missing, stages, m)
         raise ValueError(f"{len(kinds) * stages * m - sum(count)} actions are missing, first "
                          f"{action} on device {schedule.device_of(action.stage)}")
-    return rows
+    return rows, steps
 
 
 def _needs(step: tuple[int, ...], stages: int, microbatches: int) -> list[int]:
     """What a step's keys need that the step does not run itself."""
+    if len(step) == 1:
+        return needs(step[0], stages, microbatches)
     return [key for part in step for key in needs(part, stages, microbatches) if key not in step]
 
 
@@ -133,37 +135,39 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     as its parts together (what it hides is communication, which these costs leave out) and its
     results are all ready when it ends.
     """
-    rows = _keys(schedule)
+    rows, steps = _keys(schedule)
     p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
     bad_cores = cores is not None and (not isinstance(cores, int) or cores < 1)
     if min(t_comm, overhead, dispatch) < 0 or bad_cores:
         raise ValueError(f"t_comm, overhead and dispatch must be 0 or more and cores a whole number from 1 "
                          f"(or None); got t_comm={t_comm!r}, overhead={overhead!r}, dispatch={dispatch!r}, "
                          f"cores={cores!r}")
+    # Per device and position, looked up often: time, inputs, messages sent.
     if durations is None:
         f, b, w = (per_device(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
         if not schedule.split_backward:
             b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
-        time_of = {step: sum([f, b, w][key // (stages * m)][d] for key in step) / v
-                   for d in range(p) for step in rows[d]}
+        share = [(f[d] / v, b[d] / v, w[d] / v) for d in range(p)]  # of one stage, per kind
+        times = [[share[d][step[0] // (stages * m)] if len(step) == 1 else
+                  sum(share[d][key // (stages * m)] for key in step) for step in rows[d]] for d in range(p)]
     else:
-        time_of = {step: _given(durations, _step_of(step, stages, m)) for row in rows for step in row}
+        times = [[_given(durations, step) for step in row] for row in steps]
     held_by = {key: device for device in range(p) for step in rows[device] for key in step}
-    sends = {step: sum((target := consumer(action_of(key, stages, m), stages)) is not None
-                       and schedule.device_of(target) != held_by[key] for key in step)
-             for row in rows for step in row}
+    inputs = [[_needs(step, stages, m) for step in row] for row in rows]
+    sends = [[sum((target := consumer(part, stages)) is not None and schedule.device_of(target) != device
+                  for part in step.parts) for step in steps[device]] for device in range(p)]
     finished: list[float | None] = [None] * (3 * stages * m)
     position, clock = [0] * p, [0.0] * p
     waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
     running: dict[int, list[float]] = {}  # device -> [start, end at the current rate]
     blocked: dict[int, list[int]] = {}  # key not yet finished -> devices whose next action needs it
-    timed: list[tuple[int, tuple[int, ...], float, float]] = []
+    timed: list[tuple[int, int, float, float]] = []
     now, rate, free = 0.0, 1.0, list(range(p))  # free: devices that may go on now
     while True:
         for device in sorted(free):
             if position[device] == len(rows[device]):
                 continue
-            needed = _needs(rows[device][position[device]], stages, m)
+            needed = inputs[device][position[device]]
             missing = next((k for k in needed if finished[k] is None), None)
             if missing is not None:
                 blocked.setdefault(missing, []).append(device)
@@ -173,7 +177,7 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         free = []
         for device in [d for d, start in waiting.items() if start <= now]:
             start = waiting.pop(device)
-            running[device] = [start, now + time_of[rows[device][position[device]]] / rate]
+            running[device] = [start, now + times[device][position[device]] / rate]
         new_rate = 1.0 if cores is None else min(1.0, cores / max(len(running), 1))
         if new_rate != rate:  # the work left on each running action, at the new speed
             for span in running.values():
@@ -184,34 +188,25 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         now = min([span[1] for span in running.values()] + list(waiting.values()))
         for device in [d for d, span in running.items() if span[1] <= now]:
             start, end = running.pop(device)
-            step = rows[device][position[device]]
-            clock[device] = end + overhead * sends[step]
-            for key in step:
+            index = position[device]
+            clock[device] = end + overhead * sends[device][index]
+            for key in rows[device][index]:
                 finished[key] = clock[device]
-            timed.append((device, step, start, end))
+            timed.append((device, index, start, end))
             position[device] += 1
             if position[device] < len(rows[device]):
                 clock[device] += dispatch
-            free += [device, *(d for key in step for d in blocked.pop(key, []))]
-    stuck = [(device, _step_of(rows[device][position[device]], stages, m))
-             for device in range(p) if position[device] < len(rows[device])]
+            free += [device, *(d for key in rows[device][index] for d in blocked.pop(key, []))]
+    stuck = [device for device in range(p) if position[device] < len(rows[device])]
     if stuck:
         details = "; ".join(
-            f"device {device} waits at {action} for " + ", ".join(
-                str(action_of(k, stages, m)) for k in _needs(rows[device][position[device]], stages, m)
-                if finished[k] is None)
-            for device, action in stuck)
+            f"device {device} waits at {steps[device][position[device]]} for " + ", ".join(
+                str(action_of(k, stages, m)) for k in inputs[device][position[device]] if finished[k] is None)
+            for device in stuck)
         raise ValueError(f"{schedule.name} deadlocks: {details}")
-    events = [Event(device, _step_of(step, stages, m), start, end)
-              for device, step, start, end in timed]
-    busy = tuple(sum(time_of[step] for step in rows[d]) for d in range(p))
+    events = [Event(device, steps[device][index], start, end) for device, index, start, end in timed]
+    busy = tuple(sum(row) for row in times)
     return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
-
-
-def _step_of(step: tuple[int, ...], stages: int, microbatches: int) -> Step:
-    """The Action (or Overlap) a step's keys stand for."""
-    actions = tuple(action_of(key, stages, microbatches) for key in step)
-    return actions[0] if len(actions) == 1 else Overlap(actions)
 
 
 def _given(durations: Mapping[Action, float], action: Action) -> float:
@@ -269,9 +264,11 @@ def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     for row in schedule.actions:
         held = peak = 0
         for step in row:
-            held += sum(action.kind == "F" for action in step.parts)
+            for action in step.parts:  # an Overlap: its forward is held while its backward runs
+                held += action.kind == "F"
             peak = max(peak, held)
-            held -= sum(action.kind == done for action in step.parts)
+            for action in step.parts:
+                held -= action.kind == done
         peaks.append(peak)
     return tuple(peaks)
 
