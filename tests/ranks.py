@@ -273,3 +273,45 @@ def frozen_sequence_parallel_bytes(frozen: bool) -> dict[str, int]:
     for transfer in transfers:
         sent[transfer.direction] = sent.get(transfer.direction, 0) + transfer.nbytes
     return sent
+
+
+def split_backward_work(sequence_parallel: bool) -> dict:
+    """Two tensor-parallel tiny-GPT blocks (sequence-parallel or not) on this group: the FLOPs and
+    collectives of one whole backward, of B and of W, and whether B + W gave the same gradients."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from edulib import comm
+    from edulib.hybrid import _SequenceSplit
+    from edulib.models import gpt_batch, tiny_gpt
+    from edulib.pp.backward import backward_input, backward_weight, recording
+    from edulib.tp.layers import ParallelBlock
+
+    blocks = torch.nn.Sequential(*[ParallelBlock(block, None, "builtin", sequence_parallel)
+                                   for block in tiny_gpt(16, 4, 2, norm=sequence_parallel)])
+    stage = _SequenceSplit(blocks, None, "builtin") if sequence_parallel else blocks
+    x, target = gpt_batch(2, 16, tokens=4)
+    x.requires_grad_()
+
+    def counted(run) -> tuple[int, list[tuple[str, str, int]]]:
+        with FlopCounterMode(display=False) as flops, comm.count_communication() as sent:
+            run()
+        return flops.get_total_flops(), [(t.operation, t.direction, t.nbytes) for t in sent]
+
+    def loss() -> torch.Tensor:
+        return torch.nn.functional.mse_loss(stage(x), target)
+
+    whole = loss()
+    report = {"full": counted(whole.backward)}
+    want = [p.grad.clone() for p in stage.parameters()] + [x.grad.clone()]
+    stage.zero_grad(set_to_none=True)
+    x.grad = None
+    with recording(stage) as layers:
+        again = loss()
+    result: dict = {}
+    report["B"] = counted(lambda: result.update(zip(("input", "kept"), backward_input(again, None, x, layers),
+                                                    strict=True)))
+    report["W"] = counted(lambda: backward_weight(result["kept"]))
+    got = [p.grad for p in stage.parameters()] + [result["input"]]
+    report["equal"] = all(a is not None and torch.allclose(a, b, atol=1e-6)
+                          for a, b in zip(got, want, strict=True))
+    return report

@@ -103,3 +103,23 @@ def test_the_gathered_linear_does_only_the_backward_work_that_is_needed(pool4):
         trained, frozen = (pool.run(frozen_sequence_parallel_bytes, freeze) for freeze in (False, True))
     assert trained[0]["recompute"] > 0 and frozen[0].get("recompute", 0) == 0
     assert frozen[0]["backward"] == trained[0]["backward"] > 0
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_split_backward_does_one_backwards_work_and_w_repeats_no_collective(sequence_parallel, pool4):
+    """Zero bubble's B + W on tensor-parallel blocks: the FLOPs and the collectives of one whole
+    backward, the same gradients, and W runs no all-reduce or reduce-scatter (B ran them); with
+    sequence parallelism W gathers the input again for the weights' gradient, which B did not."""
+    from collections import Counter
+
+    from tests import ranks
+
+    for report in pool4.run(ranks.split_backward_work, sequence_parallel):
+        assert report["equal"]
+        (full_flops, full_sent), (b_flops, b_sent), (w_flops, w_sent) = (report[k]
+                                                                         for k in ("full", "B", "W"))
+        assert b_flops + w_flops == full_flops and w_flops > 0
+        assert Counter(b_sent) + Counter(w_sent) == Counter(full_sent)
+        assert all(operation == "all_gather" and direction == "recompute"
+                   for operation, direction, _ in w_sent)
+        assert bool(w_sent) == sequence_parallel

@@ -7,50 +7,90 @@ is computed: autograd skips the weight-gradient products no one asked for. W lat
 kept output gradient into that layer's weight gradients and frees what B kept: for a Linear,
 dW = dYᵀX and db = the sum of dY, from the input X the forward pass recorded; for any other
 layer, autograd from its own output to its own parameters. B + W does one full backward's work.
+
+A tensor-parallel Linear records itself (`record`): the local matmul's input and output, inside
+its collectives, so B runs each collective once on the way to the input and W needs none. Under
+sequence parallelism W gathers the input again, as the layer's own backward would; and B tells
+the fused gathered Linear (`input_only`) to leave the weight's gradient to W.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-Layer = tuple[nn.Module, torch.Tensor, torch.Tensor]  # a layer, its input, its output
-Kept = list[tuple[nn.Module, torch.Tensor, torch.Tensor | None, torch.Tensor]]  # ..., and dY
 
-_listening: weakref.WeakKeyDictionary[nn.Module, list[list[Layer]]] = weakref.WeakKeyDictionary()
+class LinearParts(NamedTuple):
+    """One local matmul's parameters, recorded by a layer that records itself (a tensor-parallel
+    layer's own slice, its bias apart where it is added after a collective): W turns its kept
+    output gradient into these weights' gradients by hand. `gather` rebuilds the whole input
+    from this rank's part, where the layer kept only that (sequence parallelism)."""
+
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+Layer = tuple[nn.Module | LinearParts, torch.Tensor | None, torch.Tensor]  # a layer, its input, its output
+Kept = list[tuple[nn.Module | LinearParts, torch.Tensor | None, torch.Tensor | None, torch.Tensor]]  # + dY
+
+_hooked: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_active: list[list[Layer]] = []  # the forward passes being recorded, innermost last
+_input_only = threading.local()
 
 
 @contextmanager
 def recording(stage: nn.Module) -> Iterator[list[Layer]]:
-    """Record, during a forward pass, the input and output of every module holding parameters itself.
+    """Record, during a forward pass, the input and output of every module holding parameters
+    itself, and what layers that record themselves (`record`) hand in.
 
     The hooks are put on a stage once and stay; outside this block they record nothing.
     """
-    if stage not in _listening:
-        current: list[list[Layer]] = []
-
-        def keep(module: nn.Module, args: tuple, out: object) -> None:
-            if current and isinstance(out, torch.Tensor) and out.requires_grad:
-                current[-1].append((module, args[0] if args else None, out))
-
+    if stage not in _hooked:
         for module in stage.modules():
-            if any(True for _ in module.parameters(recurse=False)):
-                module.register_forward_hook(keep)
-        _listening[stage] = current
+            if any(True for _ in module.parameters(recurse=False)) and not getattr(
+                    module, "records_itself", False):
+                module.register_forward_hook(_keep)
+        _hooked.add(stage)
     layers: list[Layer] = []
-    _listening[stage].append(layers)
+    _active.append(layers)
     try:
         yield layers
     finally:
-        _listening[stage].pop()
+        _active.pop()
 
 
-def _by_hand(module: nn.Module, x: object) -> bool:
-    """Whether W computes this layer's weight gradients itself (a Linear with its input recorded)."""
+def _keep(module: nn.Module, args: tuple, out: object) -> None:
+    """A forward hook: note the module, its input and its output, while a pass is recorded."""
+    if _active and isinstance(out, torch.Tensor) and out.requires_grad:
+        _active[-1].append((module, args[0] if args else None, out))
+
+
+def record(parts: LinearParts, x: torch.Tensor | None, out: torch.Tensor) -> None:
+    """For a layer that records itself: its local matmul's parameters, input and output (while a
+    pass is recorded; otherwise nothing). W then needs no collective the layer's backward runs."""
+    if _active and out.requires_grad:
+        _active[-1].append((parts, x, out))
+
+
+def input_only() -> bool:
+    """Whether the backward now running is B, which wants input gradients only: a custom autograd
+    Function whose `ctx.needs_input_grad` (fixed at the forward) asks for its weights' gradients
+    too skips them then, since W computes them."""
+    return getattr(_input_only, "on", False)
+
+
+def _by_hand(module: nn.Module | LinearParts, x: object) -> bool:
+    """Whether W computes this layer's weight gradients itself: a Linear with its input recorded,
+    or a self-recorded matmul (a bias alone needs no input)."""
+    if isinstance(module, LinearParts):
+        return module.weight is None or isinstance(x, torch.Tensor)
     return type(module) is nn.Linear and isinstance(x, torch.Tensor)
 
 
@@ -63,10 +103,15 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torc
     output, so then the graph stays until W."""
     wanted = ([inputs] if inputs.requires_grad else []) + [out for _, _, out in layers]
     by_hand = all(_by_hand(module, x) for module, x, _ in layers)
-    grads = torch.autograd.grad(output, wanted, grad, retain_graph=not by_hand, allow_unused=True)
+    _input_only.on = True
+    try:
+        grads = torch.autograd.grad(output, wanted, grad, retain_graph=not by_hand, allow_unused=True)
+    finally:
+        _input_only.on = False
     input_grad = grads[0] if inputs.requires_grad else None
     layer_grads = grads[1:] if inputs.requires_grad else grads
-    return input_grad, [(module, x.detach(), None, g) if _by_hand(module, x) else (module, x, out, g)
+    return input_grad, [(module, None if x is None else x.detach(), None, g) if _by_hand(module, x)
+                        else (module, x, out, g)
                         for (module, x, out), g in zip(layers, layer_grads, strict=True) if g is not None]
 
 
@@ -83,11 +128,15 @@ def backward_weight(kept: Kept) -> None:
     while kept:
         module, x, out, grad = kept.pop()
         if _by_hand(module, x):
-            dy, x = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
-            if module.weight.grad is None:
-                module.weight.grad = dy.T @ x
-            else:
-                module.weight.grad.addmm_(dy.T, x)  # accumulate in place: no temporary
+            dy = grad.reshape(-1, grad.shape[-1])
+            weight = module.weight
+            if weight is not None and weight.requires_grad:
+                x = module.gather(x) if isinstance(module, LinearParts) and module.gather else x
+                x = x.reshape(-1, x.shape[-1])
+                if weight.grad is None:
+                    weight.grad = dy.T @ x
+                else:
+                    weight.grad.addmm_(dy.T, x)  # accumulate in place: no temporary
             _accumulate(module.bias, dy.sum(0) if module.bias is not None else None)
             continue
         parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]

@@ -21,7 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from edulib.models import Block, SelfAttention, attend
-from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence, split
+from edulib.pp.backward import LinearParts, record
+from edulib.tp.ops import f, g, gather, gather_again, gathered_linear, reduce_scatter_sequence, split
 
 Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices
 
@@ -85,16 +86,27 @@ class ColumnParallelLinear(ParallelModule):
         self._take("weight", full.weight, name + "weight", (rows,))
         self._take("bias", full.bias, name + "bias", (rows,))
 
+    records_itself = True  # its local matmul, for a split backward: W then runs no collective
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x is this rank's part of the sequence
-            return gathered_linear(x, self.weight, self.bias, self.group, self.algorithm)
-        y = F.linear(f(x, self.group, self.algorithm), self.weight, self.bias)
+            y = gathered_linear(x, self.weight, self.bias, self.group, self.algorithm)
+            record(LinearParts(self.weight, self.bias, self._gather_again), x, y)
+            return y
+        x = f(x, self.group, self.algorithm)
+        y = F.linear(x, self.weight, self.bias)
+        record(LinearParts(self.weight, self.bias), x, y)
         return gather(y, -1, self.group, self.algorithm) if self.gather_output else y
+
+    def _gather_again(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole sequence from this rank's part, for W (sequence parallelism)."""
+        return gather_again(x, self.group, self.algorithm)
 
 
 class RowParallelLinear(ParallelModule):
     """Input features split across ranks: y = sum_i x_i W_i^T, then the bias once."""
 
+    records_itself = True  # its local matmul and its bias, for a split backward
     def __init__(self, full: nn.Linear, input_is_split: bool = False, group=None,
                  name: str = "", algorithm: str = "builtin", sequence_parallel: bool = False) -> None:
         super().__init__()
@@ -110,8 +122,14 @@ class RowParallelLinear(ParallelModule):
         if not self.input_is_split:
             x = split(x, -1, self.group, self.algorithm)
         combine = reduce_scatter_sequence if self.sequence_parallel else g
-        y = combine(F.linear(x, self.weight), self.group, self.algorithm)
-        return y if self.bias is None else y + self.bias
+        local = F.linear(x, self.weight)  # this rank's partial sum
+        record(LinearParts(self.weight, None), x, local)
+        y = combine(local, self.group, self.algorithm)
+        if self.bias is None:
+            return y
+        y = y + self.bias
+        record(LinearParts(None, self.bias), None, y)
+        return y
 
 
 class ParallelMLP(ParallelModule):

@@ -20,6 +20,7 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 from edulib import comm
+from edulib.pp.backward import input_only
 
 
 def _all_reduce(tensor: torch.Tensor, direction: str, group, algorithm: str) -> torch.Tensor:
@@ -138,6 +139,8 @@ class _GatheredLinear(Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        if input_only():  # a zero-bubble B: W computes the weight's gradient (see gathered_linear)
+            needs_weight = needs_bias = False
         grad_x = None
         if needs_x:
             grad_x = _reduce_scatter(grad @ weight, "backward", ctx.group, ctx.dim, ctx.algorithm)
@@ -181,5 +184,12 @@ def gathered_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """Sequence parallelism's f fused with the column-parallel Linear after it: all-gather the
     sequence (dim -2) forward, reduce-scatter the input's gradient backward. Like Megatron it keeps
     only this rank's part of the input, and gathers it again (labelled "recompute") for the
-    weight's gradient: t times less activation memory for one more all-gather."""
+    weight's gradient: t times less activation memory for one more all-gather. Under a zero-bubble
+    pipeline's split backward, B only reduce-scatters and W (`edulib.pp.backward`) gathers x and
+    computes the weight's gradient: `gather_again` is how it rebuilds x."""
     return _GatheredLinear.apply(x, weight, bias, group, -2, algorithm)
+
+
+def gather_again(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:
+    """All-gather this rank's part of the sequence (dim -2) again, for a weight's gradient."""
+    return _all_gather(x, "recompute", group, -2, algorithm)
