@@ -163,3 +163,16 @@ def test_a_device_holds_what_the_memory_model_says(name, pool4):
     measured = tuple(max(held for _, held in report["memory"]) for report in reports)
     assert all(abs(a / b - 1) <= 0.1 for a, b in zip(measured, model_peaks(schedule, activations, kept),
                                                        strict=True))
+
+
+def test_one_micro_batch_holds_one_tensor_per_layer_before_b_and_two_after():
+    """phase_bytes on an MLP stage of k Linear-Tanh blocks, r rows of width w (fp32): 1F1B keeps the
+    input and each Tanh's output, k + 1 tensors; a split forward also keeps each Linear's output
+    until B asks for its gradient, 2k + 1; B keeps each Linear's input and output gradient, 2k."""
+    from edulib.models import mlp
+    from edulib.pp.memory import phase_bytes
+
+    k, rows, width = 3, 5, 8
+    one = rows * width * 4
+    assert phase_bytes(mlp(width, k), torch.randn(rows, width)) == {
+        "1F1B, F to B": (k + 1) * one, "split, F to B": (2 * k + 1) * one, "split, B to W": 2 * k * one}

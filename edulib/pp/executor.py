@@ -26,7 +26,7 @@ from torch import nn
 from edulib import comm
 from edulib.pp.backward import Kept, backward_input, backward_weight, recording
 from edulib.pp.lower import lower
-from edulib.pp.memory import held_bytes
+from edulib.pp.memory import device_bytes
 from edulib.pp.schedule import Action, Schedule, consumer
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,16 +93,6 @@ def _messages(schedule: Schedule, shape: Sequence[int], messages: Mapping[int, M
     return messages
 
 
-def _held(saved: Mapping, kept: Mapping, stages: Mapping[int, nn.Module]) -> int:
-    """The bytes a device holds for passes to come, from its saved forwards and kept W state."""
-    roots = [y for _, y, _ in saved.values()] + [out for entries in kept.values()
-                                                   for _, _, out, _ in entries if out is not None]
-    recorded = [tensor for _, _, layers in saved.values() for _, x, out in layers for tensor in (x, out)]
-    state = [tensor for entries in kept.values() for _, x, _, grad in entries for tensor in (x, grad)]
-    weights = [parameter for stage in stages.values() for parameter in stage.parameters()]
-    return held_bytes(roots, [t for t in recorded + state if isinstance(t, torch.Tensor)], weights)
-
-
 def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
             inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
             shape: Sequence[int] = (), links: Links | None = None,
@@ -117,7 +107,7 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     (`infer_messages`); `shape` instead says that every message has one shape, in the default
     dtype. Returns (action, start, end) of each computation, in seconds of the monotonic clock.
     With `memory`, after each F, B and W the bytes this device then holds for passes to come
-    (`edulib.pp.memory.held_bytes`: saved activations, recorded layer outputs, W's kept tensors)
+    (`edulib.pp.memory.device_bytes`: saved activations, recorded layer outputs, W's kept tensors)
     are appended to it with the action; counting walks the graphs, so time such a run apart.
     """
     expected = _messages(schedule, shape, messages)
@@ -200,7 +190,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             began = time.perf_counter()
             backward_weight(kept.pop((stage, mb)))
         if memory is not None:
-            memory.append((action, _held(saved, kept, stages)))
+            own = (p for module in stages.values() for p in module.parameters())
+            memory.append((action, device_bytes(saved.values(), kept.values(), own)))
         return began
 
     post()

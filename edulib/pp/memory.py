@@ -5,7 +5,8 @@ down to the tensors it saved for the backward, and the tensors each deferred W k
 their bytes, each tensor once, the weights left out. Modelled: `model_peaks` walks a schedule's
 rows with a number of bytes per stage for a micro-batch between its F and its B (its
 activations) and between its B and its W (what W needs), the way `count_inflight` counts
-micro-batches. `edulib bench pipeline` sets the two side by side.
+micro-batches. `edulib bench pipeline` sets the two side by side; `phase_bytes` counts one
+micro-batch in one stage, in one process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
+from torch import nn
 
+from edulib.pp.backward import Kept, backward_input, recording
 from edulib.pp.schedule import Schedule
 
 
@@ -43,6 +46,32 @@ def held_bytes(roots: Iterable[torch.Tensor], kept: Iterable[torch.Tensor],
         if tensor.untyped_storage().data_ptr() not in own:
             counted[tensor.data_ptr(), tensor.nbytes] = tensor.nbytes
     return sum(counted.values())
+
+
+def device_bytes(saved: Iterable[tuple], kept: Iterable[Kept], weights: Iterable[torch.Tensor]) -> int:
+    """What a pipeline device holds for passes to come: its forwards awaiting B, as the executor
+    saves them ((input, output, recorded layers)), and the W state B kept; see `held_bytes`."""
+    saved, kept = list(saved), list(kept)
+    roots = [y for _, y, _ in saved]
+    roots += [out for entries in kept for _, _, out, _ in entries if out is not None]
+    recorded = [t for _, _, layers in saved for _, x, out in layers for t in (x, out)]
+    state = [t for entries in kept for _, x, _, grad in entries for t in (x, grad)]
+    return held_bytes(roots, [t for t in recorded + state if isinstance(t, torch.Tensor)], weights)
+
+
+def phase_bytes(stage: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """What one micro-batch `x` holds in `stage` (its output's mean square as the loss), counted
+    as the executor counts it: from F to B in 1F1B (the saved activations), from F to B with a
+    split backward (those and each layer's recorded output) and from B to W (W's inputs)."""
+    weights = list(stage.parameters())
+    x = x.detach().requires_grad_()
+    whole = (stage(x) ** 2).mean()
+    with recording(stage) as layers:
+        split = (stage(x) ** 2).mean()
+    counts = {"1F1B, F to B": device_bytes([(x, whole, [])], [], weights),
+              "split, F to B": device_bytes([(x, split, layers)], [], weights)}
+    counts["split, B to W"] = device_bytes([], [backward_input(split, None, x, layers)[1]], weights)
+    return counts
 
 
 def model_peaks(schedule: Schedule, activations: Mapping[int, float],
