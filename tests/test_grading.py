@@ -289,8 +289,9 @@ def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
     """)
     visible, hidden, *_ = grade(path, time_limit=3, progress=False)
     assert visible.points == hidden.points == 0
+    # the CPU limit stopped it, not the wall clock's (2 x 3 + 30 s), whose feedback says "a deadlock?";
+    # how long that took on the clock depends on what else the machine runs, so it is not asserted
     assert visible.feedback == "no answer within 3 s of CPU time: an infinite loop?"
-    assert visible.seconds < 3 + 15 + 10
 
 
 def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
