@@ -208,23 +208,15 @@ def pipeline_memory(pool: Pool, stages: int, microbatches: int, width: int, dept
     from the tensors) beside the model: the simulator's count of micro-batches, each weighted by
     its stage's bytes between F and B and between B and W, as this run's actions changed them."""
     from edulib.pp import build_schedule, simulate
-    from edulib.pp.memory import model_peaks
+    from edulib.pp.memory import stage_bytes
     from edulib.pp.runtime import train_step
+    from edulib.pp.simulate import model_peaks
 
     rows = []
     for name in MEMORY_SCHEDULES:
         schedule = build_schedule(name, stages, microbatches)
         reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch, memory=True)
-        changes: dict[tuple[str, int], list[int]] = {}
-        for report in reports:
-            before = 0
-            for action, held in report["memory"]:
-                changes.setdefault((action.kind, action.stage), []).append(held - before)
-                before = held
-        activations = {stage: statistics.median(changes["F", stage]) for stage in range(schedule.stages)}
-        kept = {stage: activations[stage] + statistics.median(changes["B", stage])
-                for stage in range(schedule.stages)}
-        modelled = model_peaks(schedule, activations, kept)
+        modelled = model_peaks(schedule, *stage_bytes(report["memory"] for report in reports))
         counts = simulate(schedule).peak_inflight
         for device, report in enumerate(reports):
             measured = max(held for _, held in report["memory"])

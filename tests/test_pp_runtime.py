@@ -137,23 +137,15 @@ def test_a_device_holds_what_the_memory_model_says(name, pool4):
     between F and B and between B and W; with a split backward, B keeps exactly W's inputs (each
     Linear's input and output gradient) and frees the rest; nothing is left at the end; and each
     device's peak is the model's (the simulator's count, weighted by those bytes)."""
-    import statistics
-
-    from edulib.pp.memory import model_peaks
+    from edulib.pp.memory import stage_bytes
+    from edulib.pp.simulate import model_peaks
 
     p, m, width = 4, 8, 16
     schedule = build_schedule(name, p, m)
     depth = 2 * schedule.stages
     reports = pool4.run(train_step, schedule, width=width, depth=depth, batch=2 * m, memory=True)
-    changes: dict = {}
-    for report in reports:
-        assert report["memory"][-1][1] == 0, "everything is let go by the end of the step"
-        before = 0
-        for action, held in report["memory"]:
-            changes.setdefault((action.kind, action.stage), []).append(held - before)
-            before = held
-    activations = {s: statistics.median(changes["F", s]) for s in range(schedule.stages)}
-    kept = {s: activations[s] + statistics.median(changes["B", s]) for s in range(schedule.stages)}
+    assert all(report["memory"][-1][1] == 0 for report in reports), "everything is let go by the end"
+    activations, kept = stage_bytes(report["memory"] for report in reports)
     # two Linears per stage, micro-batches of 2 rows, fp32; where a stage's input comes from a stage
     # on the same device (the V's tip) it shares that stage's output tensor, so it is counted there
     device_of = schedule.device_of

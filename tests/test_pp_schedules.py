@@ -150,6 +150,10 @@ def test_an_overlap_prints_parses_and_runs_as_one_step():
     assert event.end - event.start == pytest.approx((1.0 + 2.0 + 1.0) / 2)  # its parts together
     with pytest.raises(ValueError, match="overlaps a send or receive"):
         parse_actions(["F0@0&SEND_F0@0", "F0@1"], 1, 2, placement="v")
+    with pytest.raises(ValueError, match="the V placement gives each device 2 stages; got chunks=1"):
+        parse_actions(["F0 B0"], 1, placement="v")
+    with pytest.raises(ValueError, match="placement must be one of loop, v; got 'ring'"):
+        parse_actions(["F0 B0"], 1, placement="ring")
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (8, 32), (3, 2)])

@@ -2,22 +2,23 @@
 
 Measured: `held_bytes` walks what a running device keeps (each held micro-batch's autograd graph,
 down to the tensors it saved for the backward, and the tensors each deferred W kept) and adds up
-their bytes, each tensor once, the weights left out. Modelled: `model_peaks` walks a schedule's
-rows with a number of bytes per stage for a micro-batch between its F and its B (its
-activations) and between its B and its W (what W needs), the way `count_inflight` counts
-micro-batches. `edulib bench pipeline` sets the two side by side; `phase_bytes` counts one
-micro-batch in one stage, in one process.
+their bytes, each tensor once, the weights left out. Modelled: the simulator's `model_peaks`
+walks a schedule's rows with the bytes per stage that `stage_bytes` reads from a run, for a
+micro-batch between its F and its B (its activations) and between its B and its W (what W
+needs). `edulib bench pipeline` sets the two side by side; `phase_bytes` counts one micro-batch
+in one stage, in one process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from edulib.pp.backward import Kept, backward_input, recording
-from edulib.pp.schedule import Schedule
+from edulib.pp.schedule import Action
 
 
 def _graph_tensors(roots: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
@@ -74,20 +75,17 @@ def phase_bytes(stage: nn.Module, x: torch.Tensor) -> dict[str, int]:
     return counts
 
 
-def model_peaks(schedule: Schedule, activations: Mapping[int, float],
-                kept: Mapping[int, float]) -> tuple[float, ...]:
-    """Per device, the most bytes held after any of its F, B or W: a micro-batch of stage s holds
-    activations[s] from its F to its B, then kept[s] until its W (where the backward is split)."""
-    peaks = []
-    for row in schedule.actions:
-        held = peak = 0.0
-        for part in (part for step in row if not step.is_message for part in step.parts):
-            if part.kind == "F":
-                held += activations[part.stage]
-            elif part.kind == "B":
-                held += (kept[part.stage] if schedule.split_backward else 0.0) - activations[part.stage]
-            else:
-                held -= kept[part.stage]
-            peak = max(peak, held)
-        peaks.append(peak)
-    return tuple(peaks)
+def stage_bytes(memories: Iterable[list[tuple[Action, int]]]) -> tuple[dict[int, float], dict[int, float]]:
+    """Per stage, the bytes a micro-batch holds from F to B and from B to W, read from the devices'
+    counts after each action (`execute`'s `memory`): the median change an F makes, and that plus
+    the median change a B makes."""
+    changes: dict[tuple[str, int], list[int]] = {}
+    for memory in memories:
+        before = 0
+        for action, held in memory:
+            changes.setdefault((action.kind, action.stage), []).append(held - before)
+            before = held
+    stages = sorted(stage for kind, stage in changes if kind == "F")
+    activations = {stage: statistics.median(changes["F", stage]) for stage in stages}
+    kept = {stage: activations[stage] + statistics.median(changes["B", stage]) for stage in stages}
+    return activations, kept

@@ -259,16 +259,26 @@ def count_inflight(schedule: Schedule) -> tuple[int, ...]:
     """Per device, the most micro-batches whose state it holds at once: forward done, weight
     gradient not yet (the backward B, or W where the backward is split: until W runs, the stage
     keeps what W needs of that micro-batch)."""
-    done = "W" if schedule.split_backward else "B"
+    one = dict.fromkeys(range(schedule.stages), 1)
+    return tuple(int(peak) for peak in model_peaks(schedule, one, one))
+
+
+def model_peaks(schedule: Schedule, activations: Mapping[int, float],
+                kept: Mapping[int, float]) -> tuple[float, ...]:
+    """Per device, the most held after any of its F, B or W: a micro-batch of stage s holds
+    activations[s] from its F to its B, then kept[s] until its W (where the backward is split).
+    In bytes, the memory model `edulib bench pipeline` checks; with 1 for each, `count_inflight`."""
     peaks = []
     for row in schedule.actions:
-        held = peak = 0
-        for step in row:
-            for action in step.parts:  # an Overlap: its forward is held while its backward runs
-                held += action.kind == "F"
+        held = peak = 0.0
+        for part in (part for step in row if not step.is_message for part in step.parts):
+            if part.kind == "F":
+                held += activations[part.stage]
+            elif part.kind == "B":
+                held += (kept[part.stage] if schedule.split_backward else 0.0) - activations[part.stage]
+            else:
+                held -= kept[part.stage]
             peak = max(peak, held)
-            for action in step.parts:
-                held -= action.kind == done
         peaks.append(peak)
     return tuple(peaks)
 
