@@ -40,6 +40,67 @@ def test_the_frontier_equals_exhaustive_search(name, p, m, levels):
             assert point.energy == pytest.approx(reference[point.time], abs=1e-6), point.time
 
 
+def test_the_frontier_on_dags_with_many_first_and_last_computations():
+    # random DAGs: several computations start and several end the iteration (s and t each
+    # reach several), with the shared edges that shrink the cut's network
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        count = int(rng.integers(5, 8))
+        edges = sorted({(int(a), int(b)) for a, b in rng.integers(0, count, (count + 2, 2)) if a < b})
+        curves = _convex_curves(rng, count, 3)
+        idle = 0.0 if trial % 2 else float(rng.uniform(0.05, 0.4))
+        found = frontier(curves, edges, 2, idle)
+        reference = exhaustive_frontier(curves, edges, 2, idle)
+        assert found[-1].time == min(reference)
+        for point in found:
+            assert point.energy == pytest.approx(reference[point.time], abs=1e-6), (trial, point.time)
+
+
+def _linear_program(curves: list[dict[int, float]], edges: list[tuple[int, int]], devices: int, idle: float,
+                    deadline: int) -> float:
+    """The least energy of an iteration within `deadline` units, as a linear program: each computation
+    a convex mix of its options, starting after its inputs end. Its constraints are a network's, so
+    with whole-unit options its optimum is reached at whole units: an independent reference."""
+    from scipy.optimize import linprog
+    from scipy.sparse import lil_array
+
+    mixes = [(c, t, e) for c, curve in enumerate(curves) for t, e in curve.items()]
+    starts = len(mixes)  # variables: the mixes' weights, then each computation's start
+    rows = lil_array((len(edges) + len(curves), starts + len(curves)))
+    for row, (u, v) in enumerate(edges):  # start(u) + time(u) <= start(v)
+        rows[row, starts + u], rows[row, starts + v] = 1, -1
+    for c in range(len(curves)):  # start(c) + time(c) <= deadline
+        rows[len(edges) + c, starts + c] = 1
+    for i, (c, t, _) in enumerate(mixes):
+        for row in [row for row, (u, _) in enumerate(edges) if u == c] + [len(edges) + c]:
+            rows[row, i] = t
+    one = lil_array((len(curves), starts + len(curves)))
+    for i, (c, _, _) in enumerate(mixes):
+        one[c, i] = 1
+    cost = [e - idle * t for _, t, e in mixes] + [0.0] * len(curves)
+    bound = np.concatenate([np.zeros(len(edges)), np.full(len(curves), deadline)])
+    result = linprog(cost, A_ub=rows.tocsr(), b_ub=bound, A_eq=one.tocsr(), b_eq=np.ones(len(curves)),
+                     bounds=(0, None), method="highs")
+    assert result.status == 0, result.message
+    return result.fun + idle * devices * deadline
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zb_v", "dualpipe_v"])
+def test_the_frontier_equals_a_linear_program_on_a_pipeline_of_real_size(name):
+    from edulib.energy.frontier import curves_for
+
+    schedule = build_schedule(name, 4, 8)
+    split = schedule.split_backward
+    _, edges = pipeline_dag(schedule)
+    backward, weights = (1.0, 1.0) if split else (2.0, 0.0)
+    curves = curves_for(schedule, A100, [1.0, 1.0, 1.0, 1.25], backward, weights, 0.25)  # heavier last stage
+    found = frontier(curves, edges, schedule.devices, A100.idle * 0.25)
+    assert len(found) > 40
+    for point in found[::7] + found[-1:]:
+        reference = _linear_program(curves, edges, schedule.devices, A100.idle * 0.25, point.time)
+        assert point.energy == pytest.approx(reference, rel=1e-9), point.time
+
+
 def test_the_fastest_iteration_is_the_simulators_makespan_at_full_speed():
     for name in ("gpipe", "1f1b", "zero_bubble"):
         schedule = build_schedule(name, 4, 8)
@@ -92,7 +153,7 @@ def test_gpt3_stages_and_the_energy_benchmark():
     with pytest.raises(ValueError, match="96 layers must split evenly"):
         gpt3_stage_times(7)
     report = bench_energy(stages=2, microbatches=4)
-    names = ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+    names = ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zb_v", "dualpipe_v"]
     rows = [line.split() for line in report.splitlines() if line.split()[:1] and line.split()[0] in names]
     assert [row[0] for row in rows] == names
     for row in rows:  # saved at a straggler's time is at least what is saved at the fastest

@@ -13,11 +13,17 @@ iteration. Then, again and again, shorten the iteration by one unit at the least
   bounds is the cheapest way to shorten the iteration by one unit.
 
 The energies at successive times form the frontier, from the least-energy iteration to the
-fastest. Waiting devices draw idle power, so the iteration's energy is each computation's energy
-plus the idle power over the time no computation runs; with idle power folded into each
-computation (its energy minus idle power times its time), the total is that sum plus
-idle x devices x iteration time. On convex time-energy curves with whole-unit options the result
-is optimal; `exhaustive_frontier` checks it on small DAGs.
+fastest. Neighbouring times share most of the work: the longest paths come from two Dijkstra runs
+whose potentials, the longest paths at the slowest durations, serve every step; the cut's network
+is shrunk where an edge is a node's only way in or out; and a step whose critical DAG and costs
+are the previous step's reuses its cut.
+
+Waiting devices draw idle power, so the iteration's energy is each computation's energy plus the
+idle power over the time no computation runs; with idle power folded into each computation (its
+energy minus idle power times its time), the total is that sum plus idle x devices x iteration
+time. On convex time-energy curves with whole-unit options the result is optimal:
+`exhaustive_frontier` checks it on small DAGs, and the tests hold it to a linear program on
+pipelines of real size.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from graphlib import TopologicalSorter
 
 import numpy as np
 from scipy.sparse import csr_array
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+from scipy.sparse.csgraph import breadth_first_order, dijkstra, maximum_flow
 
 from edulib.energy.gpu import A100, GPU
 from edulib.pp.schedule import Schedule, Step, dependencies
@@ -54,10 +60,10 @@ def pipeline_dag(schedule: Schedule) -> tuple[list[Step], list[tuple[int, int]]]
     validate(schedule)
     rows = [[a for a in row if not a.is_message] for row in schedule.actions]
     nodes = [a for row in rows for a in row]
-    index = {part: i for i, action in enumerate(nodes) for part in action.parts}  # an Overlap is one node
-    edges = {(index[a], index[b]) for row in rows for a, b in itertools.pairwise(row)}
-    edges |= {(index[d], index[a]) for a in nodes
-              for d in dependencies(a, schedule.stages, schedule.microbatches)}
+    index = {part: i for i, step in enumerate(nodes) for part in step.parts}  # an Overlap is one node
+    edges = {(index[a.parts[0]], index[b.parts[0]]) for row in rows for a, b in itertools.pairwise(row)}
+    edges |= {(index[d], i) for i, step in enumerate(nodes) for part in step.parts
+              for d in dependencies(part, schedule.stages, schedule.microbatches) if index[d] != i}
     return nodes, sorted(edges)
 
 
@@ -71,20 +77,47 @@ def _order(count: int, edges: list[tuple[int, int]]) -> tuple[list[int], list[li
     return order, before, after
 
 
-def _hull(curve: Curve, idle: float) -> Curve:
-    """The computation's energy less its idle energy, at every whole time from its fastest option
-    to its least-energy one: the lower convex hull of its options, read at each unit."""
-    points = sorted((t, e - idle * t) for t, e in curve.items())
-    hull: list[tuple[int, float]] = []
-    for t, e in points:
-        while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (t - hull[-2][0])
-                                  >= (e - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
-            hull.pop()
-        hull.append((t, e))
-    cheapest = min(range(len(hull)), key=lambda i: (hull[i][1], hull[i][0]))
-    hull = hull[:cheapest + 1]  # slower than the least energy is never worth it
-    return {t: float(np.interp(t, [h[0] for h in hull], [h[1] for h in hull]))
-            for t in range(hull[0][0], hull[-1][0] + 1)}
+class _Costs:
+    """Each computation's energy less its idle energy at every whole time from its fastest option
+    to its least-energy one, read off the lower convex hull of its options, and what one unit
+    faster costs there: one number per hull segment, so equal segments give equal capacities."""
+
+    def __init__(self, curves: list[Curve], idle: float) -> None:
+        hulls = [self._hull(curve, idle) for curve in curves]
+        self.fastest, self.slowest = (np.array([h[i][0] for h in hulls], dtype=np.int64) for i in (0, -1))
+        width = int(self.slowest.max()) + 2
+        self.energy = np.full((len(curves), width), np.nan)  # energy[c, t]: c taking t units
+        self.faster = np.full((len(curves), width), np.inf)  # faster[c, t]: from t units to t - 1
+        for c, hull in enumerate(hulls):
+            times, joules = zip(*hull, strict=True)
+            span = np.arange(times[0], times[-1] + 1)
+            self.energy[c, span] = np.interp(span, times, joules)
+            for (t0, e0), (t1, e1) in itertools.pairwise(hull):
+                self.faster[c, t0 + 1:t1 + 1] = (e0 - e1) / (t1 - t0)
+        self.rows = np.arange(len(curves))
+
+    @staticmethod
+    def _hull(curve: Curve, idle: float) -> list[tuple[int, float]]:
+        """The lower convex hull of a computation's (time, energy less idle energy) options, from
+        the fastest to the least energy (slower than that is never worth it)."""
+        hull: list[tuple[int, float]] = []
+        for t, e in sorted((t, e - idle * t) for t, e in curve.items()):
+            while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (t - hull[-2][0])
+                                      >= (e - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
+                hull.pop()
+            hull.append((t, e))
+        cheapest = min(range(len(hull)), key=lambda i: (hull[i][1], hull[i][0]))
+        return hull[:cheapest + 1]
+
+    def total(self, durations: np.ndarray) -> float:
+        """The computations' energy less idle energy at these durations."""
+        return float(self.energy[self.rows, durations].sum())
+
+    def bounds(self, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each computation's cost of one unit faster (infinite at its fastest) and saving of one
+        unit slower (none at its least energy): the upper and lower bounds of its flow."""
+        slower = np.where(durations < self.slowest, self.faster[self.rows, durations + 1], 0.0)
+        return self.faster[self.rows, durations], np.maximum(slower, 0.0)
 
 
 def _times(durations: list[int], order: list[int], before: list[list[int]],
@@ -98,43 +131,115 @@ def _times(durations: list[int], order: list[int], before: list[list[int]],
     return start, tail, max((s + t for s, t in zip(start, tail, strict=True)), default=0)
 
 
-def _cheapest_cut(arcs: list[tuple[int, int, float, float]], nodes: int) -> np.ndarray | None:
-    """Which of `nodes` nodes (0 is s, 1 is t) lie on the source side of the minimum s-t cut of
-    arcs (u, v, lower, upper) whose capacity counts upper bounds forwards and minus lower bounds
-    backwards; None where every cut crosses an infinite upper bound.
+class _LongestPaths:
+    """Each computation's earliest start and longest path to the end, by two runs of scipy's
+    Dijkstra. A DAG's longest paths are shortest paths with negated durations; Johnson's potentials,
+    the longest paths at the slowest durations, make every reweighted edge non-negative for any
+    durations no slower, so one potential serves the whole frontier."""
 
-    First a flow within the bounds (the excess that lower bounds force routed from a super source
-    to a super sink, with t -> s open), then a maximum flow from s to t in what that flow leaves:
-    the nodes still reachable from s form the cut. scipy's maximum flow takes 32-bit whole
-    capacities, so joules are scaled to fill 2^29 and infinity is 2^30."""
-    u, v = (np.array([arc[i] for arc in arcs], dtype=np.int64) for i in (0, 1))
-    low, high = np.array([arc[2] for arc in arcs]), np.array([arc[3] for arc in arcs])
-    finite = np.isfinite(high)
-    total = float(high[finite].sum() + low.sum())
-    scale = 2**29 / total if total > 0 else 1.0
-    infinite = 2**30
-    low = np.round(low * scale).astype(np.int64)
-    high = np.where(finite, np.round(np.where(finite, high, 0.0) * scale), infinite).astype(np.int64)
-    size = nodes + 2  # and the super source and sink
-    excess = (np.bincount(v, low, size) - np.bincount(u, low, size)).astype(np.int64)
-    into, out = np.flatnonzero(excess > 0), np.flatnonzero(excess < 0)
-    carried = low.copy()
-    if len(into):
-        rows = np.concatenate([u, [1], np.full(len(into), nodes), out])
-        cols = np.concatenate([v, [0], into, np.full(len(out), nodes + 1)])
-        caps = np.concatenate([high - low, [infinite], excess[into], -excess[out]]).astype(np.int32)
-        flow = maximum_flow(csr_array((caps, (rows, cols)), shape=(size, size)), nodes, nodes + 1).flow
-        carried = low + np.asarray(flow[u, v]).ravel().clip(min=0)
-    graph = csr_array((np.concatenate([high - carried, carried - low]).astype(np.int32),
-                       (np.concatenate([u, v]), np.concatenate([v, u]))), shape=(nodes, nodes))
-    residual = (graph - maximum_flow(graph, 0, 1).flow).tocsr()
+    def __init__(self, count: int, edges: list[tuple[int, int]], slowest: np.ndarray) -> None:
+        order, before, after = _order(count, edges)
+        start, tail, _ = _times(slowest.tolist(), order, before, after)
+        self.start, self.rest = np.array(start), np.array(tail) - slowest  # the potentials
+        u, v = (np.array([edge[i] for edge in edges], dtype=np.int64).reshape(-1) for i in (0, 1))
+        self.forward, self.backward = (self._structure(a, b, count) for a, b in ((u, v), (v, u)))
+        self.sources = [c for c in range(count) if not before[c]]
+        self.sinks = [c for c in range(count) if not after[c]]
+        self.first, self.last = np.zeros(count, dtype=bool), np.zeros(count, dtype=bool)
+        self.first[self.sources], self.last[self.sinks] = True, True
+
+    @staticmethod
+    def _structure(rows: np.ndarray, cols: np.ndarray, count: int) -> tuple[np.ndarray, ...]:
+        """The edges sorted by row, and a CSR's row pointers and column indices for them."""
+        sort = np.lexsort((cols, rows))
+        rows, cols = rows[sort], cols[sort]
+        return rows, cols, np.searchsorted(rows, np.arange(count + 1)), cols.astype(np.int32)
+
+    def __call__(self, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Earliest starts, longest tails (a computation's time included) and the makespan."""
+        shape = (len(durations), len(durations))
+        u, v, pointers, indices = self.forward
+        graph = csr_array((self.start[v] - self.start[u] - durations[u], indices, pointers), shape=shape)
+        start = self.start - dijkstra(graph, indices=self.sources, min_only=True)
+        v, u, pointers, indices = self.backward
+        graph = csr_array((self.rest[u] - self.rest[v] - durations[v], indices, pointers), shape=shape)
+        tail = self.rest - dijkstra(graph, indices=self.sinks, min_only=True) + durations
+        start, tail = start.astype(np.int64), tail.astype(np.int64)
+        return start, tail, int((start + tail).max())
+
+
+
+def _contract(tail: np.ndarray, head: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+              nodes: int) -> tuple[np.ndarray, ...]:
+    """A smaller network with a cut as cheap as the cheapest, and each node's node in it.
+
+    An unbounded arc x -> y (no lower bound) that is x's only way out, or y's only way in, can be
+    shrunk to one node: a finite cut never puts x before y and y after, and from any cut that puts
+    y before x, moving x to y's side (or y to x's) only stops arcs from crossing."""
+    inner = np.isinf(upper) & (lower == 0) & (tail >= 2) & (head >= 2)  # s and t stay
+    label = np.arange(nodes)
+    only_out = inner & (np.bincount(tail, minlength=nodes)[tail] == 1)
+    label[tail[only_out]] = head[only_out]
+    merged = np.zeros(nodes, dtype=bool)
+    merged[tail[only_out]] = True
+    only_in = inner & (np.bincount(head, minlength=nodes)[head] == 1) & ~merged[tail]
+    label[head[only_in]] = tail[only_in]
+    keep = ~(only_out | only_in)
+    return label[tail[keep]], label[head[keep]], lower[keep], upper[keep], label
+
+
+def _cheapest_cut(tail: np.ndarray, head: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                  nodes: int) -> np.ndarray | None:
+    """Which of `nodes` nodes (0 is s, 1 is t) lie on the source side of a minimum s-t cut of arcs
+    tail -> head whose capacity counts upper bounds forwards and minus lower bounds backwards;
+    None where every cut crosses an infinite upper bound.
+
+    For every cut, that capacity is a constant plus an ordinary cut's: upper - lower on each arc,
+    and each arc's lower bound moved onto its ends, as an arc from its tail to t and one from s to
+    its head (lower x ([tail in S] - [head in S]) = lower x ([tail in S] + [head in T] - 1)). So one
+    maximum flow finds it: the nodes it can still reach from s. scipy's maximum flow takes 32-bit
+    whole capacities: joules are scaled to fill half of "infinity", which the flow out of s reaches
+    only where no finite cut exists."""
+    tail, head, lower, upper, label = _contract(tail, head, lower, upper, nodes)
+    lifted = lower > 0
+    rows = np.concatenate([tail, tail[lifted], np.zeros(int(lifted.sum()), dtype=tail.dtype)])
+    cols = np.concatenate([head, np.ones(int(lifted.sum()), dtype=head.dtype), head[lifted]])
+    caps = np.concatenate([upper - lower, lower[lifted], lower[lifted]])
+    finite = np.isfinite(caps)
+    infinity = 2**30 // max(1, int(np.sum(~finite & (rows == 0))))  # so s's arcs sum below 2^31
+    scale = infinity / 2 / max(float(caps[finite].sum()), 1e-300)
+    caps = np.where(finite, np.floor(np.where(finite, caps, 0.0) * scale), infinity).astype(np.int64)
+    graph = csr_array((caps, (rows, cols)), shape=(nodes, nodes))  # parallel arcs add up
+    graph.data = np.minimum(graph.data, infinity).astype(np.int32)
+    flow = maximum_flow(graph, 0, 1)
+    if flow.flow_value >= infinity:
+        return None  # a path of computations that cannot go faster runs from s to t
+    residual = (graph - flow.flow).tocsr()
     residual.data = (residual.data > 0).astype(np.int8)
     residual.eliminate_zeros()
     side = np.zeros(nodes, dtype=bool)
     side[breadth_first_order(residual, 0, return_predecessors=False)] = True
-    if side[1] or np.any(side[u] & ~side[v] & ~finite):
-        return None  # no finite cut: some critical path cannot be shortened
-    return side
+    return side[label]
+
+
+def _critical_arcs(paths: _LongestPaths, durations: np.ndarray,
+                   costs: _Costs) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
+    """The critical computations, the critical DAG as arcs (tail, head, lower, upper), and the
+    makespan: each critical computation c from node 2 + 2c to 3 + 2c with its costs as bounds,
+    unbounded arcs from s (0) to those with nothing before them, to t (1) from those with
+    nothing after, and the edges on a longest path."""
+    start, tail, makespan = paths(durations)
+    u, v = paths.forward[:2]
+    critical = start + tail == makespan
+    tight = start[u] + durations[u] + tail[v] == makespan  # an edge on a longest path
+    node, first, last = (np.flatnonzero(critical & ends) for ends in (True, paths.first, paths.last))
+    upper, lower = costs.bounds(durations)
+    arcs = [(2 + 2 * node, 3 + 2 * node, lower[node], upper[node]),  # the computations
+            (np.zeros_like(first), 2 + 2 * first, 0.0, np.inf),  # s to the first
+            (3 + 2 * last, np.ones_like(last), 0.0, np.inf),  # the last to t
+            (3 + 2 * u[tight], 2 + 2 * v[tight], 0.0, np.inf)]  # the edges
+    return critical, tuple(np.concatenate([np.broadcast_to(arc[i], arc[0].shape) for arc in arcs])
+                           for i in range(4)), makespan
 
 
 def frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
@@ -144,41 +249,24 @@ def frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
     `curves[c]` maps computation c's possible whole-unit times to its energy (J) at each;
     `edges` are (before, after) pairs; `idle` is the power (J per unit) of a waiting device.
     """
-    folded = [_hull(curve, idle) for curve in curves]
-    order, before, after = _order(len(curves), edges)
-    durations = [max(curve) for curve in folded]
-    points = []
+    costs = _Costs(curves, idle)
+    paths = _LongestPaths(len(curves), edges, costs.slowest)
+    durations = costs.slowest.copy()
+    points, problem, side = [], None, None
     while True:
-        start, tail, makespan = _times(durations, order, before, after)
-        energy = sum(curve[d] for curve, d in zip(folded, durations, strict=True)) + idle * devices * makespan
-        points.append(Point(makespan, energy, tuple(durations)))
-        critical = [start[c] + tail[c] == makespan for c in range(len(curves))]
-        arcs: list[tuple[int, int, float, float]] = []  # computation c runs from node 2 + 2c to 3 + 2c
-        for c, curve in enumerate(folded):
-            if not critical[c]:
-                continue
-            d = durations[c]
-            faster = curve[d - 1] - curve[d] if d - 1 in curve else np.inf
-            slower = curve[d] - curve[d + 1] if d + 1 in curve else 0.0
-            arcs.append((2 + 2 * c, 3 + 2 * c, max(slower, 0.0), faster))
-            if start[c] == 0:
-                arcs.append((0, 2 + 2 * c, 0.0, np.inf))
-            if start[c] + durations[c] == makespan:
-                arcs.append((3 + 2 * c, 1, 0.0, np.inf))
-        arcs += [(3 + 2 * u, 2 + 2 * v, 0.0, np.inf) for u, v in edges
-                 if critical[u] and critical[v] and start[u] + durations[u] == start[v]
-                 and start[u] + durations[u] + tail[v] == makespan]
-        side = _cheapest_cut(arcs, 2 + 2 * len(curves))
+        critical, arcs, makespan = _critical_arcs(paths, durations, costs)
+        energy = costs.total(durations) + idle * devices * makespan
+        points.append(Point(makespan, energy, tuple(durations.tolist())))
+        if problem is None or any(not np.array_equal(x, y) for x, y in zip(arcs, problem, strict=True)):
+            problem, side = arcs, _cheapest_cut(*arcs, 2 + 2 * len(curves))  # else the same cut again
         if side is None:
             return points
-        before_cut = list(durations)
-        for c in range(len(curves)):
-            if critical[c] and side[2 + 2 * c] and not side[3 + 2 * c]:
-                durations[c] -= 1
-            elif critical[c] and not side[2 + 2 * c] and side[3 + 2 * c] and durations[c] + 1 in folded[c]:
-                durations[c] += 1
-        if durations == before_cut:
+        enter, leave = side[2::2], side[3::2]
+        sped = critical & enter & ~leave
+        slowed = critical & ~enter & leave & (durations < costs.slowest)
+        if not sped.any() and not slowed.any():
             return points
+        durations = durations - sped + slowed
 
 
 def exhaustive_frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
