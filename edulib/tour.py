@@ -55,6 +55,17 @@ from edulib.tp.workers import LAYERS as TENSOR_LAYERS
 from edulib.tp.workers import cnn_reference, cnn_step, layer_reference, run_layer
 
 
+class TourCheckFailed(Exception):
+    """A tour step's result disagrees with its reference: raised, not asserted, so that
+    `python -O` (which drops asserts) still reports it."""
+
+
+def _require(holds: bool, problem: str) -> None:
+    """Raise TourCheckFailed with `problem` unless the check `holds`."""
+    if not holds:
+        raise TourCheckFailed(problem)
+
+
 @dataclass(frozen=True)
 class Step:
     """One row of the tour: a capability, its reference, and the check that compares them."""
@@ -69,7 +80,7 @@ def _check_ranks(pool: Pool) -> str:
     reports = pool.run(examples.whoami)
     expected = [(rank, pool.world_size, pool.backend) for rank in range(pool.world_size)]
     got = [(r["rank"], r["world_size"], r["backend"]) for r in reports]
-    assert got == expected, f"ranks reported {got}, expected {expected}"
+    _require(got == expected, f"ranks reported {got}, expected {expected}")
     return f"{pool.world_size} ranks joined"
 
 
@@ -77,7 +88,7 @@ def _check_reuse(pool: Pool) -> str:
     """A second call is served by the same processes, without starting anything."""
     before = list(pool.pids)
     pids = [report["pid"] for report in pool.run(examples.whoami)]
-    assert pids == before, f"call served by processes {pids}, expected the pool's {before}"
+    _require(pids == before, f"call served by processes {pids}, expected the pool's {before}")
     return "same processes"
 
 
@@ -86,7 +97,7 @@ def _check_all_reduce(pool: Pool) -> str:
     pairs = pool.run(examples.builtin_all_reduce, 1000)
     expected = np.sum([tensor.numpy() for tensor, _ in pairs], axis=0)
     error = max(float(np.abs(result.numpy() - expected).max()) for _, result in pairs)
-    assert error < 1e-4, f"largest difference from the NumPy sum is {error:.3g}"
+    _require(error < 1e-4, f"largest difference from the NumPy sum is {error:.3g}")
     return f"max |error| {error:.1e}"
 
 
@@ -95,7 +106,7 @@ def _check_broadcast(pool: Pool) -> str:
     pairs = pool.run(examples.builtin_broadcast, 1000)
     wrong = [rank for rank, (_, result) in enumerate(pairs) if not np.array_equal(
         result.numpy(), pairs[0][0].numpy())]
-    assert not wrong, f"ranks {wrong} do not hold rank 0's tensor"
+    _require(not wrong, f"ranks {wrong} do not hold rank 0's tensor")
     return "exact"
 
 
@@ -104,7 +115,7 @@ def _check_algorithm(name: str) -> Callable[[Pool], str]:
     def check(pool: Pool) -> str:
         reports = pool.run(run_collective, name, 10_007)
         problems = collective_disagreements(name, reports)
-        assert not problems, problems[0]
+        _require(not problems, problems[0])
         most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
         return f"equal; {most:,} B/rank max, as modelled"
     return check
@@ -120,7 +131,7 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
         reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
         problems = disagreements(reports, reference_gradients(mlp(width, depth),
                                                               *regression_batch(batch, width)), atol=1e-5)
-        assert not problems, problems[0]
+        _require(not problems, problems[0])
         bubble = simulate_ratio(schedule).bubble_fraction
         return f"equal; simulated bubble {bubble:.3f} at m={m}"
     return check
@@ -132,7 +143,7 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
         width, heads = 8 * pool.world_size, pool.world_size  # divisible among any rank count
         reports = pool.run(run_layer, kind, batch=4, width=width, heads=heads)
         problems = disagreements(reports, layer_reference(kind, 4, width, heads), rtol=1e-5, atol=1e-5)
-        assert not problems, problems[0]
+        _require(not problems, problems[0])
         sent = sum(transfer.nbytes for transfer in reports[0]["transfers"])
         return f"equal; {sent:,} B/rank in collectives"
     return check
@@ -142,7 +153,7 @@ def _check_cnn(pool: Pool) -> str:
     """The CNN recipe (data-parallel convolutions, tensor-parallel classifier) trains like one process."""
     batch, hidden = 2 * pool.world_size, 32 * pool.world_size
     problems = disagreements(pool.run(cnn_step, batch, hidden=hidden), cnn_reference(batch, hidden=hidden))
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     return f"equal on a batch of {batch}"
 
 
@@ -163,7 +174,7 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
             reports = [r["parameters"] for r in pool.run(data_parallel, steps, bucket_bytes=256,
                                                           batch=batch, algorithm="ring")]
         worst = max(float((p - reference).abs().max()) for p in reports)
-        assert worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}"
+        _require(worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}")
         return f"equal after {steps} SGD steps"
     return check
 
@@ -175,11 +186,11 @@ def _check_zero(stage: int) -> Callable[[Pool], str]:
         reference, _ = single_process_adam(steps, batch=batch)
         reports = pool.run(sharded_data_parallel, stage, steps, batch=batch)
         worst = max(float((r["parameters"] - reference).abs().max()) for r in reports)
-        assert worst < 1e-6, f"largest weight difference after {steps} AdamW steps: {worst:.2e}"
+        _require(worst < 1e-6, f"largest weight difference after {steps} AdamW steps: {worst:.2e}")
         mixed = pool.run(sharded_data_parallel, stage, steps, batch=batch, precision="bf16")
         held = sum(sum(r["bytes_held"].values()) for r in mixed)  # shards add up to the whole
         want = ranks * sharded_bytes(sum(mixed[0]["units"]), ranks, stage, "bf16").total
-        assert held == want, f"the ranks hold {held} bytes in bf16, the formula says {want:.0f}"
+        _require(held == want, f"the ranks hold {held} bytes in bf16, the formula says {want:.0f}")
         return f"equal after {steps} AdamW steps; {held / ranks:,.0f} B/rank in bf16, as the formula"
     return check
 
@@ -188,8 +199,11 @@ def _check_recomputation(pool: Pool) -> str:
     """Selective and full recomputation give the same gradients and keep the closed form's bytes."""
     steps = {mode: layer_step(mode, 2, 8, 16, 4) for mode in RECOMPUTE_MODES}
     for mode, step in steps.items():
-        assert all(torch.equal(g, steps["none"]["gradients"][k]) for k, g in step["gradients"].items()), mode
-        assert step["saved_bytes"] == saved_bytes_formula(2, 8, 16, 4, mode), mode
+        same = all(torch.equal(g, steps["none"]["gradients"][k]) for k, g in step["gradients"].items())
+        _require(same, f"{mode} recomputation changes the gradients")
+        formula = saved_bytes_formula(2, 8, 16, 4, mode)
+        kept = step["saved_bytes"]
+        _require(kept == formula, f"{mode} recomputation keeps {kept} B, the closed form {formula}")
     return ", ".join(f"{mode} {step['saved_bytes']:,} B" for mode, step in steps.items())
 
 
@@ -200,13 +214,13 @@ def _check_sequence_parallel(pool: Pool) -> str:
     reference, _ = sequence.layer_reference(*shape)
     reports = pool.run(sequence.layer_step, True, *shape)
     problems = disagreements(reports, reference)
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     kept = reports[0]["saved_bytes"]
     formula = sequence.activation_bytes(shape[1], shape[0], shape[2], shape[3], ranks, sequence_parallel=True)
-    assert kept == formula, f"kept {kept} B of activations, the closed form says {formula:.0f}"
+    _require(kept == formula, f"kept {kept} B of activations, the closed form says {formula:.0f}")
     sent = sum(t.nbytes for t in reports[0]["transfers"] if t.direction in ("forward", "backward"))
     expected = sequence.layer_traffic(shape[1], shape[0], shape[2], ranks, sequence_parallel=True)
-    assert sent == expected["forward"] + expected["backward"], f"sent {sent} B, expected {expected}"
+    _require(sent == expected["forward"] + expected["backward"], f"sent {sent} B, expected {expected}")
     return f"equal; {kept:,} B of activations per rank, as the closed form"
 
 
@@ -216,9 +230,9 @@ def _check_ring_attention(pool: Pool) -> str:
     tokens = 4 * ranks + 1
     reports = pool.run(ring_step, tokens, "zigzag")
     problems = disagreements(reports, attention_reference(tokens), atol=1e-5)
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     blocks = [len(report["trace"]) for report in reports]
-    assert blocks == blocks_per_rank(ranks, "zigzag"), f"blocks {blocks}"
+    _require(blocks == blocks_per_rank(ranks, "zigzag"), f"blocks {blocks}")
     return f"equal on {tokens} tokens; {blocks[0]} blocks on every rank"
 
 
@@ -229,10 +243,10 @@ def _check_expert_parallel(pool: Pool) -> str:
     reports = pool.run(moe_step, *args)
     reference, traffic = moe_reference(ranks, *args)
     problems = disagreements(reports, reference, atol=1e-5)
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     for rank, report in enumerate(reports):
         sent = dispatched_bytes(report["transfers"])
-        assert sent == all_to_all_bytes(traffic, rank, 8 * 4), f"rank {rank} sent {sent} B"
+        _require(sent == all_to_all_bytes(traffic, rank, 8 * 4), f"rank {rank} sent {sent} B")
     return f"equal; rows sent per rank {[sum(row) for row in traffic]}"
 
 
@@ -245,7 +259,7 @@ def _check_hybrid(pool: Pool) -> str:
     batch, layers = 4 * dp, 2 * pp
     reports = pool.run(hybrid_step, dp, pp, tp, batch=batch, layers=layers, algorithm="ring")
     problems = disagreements(reports, gpt_reference(batch=batch, layers=layers))
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
@@ -259,7 +273,7 @@ def _check_planner(pool: Pool) -> str:
     """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
     stages = layouts(plan(tiny_gpt_graph(), planner_cluster(pool.world_size)))
     problems = disagreements(pool.run(plan_step, stages), gpt_reference())
-    assert not problems, problems[0]
+    _require(not problems, problems[0])
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"
 
@@ -271,10 +285,10 @@ def _check_compression(pool: Pool) -> str:
     mine = pool.run(compressed_data_parallel, steps, "powersgd", lr=0.2, width=32, batch=4 * ranks, factors=2)
     theirs = pool.run(torch_powersgd, steps, 2, 0.2, 32, batch=4 * ranks)
     worst = max(float((m["parameters"] - t).abs().max()) for m, t in zip(mine, theirs, strict=True))
-    assert worst < 1e-5, f"PowerSGD's weights differ from torch's hook by up to {worst:.2e}"
+    _require(worst < 1e-5, f"PowerSGD's weights differ from torch's hook by up to {worst:.2e}")
     sparse = pool.run(compressed_data_parallel, steps, "topk", 0.01, width=32, batch=4 * ranks)[0]
     want = (ranks - 1) * TopK(0.01).payload_bytes(sparse["numel"])
-    assert sparse["bytes_sent"] == [want] * steps, f"top-k sent {sparse['bytes_sent']}, closed form {want}"
+    _require(sparse["bytes_sent"] == [want] * steps, f"top-k sent {sparse['bytes_sent']}, closed form {want}")
     return f"PowerSGD within {worst:.0e} of torch's; top-k 1 % sends {want} B/step"
 
 
@@ -286,9 +300,9 @@ def _check_pipedream(pool: Pool) -> str:
     reference = replay_training(p, steps, "stashing", width=16, depth=2 * p, rows=8)
     worst = max(float((report["weights"][name] - reference[name]).abs().max())
                 for report in reports for name in report["weights"])
-    assert worst < 1e-6, f"the weights differ from the replay's by up to {worst:.2e}"
+    _require(worst < 1e-6, f"the weights differ from the replay's by up to {worst:.2e}")
     held = [report["versions"] for report in reports]
-    assert held == list(range(p, 0, -1)), f"versions held {held}, closed form p - s"
+    _require(held == list(range(p, 0, -1)), f"versions held {held}, closed form p - s")
     return f"equal; versions held {held} (p - s)"
 
 
@@ -299,7 +313,7 @@ def _check_perseus(pool: Pool) -> str:
     found = frontier(curves, edges, 2, idle=0.5)
     reference = exhaustive_frontier(curves, edges, 2, idle=0.5)
     worst = max(abs(point.energy - reference[point.time]) for point in found)
-    assert worst < 1e-6, f"the frontier is {worst:.2e} J from exhaustive search"
+    _require(worst < 1e-6, f"the frontier is {worst:.2e} J from exhaustive search")
     return f"equal at all {len(found)} iteration times ({3 ** len(nodes)} assignments tried)"
 
 

@@ -113,14 +113,26 @@ def test_the_launch_benchmark_prints_its_baseline_and_ratios():
     assert len(ratios) == 3 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
 
 
+def test_agreement_counts_predictions_within_a_quarter_and_the_right_fastest():
+    from edulib.bench import agreement
+
+    measured = {("ring", 65536): 1.0, ("tree", 65536): 2.0, ("ring", 262144): 4.0, ("tree", 262144): 3.0}
+    predicted = {("ring", 65536): 1.2, ("tree", 65536): 2.6, ("ring", 262144): 3.0, ("tree", 262144): 3.1}
+    assert agreement(measured, predicted).splitlines() == [  # ratios 1.2, 1.3, 0.75 and 1.03
+        "predicted within 25 % of measured from 64 KiB: 3 of 4; within 50 %: 4",
+        "predicted fastest is the measured fastest, or within 20 % of it, at 1 of 2 sizes; "
+        "not at 256 KiB: ring predicted, tree measured"]
+
+
 def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_path):
     from edulib.bench import bench_allreduce
     from edulib.comm import ALGORITHMS
     from edulib.measured import load
 
-    report = bench_allreduce(world_sizes=(2,), max_bytes=4096, repeats=2, save_to=tmp_path / "m.json")
-    rows = [line.split() for line in report.splitlines() if line.startswith(("1 KiB", "4 KiB"))]
-    assert len(rows) == 2 * (len(ALGORITHMS) + 1)
+    report = bench_allreduce(world_sizes=(2,), max_bytes=65536, repeats=2, save_to=tmp_path / "m.json")
+    sizes = {"1 KiB": 1024, "4 KiB": 4096, "16 KiB": 16384, "64 KiB": 65536}
+    rows = [line.split() for line in report.splitlines() if line.startswith(tuple(sizes))]
+    assert len(rows) == 4 * (len(ALGORITHMS) + 1)
     assert {row[2] for row in rows} == {"builtin", *ALGORITHMS}
     for row in rows:  # busbw = algbw x 2(n-1)/n, which is 1 for two ranks
         assert row[4] == row[5]
@@ -129,14 +141,16 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_p
             predicted, measured, half = float(row[7]), float(row[3]), 0.0005
             low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
             assert low - 0.005 <= float(row[8]) <= high + 0.005, row
-    assert "gamma = " in report and "predicted within 25 % of measured from 64 KiB: 0 of 0" in report
-    assert "o = " in report
+    assert "gamma = " in report and "o = " in report
     assert "with o (only a rank's first message of a round pays alpha): predicted" in report
-    assert "predicted fastest is the measured fastest, or within 20 % of it, at 0 of 0 sizes" in report
+    within = re.search(r"predicted within 25 % of measured from 64 KiB: (\d+) of (\d+)", report)
+    assert within and int(within[2]) == len(ALGORITHMS) and int(within[1]) <= int(within[2])  # 64 KiB only
+    fastest = re.search(r"the measured fastest, or within 20 % of it, at (\d+) of (\d+) sizes", report)
+    assert fastest and int(fastest[2]) == 1 and int(fastest[1]) <= 1
     saved = load("allreduce", tmp_path / "m.json")["2"]  # what the cost explorer will draw
     for row in rows:
         if row[2] != "builtin":
-            size = {"1 KiB": 1024, "4 KiB": 4096}[f"{row[0]} {row[1]}"]
+            size = sizes[f"{row[0]} {row[1]}"]
             assert [round(s * 1e3, 3) for n, s in saved["times"][row[2]] if n == size] == [float(row[3])]
 
 
@@ -262,3 +276,14 @@ def test_the_pipedream_benchmark_times_each_kind_of_weights_against_the_flush():
     # versions on rank 0 (stage 0 of 2): 1 with a flush, p - s = 2 stashed, p = 2 in sync, 2 for 2BW
     assert [row[6] for row in rows] == ["1", "2", "2", "2"]
     assert rows[1][7] == format_bytes(2 * 4 * (8 * 8 + 8))  # two copies of one block's weights
+
+
+def test_the_tour_reports_a_planted_failure_under_python_dash_o():
+    # python -O drops assert statements: the tour's checks must raise their own error
+    plant = ("import edulib.tour as t\n"
+             "real = t.exhaustive_frontier\n"
+             "t.exhaustive_frontier = lambda *a, **k: {time: e + 1.0 for time, e in real(*a, **k).items()}\n"
+             "raise SystemExit(0 if t.tour(1, 'gloo', [t.STEPS[-1]]) is False else 1)\n")
+    result = _edulib("-O", "-c", plant)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAILED: the frontier is 1.00e+00 J from exhaustive search" in result.stdout

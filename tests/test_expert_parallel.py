@@ -36,7 +36,6 @@ def test_expert_parallel_moe_equals_the_dense_layer(ranks, pool4):
                     receives = [r["rows"]["receive"] for r in reports]
                     assert sends == traffic
                     assert receives == [list(column) for column in zip(*sends, strict=True)]
-                    assert sum(map(sum, sends)) == sum(map(sum, receives))  # global sends = receives
                     if capacity is None:
                         assert all(sum(row) == TOKENS * k for row in sends)
                     else:
