@@ -199,6 +199,21 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     return measured, simulate(schedule, overhead=overhead, **costs)
 
 
+def write_traces(pool: Pool, run: tuple, stem: Path, width: int, batch: int) -> None:
+    """A pipeline run's (measured, simulated) timelines as stem_measured.json and
+    stem_simulated.json, and a step recorded by torch.profiler in stem_torch/rank<r>.json."""
+    from edulib.pp.runtime import train_step
+
+    measured, simulated = run
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    measured.to_chrome_trace(stem.with_name(stem.name + "_measured.json"))
+    simulated.to_chrome_trace(stem.with_name(stem.name + "_simulated.json"))
+    recorded = stem.with_name(stem.name + "_torch")
+    recorded.mkdir(exist_ok=True)
+    pool.run(train_step, measured.schedule, width=width, depth=4 * pool.world_size, batch=batch,
+             profile_dir=str(recorded))
+
+
 MEMORY_SCHEDULES = ("1f1b", "zero_bubble", "zb_v", "dualpipe_v")
 
 
@@ -289,12 +304,14 @@ def _alone(alone: dict, run: dict) -> dict:
 
 def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8, width: int = 512,
                    batch: int = 512, backend: str = "gloo", cores: int | None = None,
-                   save_to: Path | None = None) -> str:
+                   save_to: Path | None = None, trace: Path | None = None) -> str:
     """Each schedule's measured step beside two predictions: the replay of its own action times
     with messages from the link fitted in the same run, and the simulator from per-device costs.
     With more ranks than cores, a third: the cores model, fed what each device's actions take
     alone (measured in the naive schedule, where one device computes at a time). `cores`: the
-    machine's, unless told. With `save_to`, keep each run's bubble there for the bubble explorer."""
+    machine's, unless told. With `save_to`, keep each run's bubble there for the bubble explorer;
+    with `trace`, write each run's measured and simulated timelines there as Chrome traces, and
+    one more step recorded by torch.profiler (Perfetto opens them all)."""
     from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
 
     cores = cores or os.cpu_count() or 1
@@ -307,6 +324,8 @@ def bench_pipeline(world_sizes: tuple[int, ...] = (2, 4), microbatches: int = 8,
                 schedule = build_schedule(name, stages, microbatches)
                 runs[name] = measure_pipeline(pool, schedule, width, 4 * stages, batch,
                                               t_comm=t_comm, overhead=overhead)
+                if trace:
+                    write_traces(pool, runs[name], Path(trace) / f"{stages}_ranks_{name}", width, batch)
             memory = pipeline_memory(pool, stages, microbatches, width, 4 * stages, batch)
         alone = measured_costs(runs["naive"][0])
         shared = stages > cores

@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from edulib.launch import BACKENDS, DEFAULT_TIMEOUT, RankError, resolve_backend, run
@@ -140,7 +141,7 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_split_backward(backend=options.backend))
         print()
         print(bench.bench_pipeline(tuple(options.world_sizes), backend=options.backend,
-                                   save_to=results_path()))
+                                   save_to=results_path(), trace=options.trace))
     elif options.what == "plan":
         print(bench.bench_planner())
     elif options.what == "memory":
@@ -259,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce: largest tensor, MiB")
     bench.add_argument("--students", type=_whole, default=30, help="grade: students in the class")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
+    bench.add_argument("--trace", type=Path, default=None,
+                       help="pipeline: write Chrome traces (Perfetto) of every run to this folder")
     bench.set_defaults(handler=_bench_command)
     planner = commands.add_parser("plan", help="search an Alpa plan for a model on a cluster")
     planner.add_argument("--model", choices=list(MODELS), default="gpt")

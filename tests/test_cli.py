@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -172,11 +173,11 @@ def test_the_agreement_counts_close_predictions_and_wrong_winners_by_hand():
 def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model(tmp_path):
     from edulib.bench import MEMORY_SCHEDULES, bench_pipeline
     from edulib.measured import load
-    from edulib.pp import SCHEDULES
+    from edulib.pp import SCHEDULES, build_schedule
     from edulib.pp.schedules import STAGES_PER_DEVICE
 
     report = bench_pipeline(world_sizes=(2,), microbatches=4, width=16, batch=8, cores=1,
-                            save_to=tmp_path / "m.json")
+                            save_to=tmp_path / "m.json", trace=tmp_path / "traces")
     timing, memory = report.split("memory held for later passes")
     rows = [line.split() for line in timing.splitlines() if line.split() and line.split()[0] in SCHEDULES]
     assert [row[0] for row in rows] == list(SCHEDULES)
@@ -190,6 +191,14 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
               if row.split() and row.split()[0] in MEMORY_SCHEDULES]
     assert [name for name, _ in ratios] == [name for name in MEMORY_SCHEDULES for _ in range(2)]
     assert all(0.9 <= ratio <= 1.1 for _, ratio in ratios), memory  # each device's peak: the model's
+    for name in SCHEDULES:  # Chrome traces of each run: measured, simulated, and torch.profiler's
+        stem = tmp_path / "traces" / f"2_ranks_{name}"
+        for kind in ("measured", "simulated"):
+            trace = json.loads(stem.with_name(f"{stem.name}_{kind}.json").read_text())["traceEvents"]
+            steps = sum(not step.is_message for row in build_schedule(name, 2, 4).actions for step in row)
+            assert sum(event["ph"] == "X" for event in trace) == steps, (name, kind)
+        assert all(json.loads((stem.with_name(f"{stem.name}_torch") / f"rank{r}.json").read_text())
+                   for r in range(2))
     saved = load("pipeline", tmp_path / "m.json")  # what the bubble explorer will name
     assert sorted(saved) == sorted(f"{name} p=2 m=4 v={STAGES_PER_DEVICE.get(name, 1)}" for name in SCHEDULES)
     assert [round(saved[key]["makespan"] * 1e3, 1) for key in

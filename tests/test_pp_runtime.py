@@ -168,3 +168,39 @@ def test_one_micro_batch_holds_one_tensor_per_layer_before_b_and_two_after():
     one = rows * width * 4
     assert phase_bytes(mlp(width, k), torch.randn(rows, width)) == {
         "1F1B, F to B": (k + 1) * one, "split, F to B": (2 * k + 1) * one, "split, B to W": 2 * k * one}
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_a_timeline_opens_in_perfetto_as_a_chrome_trace(measured, pool4, tmp_path):
+    import json
+
+    from edulib.pp import simulate
+    from edulib.pp.schedule import dependencies
+
+    schedule = build_schedule("dualpipe_v" if measured else "interleaved_1f1b", 4, 8)
+    if measured:  # a real step, and torch.profiler's own trace of another beside it
+        timeline = measured_timeline(schedule, pool4.run(train_step, schedule, width=8, depth=8, batch=16))
+        pool4.run(train_step, schedule, width=8, depth=8, batch=16, profile_dir=str(tmp_path))
+        for rank in range(4):
+            assert json.loads((tmp_path / f"rank{rank}.json").read_text())["traceEvents"]
+    else:
+        timeline = simulate(schedule, 1.0, 2.0, 0.0, t_comm=0.25)
+    scale = 1e6 if measured else 1e3  # microseconds per second, or per unit counted as 1 ms
+    events = json.loads(timeline.to_chrome_trace(tmp_path / "t.json", 1.0 if measured else 1e-3).read_text())
+    events = events["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert names == {device: f"device {device}" for device in range(4)}
+    slices = sorted((e["tid"], e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X")
+    origin = min(event.start for event in timeline.events)
+    expected = sorted((e.device, str(e.action), (e.start - origin) * scale, (e.end - e.start) * scale)
+                      for e in timeline.events)
+    assert [s[:2] for s in slices] == [e[:2] for e in expected]
+    assert [t for s in slices for t in s[2:]] == pytest.approx([t for e in expected for t in e[2:]], abs=1e-6)
+    device = {part: e.device for e in timeline.events for part in e.action.parts}
+    messages = sum(device[needed] != e.device for e in timeline.events
+                   for needed in dependencies(e.action, schedule.stages, schedule.microbatches))
+    starts, ends = ([e for e in events if e["ph"] == kind] for kind in "sf")
+    assert len(starts) == len(ends) == messages > 0
+    assert sorted(e["id"] for e in starts) == sorted(e["id"] for e in ends)
+    for arrow in ends:  # each arrow ends inside a slice of its device
+        assert any(tid == arrow["tid"] and ts <= arrow["ts"] <= ts + dur for tid, _, ts, dur in slices)

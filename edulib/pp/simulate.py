@@ -10,8 +10,10 @@ model leaves out; `measured_costs` reads a measured step's costs back.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from edulib.pp.schedule import (
     Action,
@@ -57,6 +59,35 @@ class Timeline:
         """Idle device-time over all device-time."""
         total = self.makespan * len(self.busy)
         return (total - sum(self.busy)) / total if total else 0.0
+
+    def to_chrome_trace(self, path: str | Path, seconds_per_unit: float = 1.0) -> Path:
+        """Write the timeline as Chrome trace JSON, which Perfetto (ui.perfetto.dev), chrome://tracing
+        and the viewers of torch.profiler's traces open: one row per device, each action a slice,
+        each message between devices an arrow from the action that sends it to the one that needs
+        it. A measured timeline is in seconds; a simulated one's units count `seconds_per_unit`."""
+        schedule, micro = self.schedule, 1e6 * seconds_per_unit  # the format counts microseconds
+        origin = min((event.start for event in self.events), default=0.0)  # a measured run's clock
+
+        def at(device: int, seconds: float) -> dict:
+            return {"pid": 0, "tid": device, "ts": (seconds - origin) * micro}
+        trace = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"{schedule.name} pipeline"}}]
+        trace += [{"ph": "M", "name": "thread_name", "pid": 0, "tid": device,
+                   "args": {"name": f"device {device}"}} for device in range(schedule.devices)]
+        kinds = {event: "&".join(part.kind for part in event.action.parts) for event in self.events}
+        trace += [{"ph": "X", "name": str(event.action), "cat": kinds[event],
+                   "dur": (event.end - event.start) * micro, **at(event.device, event.start)}
+                  for event in self.events]
+        running = {part: event for event in self.events for part in event.action.parts}
+        for event in self.events:
+            for needed in dependencies(event.action, schedule.stages, schedule.microbatches):
+                sender = running[needed]
+                if sender.device != event.device:  # a message: an arrow between the two slices
+                    arrow = {"name": "message", "cat": "message", "id": len(trace)}
+                    trace += [{"ph": "s", **arrow, **at(sender.device, sender.start)},
+                              {"ph": "f", "bp": "e", **arrow, **at(event.device, event.start)}]
+        path = Path(path)
+        path.write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))
+        return path
 
 
 def _keys(schedule: Schedule) -> tuple[list[list[tuple[int, ...]]], list[list[Step]]]:
