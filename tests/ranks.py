@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -315,3 +316,62 @@ def split_backward_work(sequence_parallel: bool) -> dict:
     report["equal"] = all(a is not None and torch.allclose(a, b, atol=1e-6)
                           for a, b in zip(got, want, strict=True))
     return report
+
+
+class TiedModel(torch.nn.Module):
+    """Token ids to logits, the embedding tied to the output layer and a frozen layer inside: the
+    two things a wrapper most often gets wrong."""
+
+    def __init__(self, vocab: int = 13, width: int = 8) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.frozen = torch.nn.Linear(width, width).requires_grad_(False)
+        self.hidden = torch.nn.Linear(width, width)
+        self.out = torch.nn.Linear(width, vocab, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(torch.tanh(self.frozen(self.embed(ids))))))
+
+
+OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+              "adamw": (torch.optim.AdamW, {"lr": 1e-2})}
+
+
+def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microbatches: int = 1,
+                           steps: int = 4) -> dict:
+    """Train TiedModel, built from a different seed on every rank, with edulib's wrapper and with
+    torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1": a
+    sharded one), on the same batches, each in `microbatches` backward passes of which all but
+    the last run inside no_sync(); return both models' final state."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from edulib.dp import DistributedDataParallel, ShardedOptimizer
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    models = []
+    for build in (lambda m: DistributedDataParallel(m, bucket_bytes=200, algorithm=algorithm),
+                  torch.nn.parallel.DistributedDataParallel):
+        torch.manual_seed(100 + rank)  # each rank starts elsewhere: the wrapper gives it rank 0's
+        models.append(build(TiedModel()))
+    kind, options = OPTIMIZERS[optimizer]
+    if wrapper == "ddp":
+        optimizers = [kind(model.parameters(), **options) for model in models]
+    else:
+        optimizers = [ShardedOptimizer(models[0].parameters(), kind, algorithm=algorithm, **options),
+                      ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind, **options)]
+    for step in range(steps):
+        batch = torch.Generator().manual_seed(step)
+        ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
+        ids, targets = ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+        for model, opt in zip(models, optimizers, strict=True):
+            opt.zero_grad()
+            pieces = zip(ids.chunk(microbatches), targets.chunk(microbatches), strict=True)
+            for micro, (x, y) in enumerate(pieces):
+                with model.no_sync() if micro < microbatches - 1 else contextlib.nullcontext():
+                    loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                    (loss / microbatches).backward()
+            if hasattr(model, "finish_gradient_synchronization"):
+                model.finish_gradient_synchronization()
+            opt.step()
+    return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict()}

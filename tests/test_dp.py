@@ -131,3 +131,43 @@ def test_the_lectures_resnet50_example_needs_73_gb_per_second_at_the_server():
     ring = allreduce_bandwidth(256, 97.5e6, 1 / 3)
     assert ring.worker == pytest.approx(2 * 255 / 256 * 97.5e6 * 3) and ring.server == 0
     assert workers_until_server_saturates(97.5e6, 1 / 3, 12.5e9) == 42  # a 100 Gb/s link
+
+
+WRAPPER_PAIRS = [("ddp", "sgd", "builtin", 1), ("ddp", "adamw", "ring", 2), ("zero1", "sgd", "ring", 2),
+                 ("zero1", "adamw", "builtin", 1), ("ddp", "sgd", "ring", 1), ("zero1", "sgd", "builtin", 2)]
+# every pair of wrapper, optimizer, all-reduce and micro-batches (those after the first in no_sync)
+
+
+@pytest.mark.parametrize("wrapper, optimizer, algorithm, microbatches", WRAPPER_PAIRS)
+def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algorithm, microbatches, pool4):
+    # each rank builds its model from its own seed: the wrapper must start every rank from rank 0's
+    reports = pool4.run(ranks.wrappers_against_torch, wrapper, optimizer, algorithm, microbatches)
+    first = reports[0]["edulib"]
+    assert not torch.equal(first["hidden.weight"], ranks.TiedModel().hidden.weight)  # it trained
+    for report in reports:
+        assert report["edulib"].keys() == report["torch"].keys()
+        for name, tensor in report["edulib"].items():
+            assert torch.allclose(tensor, report["torch"][name], atol=1e-5), (name, wrapper, optimizer)
+            assert torch.equal(tensor, first[name]), name  # every rank holds the same model
+        assert torch.equal(report["edulib"]["out.weight"], report["edulib"]["embed.weight"])  # still tied
+
+
+def _bad_wrapper(kind: str) -> None:
+    from edulib.dp import DistributedDataParallel, ShardedOptimizer
+
+    model = ranks.TiedModel()
+    if kind == "bucket":
+        DistributedDataParallel(model, bucket_bytes=0)
+    elif kind == "algorithm":
+        ShardedOptimizer(model.parameters(), torch.optim.SGD, algorithm="no_such", lr=0.1)
+    else:
+        model.hidden.to(torch.float64)
+        ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("bucket", "bucket_bytes must be a positive whole number"), ("algorithm", "no_such"),
+    ("dtypes", "the parameters must share one dtype")])
+def test_the_wrappers_refuse_what_they_cannot_do(kind, message, pool4):
+    with pytest.raises(RankError, match=message):
+        pool4.run(_bad_wrapper, kind)

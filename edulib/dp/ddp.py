@@ -1,0 +1,50 @@
+"""DistributedDataParallel, the shape PyTorch users know: wrap the model, build any optimizer
+over its parameters, and train with the ordinary loop. Building it gives every rank rank 0's
+parameters and buffers; each backward pass then averages the gradients in buckets all-reduced
+from backward hooks (`GradientBuckets`, on any of edulib's all-reduces), and
+`finish_gradient_synchronization()` waits for them before `optimizer.step()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from edulib import comm
+from edulib.dp.data_parallel import GradientBuckets
+
+
+def broadcast_module(module: nn.Module, group=None) -> None:
+    """Give every rank of the group rank 0's parameters and buffers, in place."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            comm.broadcast(tensor.data, root=0, group=group)
+
+
+class DistributedDataParallel(nn.Module):
+    """A replica per rank whose gradients are averaged in overlapped buckets (torch's DDP shape)."""
+
+    def __init__(self, module: nn.Module, bucket_bytes: int = 1 << 20, algorithm: str = "builtin",
+                 group=None, overlap: bool = True) -> None:
+        super().__init__()
+        broadcast_module(module, group)
+        self.module = module
+        self.buckets = GradientBuckets(module, bucket_bytes, overlap, group, algorithm)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's forward."""
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients; the next one outside averages them all."""
+        with self.buckets.no_sync():
+            yield
+
+    def finish_gradient_synchronization(self) -> None:
+        """After `loss.backward()`, before `optimizer.step()`: wait until every gradient is averaged."""
+        self.buckets.finish()
