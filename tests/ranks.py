@@ -375,3 +375,40 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
                 model.finish_gradient_synchronization()
             opt.step()
     return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict()}
+
+
+def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int = 3) -> dict:
+    """Train TiedModel with edulib's FullyShardedDataParallel and with FSDP2's fully_shard (units
+    the frozen and the hidden layer, the tied embedding in the root), computing in `compute`
+    ("fp32" or "bf16"), on the same batches; return both full state dicts (fp32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from edulib.dp import FullyShardedDataParallel
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    dtype = {"fp32": None, "bf16": torch.bfloat16}[compute]
+    torch.manual_seed(100 + rank)  # edulib's wrapper gives every rank rank 0's weights
+    mine = TiedModel()
+    mine = FullyShardedDataParallel(mine, dtype, units=[mine.frozen, mine.hidden], algorithm=algorithm)
+    torch.manual_seed(100)  # FSDP2 shards what each rank built: build the same everywhere
+    theirs = TiedModel()
+    policy = MixedPrecisionPolicy(param_dtype=dtype)
+    for module in (theirs.frozen, theirs.hidden, theirs):
+        fully_shard(module, mp_policy=policy)
+    kind, options = OPTIMIZERS[optimizer]
+    optimizers = [kind(model.parameters(), **options) for model in (mine, theirs)]
+    for step in range(steps):
+        batch = torch.Generator().manual_seed(step)
+        ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
+        ids, targets = ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+        for model, opt in zip((mine, theirs), optimizers, strict=True):
+            opt.zero_grad()
+            logits = model(ids).float()
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+            if model is mine:
+                mine.finish_gradient_synchronization()
+            opt.step()
+    full = {name: tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            for name, tensor in theirs.state_dict().items()}
+    return {"edulib": mine.gather_full_params(), "torch": full,
+            "shards": [tuple(p.shape) for p in mine.parameters()]}

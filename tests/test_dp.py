@@ -153,11 +153,17 @@ def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algori
 
 
 def _bad_wrapper(kind: str) -> None:
-    from edulib.dp import DistributedDataParallel, ShardedOptimizer
+    from edulib.dp import DistributedDataParallel, FullyShardedDataParallel, ShardedOptimizer
 
     model = ranks.TiedModel()
     if kind == "bucket":
         DistributedDataParallel(model, bucket_bytes=0)
+    elif kind == "tied":
+        FullyShardedDataParallel(model, units=[model.embed, model.out])
+    elif kind == "stranger":
+        FullyShardedDataParallel(model, units=[torch.nn.Linear(2, 2)])
+    elif kind == "bf16 model":
+        FullyShardedDataParallel(model.to(torch.bfloat16))
     elif kind == "algorithm":
         ShardedOptimizer(model.parameters(), torch.optim.SGD, algorithm="no_such", lr=0.1)
     else:
@@ -167,7 +173,28 @@ def _bad_wrapper(kind: str) -> None:
 
 @pytest.mark.parametrize("kind, message", [
     ("bucket", "bucket_bytes must be a positive whole number"), ("algorithm", "no_such"),
-    ("dtypes", "the parameters must share one dtype")])
+    ("dtypes", "the parameters must share one dtype"),
+    ("tied", r"parameter embed.weight is in two units \(Embedding and Linear\)"),
+    ("stranger", "a unit must be one of the model's own submodules; \\['Linear'\\]"),
+    ("bf16 model", "the model must arrive in fp32")])
 def test_the_wrappers_refuse_what_they_cannot_do(kind, message, pool4):
     with pytest.raises(RankError, match=message):
         pool4.run(_bad_wrapper, kind)
+
+
+FSDP_PAIRS = [("sgd", "fp32", "builtin"), ("adamw", "bf16", "ring"), ("sgd", "bf16", "ring"),
+              ("adamw", "fp32", "ring")]  # every pair of optimizer, compute dtype and all-reduce
+
+
+@pytest.mark.parametrize("optimizer, compute, algorithm", FSDP_PAIRS)
+def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algorithm, pool4):
+    reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm)
+    tolerance = 1e-5 if compute == "fp32" else 2e-2  # bf16 compute: the same rounding, summed apart
+    for report in reports:
+        assert report["edulib"].keys() == report["torch"].keys()
+        for name, tensor in report["edulib"].items():
+            assert tensor.dtype == torch.float32 and tensor.shape == report["torch"][name].shape, name
+            assert torch.allclose(tensor, report["torch"][name], atol=tolerance), (name, optimizer, compute)
+        # between steps each parameter is this rank's 1/4 of it, flat: 13 x 8 = 104 -> 26 each
+        assert sorted(report["shards"]) == sorted([(26,), (16,), (2,), (16,), (2,)]), report["shards"]
+    assert not torch.equal(reports[0]["edulib"]["hidden.weight"], ranks.TiedModel().hidden.weight)

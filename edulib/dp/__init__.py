@@ -6,10 +6,11 @@ PowerSGD) with error feedback."""
 from edulib.dp.compression import compressed_data_parallel
 from edulib.dp.data_parallel import GradientBuckets, check_replicas, data_parallel, single_process, torch_ddp
 from edulib.dp.ddp import DistributedDataParallel
+from edulib.dp.fsdp import FullyShardedDataParallel
 from edulib.dp.server import parameter_server
 from edulib.dp.sharded_optimizer import ShardedOptimizer
 from edulib.dp.zero import ZeroDataParallel, sharded_data_parallel, single_process_adam
 
-__all__ = ["DistributedDataParallel", "GradientBuckets", "ShardedOptimizer", "ZeroDataParallel",
-           "check_replicas", "compressed_data_parallel", "data_parallel", "parameter_server",
-           "sharded_data_parallel", "single_process", "single_process_adam", "torch_ddp"]
+__all__ = ["DistributedDataParallel", "FullyShardedDataParallel", "GradientBuckets", "ShardedOptimizer",
+           "ZeroDataParallel", "check_replicas", "compressed_data_parallel", "data_parallel",
+           "parameter_server", "sharded_data_parallel", "single_process", "single_process_adam", "torch_ddp"]
