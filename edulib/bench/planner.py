@@ -1,0 +1,50 @@
+"""`plan`: the Alpa planner's search time and plans against the baselines, and an executed plan."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from edulib.launch import Pool
+from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
+from edulib.planner.baselines import compare
+from edulib.planner.execute import measured_against_predicted
+from edulib.table import format_bytes, format_table
+
+
+def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16, ranks: int = 4,
+                  trials: int = 3) -> str:
+    """Planner search time per shared model, and its throughput against every baseline (the
+    best hand-made grid is the ratio's baseline), all in the planner's cost model; then a plan
+    executed on real ranks against its prediction."""
+    cluster, rows = Cluster(nodes, devices), []
+    for graph in (gpt_graph(24), moe_graph(16), wide_resnet_graph(16), mlp_graph(16, 8192, 8192)):
+        plans = compare(graph, cluster, microbatches)
+        alpa, manual = plans["Alpa (both)"], plans["best manual grid"]
+        rows.append((f"{graph.name} ({len(graph)} ops)", f"{alpa.search_seconds:.1f} s",
+                     *(f"{p.throughput / 1e15:.3f}" for p in plans.values()),
+                     f"{alpa.throughput / manual.throughput:.3f}x"))
+    return (f"{nodes} x {devices} devices of {cluster.flops / 1e12:g} TFLOP/s and "
+            f"{format_bytes(cluster.memory)}, {1 / cluster.intra[1] / 1e9:g} GB/s in a node, "
+            f"{1 / cluster.inter[1] / 1e9:g} GB/s between, {microbatches} micro-batches, on "
+            f"{platform.node()}; PFLOP/s in the cost model\n\n"
+            + format_table(["model", "planner search", *plans, "Alpa / best manual"], rows)
+            + "\n\n" + bench_executed_plan(ranks, trials))
+
+
+def bench_executed_plan(ranks: int = 4, trials: int = 3) -> str:
+    """The tiny GPT planned with this machine's speeds (fitted afresh in each trial), run on
+    `ranks` gloo ranks: its measured step against the planner's predicted latency."""
+    rows = []
+    with Pool(ranks, "gloo", timeout=300) as pool:
+        for trial in range(trials):
+            found = measured_against_predicted(pool, memory=2**30)
+            stages = " | ".join(f"{s.mesh.shape[0]}x{s.mesh.shape[1]}" for s in found["plan"].stages)
+            rows.append((str(trial + 1), stages, f"{found['predicted'] * 1e3:.2f}",
+                         f"{found['measured'] * 1e3:.2f}", f"{found['measured'] / found['predicted']:.2f}",
+                         "yes" if not found["problems"] else "NO"))
+    return (f"the tiny GPT's plan on {ranks} gloo ranks ({os.cpu_count()} cores), speeds fitted here in "
+            f"each trial, each rank computing at {found['share']:.2g} of a core's speed (the ranks share "
+            "the cores); stages pay for their messages\n\n"
+            + format_table(["trial", "stages (logical meshes)", "predicted (ms)", "measured (ms)",
+                            "measured / predicted", "gradients equal one process's"], rows))
