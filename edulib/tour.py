@@ -35,10 +35,10 @@ from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
 from edulib.hybrid import gpt_reference, hybrid_step
+from edulib.hybrid.plan import layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
 from edulib.planner.cluster import Cluster
-from edulib.planner.execute import layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
@@ -64,6 +64,12 @@ def _require(holds: bool, problem: str) -> None:
     """Raise TourCheckFailed with `problem` unless the check `holds`."""
     if not holds:
         raise TourCheckFailed(problem)
+
+
+def _agree(problems: list[str]) -> None:
+    """Raise TourCheckFailed with the first of the comparison's problems, if it found any."""
+    if problems:
+        raise TourCheckFailed(problems[0])
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def _check_algorithm(name: str) -> Callable[[Pool], str]:
     def check(pool: Pool) -> str:
         reports = pool.run(run_collective, name, 10_007)
         problems = collective_disagreements(name, reports)
-        _require(not problems, problems[0])
+        _agree(problems)
         most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
         return f"equal; {most:,} B/rank max, as modelled"
     return check
@@ -131,7 +137,7 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
         reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
         problems = disagreements(reports, reference_gradients(mlp(width, depth),
                                                               *regression_batch(batch, width)), atol=1e-5)
-        _require(not problems, problems[0])
+        _agree(problems)
         bubble = simulate_ratio(schedule).bubble_fraction
         return f"equal; simulated bubble {bubble:.3f} at m={m}"
     return check
@@ -143,7 +149,7 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
         width, heads = 8 * pool.world_size, pool.world_size  # divisible among any rank count
         reports = pool.run(run_layer, kind, batch=4, width=width, heads=heads)
         problems = disagreements(reports, layer_reference(kind, 4, width, heads), rtol=1e-5, atol=1e-5)
-        _require(not problems, problems[0])
+        _agree(problems)
         sent = sum(transfer.nbytes for transfer in reports[0]["transfers"])
         return f"equal; {sent:,} B/rank in collectives"
     return check
@@ -153,7 +159,7 @@ def _check_cnn(pool: Pool) -> str:
     """The CNN recipe (data-parallel convolutions, tensor-parallel classifier) trains like one process."""
     batch, hidden = 2 * pool.world_size, 32 * pool.world_size
     problems = disagreements(pool.run(cnn_step, batch, hidden=hidden), cnn_reference(batch, hidden=hidden))
-    _require(not problems, problems[0])
+    _agree(problems)
     return f"equal on a batch of {batch}"
 
 
@@ -214,7 +220,7 @@ def _check_sequence_parallel(pool: Pool) -> str:
     reference, _ = sequence.layer_reference(*shape)
     reports = pool.run(sequence.layer_step, True, *shape)
     problems = disagreements(reports, reference)
-    _require(not problems, problems[0])
+    _agree(problems)
     kept = reports[0]["saved_bytes"]
     formula = sequence.activation_bytes(shape[1], shape[0], shape[2], shape[3], ranks, sequence_parallel=True)
     _require(kept == formula, f"kept {kept} B of activations, the closed form says {formula:.0f}")
@@ -230,7 +236,7 @@ def _check_ring_attention(pool: Pool) -> str:
     tokens = 4 * ranks + 1
     reports = pool.run(ring_step, tokens, "zigzag")
     problems = disagreements(reports, attention_reference(tokens), atol=1e-5)
-    _require(not problems, problems[0])
+    _agree(problems)
     blocks = [len(report["trace"]) for report in reports]
     _require(blocks == blocks_per_rank(ranks, "zigzag"), f"blocks {blocks}")
     return f"equal on {tokens} tokens; {blocks[0]} blocks on every rank"
@@ -243,7 +249,7 @@ def _check_expert_parallel(pool: Pool) -> str:
     reports = pool.run(moe_step, *args)
     reference, traffic = moe_reference(ranks, *args)
     problems = disagreements(reports, reference, atol=1e-5)
-    _require(not problems, problems[0])
+    _agree(problems)
     for rank, report in enumerate(reports):
         sent = dispatched_bytes(report["transfers"])
         _require(sent == all_to_all_bytes(traffic, rank, 8 * 4), f"rank {rank} sent {sent} B")
@@ -259,7 +265,7 @@ def _check_hybrid(pool: Pool) -> str:
     batch, layers = 4 * dp, 2 * pp
     reports = pool.run(hybrid_step, dp, pp, tp, batch=batch, layers=layers, algorithm="ring")
     problems = disagreements(reports, gpt_reference(batch=batch, layers=layers))
-    _require(not problems, problems[0])
+    _agree(problems)
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
@@ -273,7 +279,7 @@ def _check_planner(pool: Pool) -> str:
     """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
     stages = layouts(plan(tiny_gpt_graph(), planner_cluster(pool.world_size)))
     problems = disagreements(pool.run(plan_step, stages), gpt_reference())
-    _require(not problems, problems[0])
+    _agree(problems)
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"
 

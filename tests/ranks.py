@@ -282,7 +282,7 @@ def split_backward_work(sequence_parallel: bool) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from edulib import comm
-    from edulib.hybrid import _SequenceSplit
+    from edulib.hybrid.grid import _SequenceSplit
     from edulib.models import gpt_batch, tiny_gpt
     from edulib.pp.backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock

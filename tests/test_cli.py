@@ -266,7 +266,7 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
 
 
 def test_the_tours_planner_step_gets_a_plan_the_executor_runs_on_every_pool_size():
-    from edulib.planner.execute import layouts, tiny_gpt_graph
+    from edulib.hybrid.plan import layouts, tiny_gpt_graph
     from edulib.planner.inter import plan
     from edulib.tour import planner_cluster
 

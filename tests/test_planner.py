@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.compare import disagreements
 from edulib.hybrid import gpt_reference
+from edulib.hybrid.plan import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.launch import Pool
 from edulib.models import mlp, small_cnn
 from edulib.planner import intra
@@ -26,7 +27,6 @@ from edulib.planner.baselines import (
     moe_case,
 )
 from edulib.planner.cluster import Cluster, Mesh
-from edulib.planner.execute import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
 from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, stage_table
 from edulib.planner.intra import (

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import platform
 
+from edulib.hybrid.plan import measured_against_predicted
 from edulib.launch import Pool
 from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
 from edulib.planner.baselines import compare
-from edulib.planner.execute import measured_against_predicted
 from edulib.table import format_bytes, format_table
 
 

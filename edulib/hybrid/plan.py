@@ -27,7 +27,7 @@ from edulib import comm
 from edulib.comm.cost import fit_alpha_beta
 from edulib.comm.workers import ping_pong
 from edulib.compare import disagreements
-from edulib.hybrid import gpt_reference
+from edulib.hybrid.grid import gpt_reference
 from edulib.launch import Pool
 from edulib.models import TOKENS, gpt_batch, tiny_gpt
 from edulib.planner.cluster import Cluster
