@@ -412,3 +412,19 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int 
             for name, tensor in theirs.state_dict().items()}
     return {"edulib": mine.gather_full_params(), "torch": full,
             "shards": [tuple(p.shape) for p in mine.parameters()]}
+
+
+def groups_after_a_new_default_group(folder: str) -> tuple[bool, float]:
+    """Make a subgroup, destroy the default group, make another (a file store in `folder`) and ask
+    for the same subgroup: it must be a new group, and one that works."""
+    from edulib import comm
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    partition = [[r] for r in range(world)]
+    before = comm.subgroup(partition)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
+    after = comm.subgroup(partition)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total, group=after)
+    return after is not before, total.item()

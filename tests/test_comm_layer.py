@@ -184,3 +184,8 @@ def test_no_rank_code_names_the_cpu():
             if isinstance(node, ast.Constant) and node.value == "cpu":
                 found.append(f"{name}:{node.lineno}")
     assert not found, found
+
+
+def test_the_group_cache_starts_over_with_a_new_default_group(tmp_path):
+    with Pool(2, backend="gloo", timeout=30) as pool:
+        assert pool.run(ranks.groups_after_a_new_default_group, str(tmp_path)) == [(True, 1.0), (True, 2.0)]

@@ -3,7 +3,8 @@
 `torch.distributed.new_group` is collective: every rank must create every group, in the same
 order. So a caller hands over a whole partition of the ranks (every group of one kind); each
 rank creates the groups it has not made before and gets back the one it belongs to. The same
-partition asked again costs nothing and creates nothing.
+partition asked again costs nothing and creates nothing. The groups belong to the default
+process group they were made in: once it is destroyed (and another made), the cache starts over.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from edulib.checks import check_choice
 
 _made: dict[tuple[int, ...], dist.ProcessGroup] = {}
+_made_in: list[dist.ProcessGroup] = []  # the default group the cached ones were made in
 
 
 def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
@@ -26,6 +28,9 @@ def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
     if seen != list(range(world)):
         raise ValueError(f"a partition must name every rank 0-{world - 1} exactly once; got "
                          f"{[list(members) for members in partition]}")
+    if not _made_in or _made_in[0] is not dist.group.WORLD:  # a destroyed default group took its own
+        _made.clear()
+        _made_in[:] = [dist.group.WORLD]
     mine = None
     for members in partition:
         key = tuple(int(r) for r in members)
