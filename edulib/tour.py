@@ -23,14 +23,15 @@ from edulib.compare import disagreements
 from edulib.cp import blocks_per_rank
 from edulib.cp.workers import attention_reference, ring_step
 from edulib.dp import (
-    data_parallel,
-    parameter_server,
-    sharded_data_parallel,
-    single_process,
-    single_process_adam,
-    torch_ddp,
+    data_parallel_reference,
+    data_parallel_train,
+    parameter_server_train,
+    torch_ddp_train,
+    zero_reference,
+    zero_train,
 )
-from edulib.dp.compression import TopK, compressed_data_parallel, torch_powersgd
+from edulib.dp.compression import TopK
+from edulib.dp.workers import compressed_train, torch_powersgd_train
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
@@ -170,14 +171,14 @@ def _check_data_parallel(method: str) -> Callable[[Pool], str]:
         if method == "parameter server" and ranks < 2:
             return "skipped: needs a server and a worker"
         batch = 4 * (ranks - 1 if method == "parameter server" else ranks)  # 4 per worker
-        reference, _ = single_process(steps, batch=batch)
+        reference, _ = data_parallel_reference(steps, batch=batch)
         if method == "parameter server":
-            reports = [r["parameters"] for r in pool.run(parameter_server, steps, batch=batch)
+            reports = [r["parameters"] for r in pool.run(parameter_server_train, steps, batch=batch)
                        if r["role"] == "worker"]
         elif method == "DistributedDataParallel":
-            reports = pool.run(torch_ddp, steps, batch=batch)
+            reports = pool.run(torch_ddp_train, steps, batch=batch)
         else:
-            reports = [r["parameters"] for r in pool.run(data_parallel, steps, bucket_bytes=256,
+            reports = [r["parameters"] for r in pool.run(data_parallel_train, steps, bucket_bytes=256,
                                                           batch=batch, algorithm="ring")]
         worst = max(float((p - reference).abs().max()) for p in reports)
         _require(worst < 1e-5, f"largest weight difference after {steps} steps: {worst:.2e}")
@@ -189,11 +190,11 @@ def _check_zero(stage: int) -> Callable[[Pool], str]:
     """A check that ZeRO `stage` trains like one process's AdamW and holds what the formula says."""
     def check(pool: Pool) -> str:
         ranks, steps, batch = pool.world_size, 3, 4 * pool.world_size
-        reference, _ = single_process_adam(steps, batch=batch)
-        reports = pool.run(sharded_data_parallel, stage, steps, batch=batch)
+        reference, _ = zero_reference(steps, batch=batch)
+        reports = pool.run(zero_train, stage, steps, batch=batch)
         worst = max(float((r["parameters"] - reference).abs().max()) for r in reports)
         _require(worst < 1e-6, f"largest weight difference after {steps} AdamW steps: {worst:.2e}")
-        mixed = pool.run(sharded_data_parallel, stage, steps, batch=batch, precision="bf16")
+        mixed = pool.run(zero_train, stage, steps, batch=batch, precision="bf16")
         held = sum(sum(r["bytes_held"].values()) for r in mixed)  # shards add up to the whole
         want = ranks * sharded_bytes(sum(mixed[0]["units"]), ranks, stage, "bf16").total
         _require(held == want, f"the ranks hold {held} bytes in bf16, the formula says {want:.0f}")
@@ -288,11 +289,11 @@ def _check_compression(pool: Pool) -> str:
     """PowerSGD trains like torch's hook; top-k sends its closed form's bytes and, with error
     feedback, trains on."""
     steps, ranks = 6, pool.world_size
-    mine = pool.run(compressed_data_parallel, steps, "powersgd", lr=0.2, width=32, batch=4 * ranks, factors=2)
-    theirs = pool.run(torch_powersgd, steps, 2, 0.2, 32, batch=4 * ranks)
+    mine = pool.run(compressed_train, steps, "powersgd", lr=0.2, width=32, batch=4 * ranks, factors=2)
+    theirs = pool.run(torch_powersgd_train, steps, 2, 0.2, 32, batch=4 * ranks)
     worst = max(float((m["parameters"] - t).abs().max()) for m, t in zip(mine, theirs, strict=True))
     _require(worst < 1e-5, f"PowerSGD's weights differ from torch's hook by up to {worst:.2e}")
-    sparse = pool.run(compressed_data_parallel, steps, "topk", 0.01, width=32, batch=4 * ranks)[0]
+    sparse = pool.run(compressed_train, steps, "topk", 0.01, width=32, batch=4 * ranks)[0]
     want = (ranks - 1) * TopK(0.01).payload_bytes(sparse["numel"])
     _require(sparse["bytes_sent"] == [want] * steps, f"top-k sent {sparse['bytes_sent']}, closed form {want}")
     return f"PowerSGD within {worst:.0e} of torch's; top-k 1 % sends {want} B/step"

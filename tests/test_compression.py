@@ -6,18 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.dp import data_parallel
-from edulib.dp.compression import (
-    Int8,
-    OneBit,
-    PowerSGD,
-    TopK,
-    compressed_data_parallel,
-    compressor,
-    one_process_compressed,
-    orthogonalize,
-    torch_powersgd,
-)
+from edulib.dp import compressed_reference, compressed_train, data_parallel_train, torch_powersgd_train
+from edulib.dp.compression import Int8, OneBit, PowerSGD, TopK, compressor, orthogonalize
 
 STEPS, WIDTH, DEPTH, BATCH, LR = 120, 32, 2, 32, 0.2
 
@@ -72,9 +62,9 @@ WAYS = {"identity": ("identity", 1.0, False), "topk": ("topk", 0.01, True),
 @pytest.fixture(scope="module")
 def runs(pool4):
     """Each way of training, on the shared 4 ranks, on the same data."""
-    found = {name: pool4.run(compressed_data_parallel, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH,
+    found = {name: pool4.run(compressed_train, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH,
                              BATCH) for name, (method, ratio, feedback) in WAYS.items()}
-    found["uncompressed"] = pool4.run(data_parallel, STEPS, LR, width=WIDTH, depth=DEPTH, batch=BATCH)
+    found["uncompressed"] = pool4.run(data_parallel_train, STEPS, LR, width=WIDTH, depth=DEPTH, batch=BATCH)
     return found
 
 
@@ -87,14 +77,14 @@ def test_identity_compression_trains_like_uncompressed_data_parallelism(runs):
 
 def test_the_one_process_reference_trains_as_the_ranks_do(runs):
     for name, (method, ratio, feedback) in WAYS.items():
-        alone = one_process_compressed(4, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH, BATCH)
+        alone = compressed_reference(4, STEPS, method, ratio, feedback, LR, WIDTH, DEPTH, BATCH)
         # the ranks add the payloads in rank order too; only the identity's all-reduce sums in another
         torch.testing.assert_close(alone["parameters"], runs[name][0]["parameters"], rtol=0, atol=1e-6)
         per_rank = (report["losses"] for report in runs[name])
         ranks_mean = [sum(step) / 4 for step in zip(*per_rank, strict=True)]
         assert alone["losses"] == pytest.approx(ranks_mean, rel=1e-5)
-    with pytest.raises(ValueError, match="PowerSGD's reference is torch_powersgd"):
-        one_process_compressed(2, 1, "powersgd")
+    with pytest.raises(ValueError, match="PowerSGD's reference is torch_powersgd_train"):
+        compressed_reference(2, 1, "powersgd")
 
 
 @pytest.mark.parametrize("name, method", [("topk", TopK(0.01)), ("int8", Int8()), ("onebit", OneBit()),
@@ -135,9 +125,9 @@ def test_gram_schmidt_makes_the_columns_orthonormal_as_qr_does():
 @pytest.mark.parametrize("factors", [1, 2])
 def test_powersgd_trains_like_torchs_powersgd_hook(pool4, factors):
     # the same seeds, the same warm start and error feedback: torch's DDP hook is the reference
-    mine = pool4.run(compressed_data_parallel, 20, "powersgd", lr=LR, width=WIDTH, depth=DEPTH, batch=BATCH,
+    mine = pool4.run(compressed_train, 20, "powersgd", lr=LR, width=WIDTH, depth=DEPTH, batch=BATCH,
                      factors=factors)
-    theirs = pool4.run(torch_powersgd, 20, factors, LR, WIDTH, DEPTH, BATCH)
+    theirs = pool4.run(torch_powersgd_train, 20, factors, LR, WIDTH, DEPTH, BATCH)
     for report, reference in zip(mine, theirs, strict=True):
         torch.testing.assert_close(report["parameters"], reference, rtol=1e-5, atol=1e-6)
     # bytes: two plain all-reduces, then the factors of each matrix and the biases whole
@@ -150,7 +140,7 @@ def test_powersgd_trains_like_torchs_powersgd_hook(pool4, factors):
 
 
 def _too_high_a_rank() -> None:
-    compressed_data_parallel(3, "powersgd", width=8, depth=1, batch=8, factors=9)
+    compressed_train(3, "powersgd", width=8, depth=1, batch=8, factors=9)
 
 
 def test_a_powersgd_rank_larger_than_a_matrix_is_a_clear_error(pool4):

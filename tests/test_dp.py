@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edulib import comm
-from edulib.dp import data_parallel, parameter_server, single_process, torch_ddp
+from edulib.dp import data_parallel_reference, data_parallel_train, parameter_server_train, torch_ddp_train
 from edulib.dp.bandwidth import (
     allreduce_bandwidth,
     parameter_server_bandwidth,
@@ -25,18 +25,19 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_every_method_holds_the_weights_of_single_process_training(ranks):
-    reference, _ = single_process(STEPS, batch=BATCH)
+    reference, _ = data_parallel_reference(STEPS, batch=BATCH)
     problems = []
     with Pool(ranks, backend="gloo", timeout=30) as pool:
         for shards in (1, 2) if ranks == 4 else (1,):
-            for report in pool.run(parameter_server, STEPS, shards=shards, batch=BATCH):
+            for report in pool.run(parameter_server_train, STEPS, shards=shards, batch=BATCH):
                 if report["role"] == "worker" and not _close(report["parameters"], reference):
                     problems.append(f"synchronous parameter server, {shards} shards")
         for overlap, bucket in ((True, 1 << 20), (True, 256), (False, 256)):
-            for report in pool.run(data_parallel, STEPS, bucket_bytes=bucket, overlap=overlap, batch=BATCH):
+            runs = pool.run(data_parallel_train, STEPS, bucket_bytes=bucket, overlap=overlap, batch=BATCH)
+            for report in runs:
                 if not _close(report["parameters"], reference):
                     problems.append(f"data parallel, overlap {overlap}, buckets of {bucket} B")
-        for parameters in pool.run(torch_ddp, STEPS, batch=BATCH):
+        for parameters in pool.run(torch_ddp_train, STEPS, batch=BATCH):
             if not _close(parameters, reference):
                 problems.append("DistributedDataParallel")
     assert not problems, problems
@@ -44,11 +45,11 @@ def test_every_method_holds_the_weights_of_single_process_training(ranks):
 
 @pytest.mark.parametrize("ranks_", [2, 4])
 def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_):
-    reference, _ = single_process(STEPS, batch=BATCH)
+    reference, _ = data_parallel_reference(STEPS, batch=BATCH)
     problems = []
     with Pool(ranks_, backend="gloo", timeout=30) as pool:
         for algorithm in ["builtin", *comm.ALGORITHMS]:
-            reports = pool.run(data_parallel, STEPS, bucket_bytes=600, batch=BATCH, algorithm=algorithm)
+            reports = pool.run(data_parallel_train, STEPS, bucket_bytes=600, batch=BATCH, algorithm=algorithm)
             for rank, report in enumerate(reports):
                 if not _close(report["parameters"], reference):
                     problems.append(f"{algorithm}: rank {rank}'s weights differ from one process's")
@@ -78,15 +79,15 @@ def test_no_sync_accumulates_micro_batches_and_reduces_once(pool4, algorithm):
 def test_the_server_keeps_only_the_versions_staleness_needs():
     with Pool(3, backend="gloo", timeout=30) as pool:
         for staleness in (0, 1, 3):
-            server = pool.run(parameter_server, 6, staleness=staleness, batch=8)[0]
+            server = pool.run(parameter_server_train, 6, staleness=staleness, batch=8)[0]
             assert server["role"] == "server" and server["versions_kept"] == staleness + 1
 
 
 def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
     steps = 30
-    reference, _ = single_process(steps, batch=BATCH)
+    reference, _ = data_parallel_reference(steps, batch=BATCH)
     with Pool(4, backend="gloo", timeout=30) as pool:
-        workers = [r for r in pool.run(parameter_server, steps, staleness=2, batch=BATCH)
+        workers = [r for r in pool.run(parameter_server_train, steps, staleness=2, batch=BATCH)
                    if r["role"] == "worker"]
     assert [w["ages"][:4] for w in workers] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2]]
     assert not _close(workers[0]["parameters"], reference)
@@ -97,8 +98,8 @@ def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
 
 def test_small_buckets_make_more_buckets():
     with Pool(2, backend="gloo", timeout=30) as pool:
-        assert pool.run(data_parallel, 1, bucket_bytes=1 << 20)[0]["buckets"] == 1
-        assert pool.run(data_parallel, 1, bucket_bytes=256)[0]["buckets"] == 4  # one per parameter here
+        assert pool.run(data_parallel_train, 1, bucket_bytes=1 << 20)[0]["buckets"] == 1
+        assert pool.run(data_parallel_train, 1, bucket_bytes=256)[0]["buckets"] == 4  # one per parameter here
 
 
 def _differing_replicas() -> None:
@@ -111,11 +112,11 @@ def _differing_replicas() -> None:
 
 
 @pytest.mark.parametrize("fn, kwargs, message", [
-    (parameter_server, {"shards": 5000}, "shards must be between 1 and the number of parameters"),
-    (parameter_server, {"staleness": -1}, "staleness must be 0 \\(synchronous\\) or more"),
-    (data_parallel, {"bucket_bytes": 0}, "bucket_bytes must be a positive whole number of bytes"),
-    (data_parallel, {"algorithm": "rng"}, "'rng' is not an algorithm for all_reduce; all_reduce offers"),
-    (data_parallel, {"algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
+    (parameter_server_train, {"shards": 5000}, "shards must be between 1 and the number of parameters"),
+    (parameter_server_train, {"staleness": -1}, "staleness must be 0 \\(synchronous\\) or more"),
+    (data_parallel_train, {"bucket_bytes": 0}, "bucket_bytes must be a positive whole number of bytes"),
+    (data_parallel_train, {"algorithm": "rng"}, "'rng' is not an algorithm for all_reduce; all_reduce"),
+    (data_parallel_train, {"algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
     (_differing_replicas, {}, "parameters differ across ranks"),
 ])
 def test_bad_setups_are_refused_clearly(fn, kwargs, message):

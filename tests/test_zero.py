@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.dp import sharded_data_parallel, single_process_adam
+from edulib.dp import zero_reference, zero_train
 from edulib.footprint import GB, devices_to_fit, largest_model, sharded_bytes
 from edulib.launch import Pool, RankError
 from tests import ranks
@@ -40,17 +40,17 @@ def _pool(ranks: int, pool4):
 @pytest.mark.parametrize("ranks, algorithm", [(1, "builtin"), (2, "ring"), (3, "halving_doubling"),
                                               (4, "builtin")])
 def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ranks, algorithm, pool4):
-    reference, _ = single_process_adam(STEPS, batch=BATCH)
+    reference, _ = zero_reference(STEPS, batch=BATCH)
     pool = _pool(ranks, pool4)
     try:
         for stage in range(4):
-            for report in pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, algorithm=algorithm):
+            for report in pool.run(zero_train, stage, STEPS, batch=BATCH, algorithm=algorithm):
                 worst = (report["parameters"] - reference).abs().max().item()
                 assert worst < 1e-6, (stage, worst)
-            accumulated = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, microbatches=3)
+            accumulated = pool.run(zero_train, stage, STEPS, batch=BATCH, microbatches=3)
             assert (accumulated[0]["parameters"] - reference).abs().max().item() < 1e-6, stage
             if ranks in (2, 4):  # Ψ divides: every rank holds exactly the formula's bytes
-                mixed = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, precision="bf16",
+                mixed = pool.run(zero_train, stage, STEPS, batch=BATCH, precision="bf16",
                                  algorithm=algorithm)
                 want = sharded_bytes(PSI, ranks, stage, "bf16")
                 for report in mixed:
@@ -68,23 +68,23 @@ def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ran
 
 
 def test_a_rank_that_owns_nothing_still_trains():
-    reference, _ = single_process_adam(STEPS, batch=BATCH, width=1, depth=1)  # 2 parameters
+    reference, _ = zero_reference(STEPS, batch=BATCH, width=1, depth=1)  # 2 parameters
     with Pool(3, backend="gloo", timeout=30) as pool:
         for stage in (1, 2, 3):
-            reports = pool.run(sharded_data_parallel, stage, STEPS, batch=BATCH, width=1, depth=1)
+            reports = pool.run(zero_train, stage, STEPS, batch=BATCH, width=1, depth=1)
             assert reports[2]["bytes_held"]["optimizer"] == 0  # rank 2's shard is empty
             for report in reports:
                 assert torch.allclose(report["parameters"], reference, atol=1e-6)
 
 
 def test_mixed_precision_keeps_16_bytes_per_parameter_and_stays_close_to_fp32(pool4):
-    bf16, _ = single_process_adam(STEPS, batch=BATCH, precision="bf16")
-    fp32, _ = single_process_adam(STEPS, batch=BATCH)
-    [report, *_] = pool4.run(sharded_data_parallel, 0, STEPS, batch=BATCH, precision="bf16")
+    bf16, _ = zero_reference(STEPS, batch=BATCH, precision="bf16")
+    fp32, _ = zero_reference(STEPS, batch=BATCH)
+    [report, *_] = pool4.run(zero_train, 0, STEPS, batch=BATCH, precision="bf16")
     assert sum(report["bytes_held"].values()) == 16 * PSI  # 2 + 2 + 12
     assert (report["parameters"] - bf16).abs().max() < 1e-4  # the same mixed-precision arithmetic
     assert 0 < (bf16 - fp32).abs().max() < 1e-2  # 16-bit compute: close to fp32, not equal
-    fp16 = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH, precision="fp16")[0]["parameters"]
+    fp16 = pool4.run(zero_train, 3, STEPS, batch=BATCH, precision="fp16")[0]["parameters"]
     assert (fp16 - fp32).abs().max() < 1e-2
 
 
@@ -123,16 +123,16 @@ def _half_model():
 def test_a_master_weight_must_be_fp32(pool4):
     with pytest.raises(RankError, match="the model must arrive in fp32"):
         pool4.run(_half_model)
-    reference, _ = single_process_adam(1)  # the shared pool still trains correctly afterwards
-    for report in pool4.run(sharded_data_parallel, 1, 1):
+    reference, _ = zero_reference(1)  # the shared pool still trains correctly afterwards
+    for report in pool4.run(zero_train, 1, 1):
         assert (report["parameters"] - reference).abs().max() < 1e-6
 
 
 def test_stage_3_equals_torchs_fsdp2_and_prefetching_changes_nothing_but_timing(pool4):
-    reference, _ = single_process_adam(STEPS, batch=BATCH)
+    reference, _ = zero_reference(STEPS, batch=BATCH)
     fsdp2 = pool4.run(ranks.fsdp2_adam, STEPS, BATCH)
-    ours = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH)
-    early = pool4.run(sharded_data_parallel, 3, STEPS, batch=BATCH, prefetch=True)
+    ours = pool4.run(zero_train, 3, STEPS, batch=BATCH)
+    early = pool4.run(zero_train, 3, STEPS, batch=BATCH, prefetch=True)
     for theirs, mine, prefetched in zip(fsdp2, ours, early, strict=True):
         assert (theirs - reference).abs().max() < 1e-6
         assert (mine["parameters"] - theirs).abs().max() < 1e-6

@@ -6,7 +6,7 @@ import platform
 import statistics
 import time
 
-from edulib.dp.compression import compressed_data_parallel
+from edulib.dp.workers import compressed_train
 from edulib.launch import Pool
 from edulib.table import format_bytes, format_table
 
@@ -25,7 +25,7 @@ def bench_compression(world_size: int = 4, steps: int = 150, width: int = 64, de
         for name, method, ratio, factors in ways:
             for feedback in ((True,) if method == "identity" else (True, False)):
                 began = time.perf_counter()
-                report = pool.run(compressed_data_parallel, steps, method, ratio, feedback, lr, width, depth,
+                report = pool.run(compressed_train, steps, method, ratio, feedback, lr, width, depth,
                                   batch, factors=factors)[0]
                 seconds = time.perf_counter() - began
                 sent = statistics.median(report["bytes_sent"][2:])  # PowerSGD's first 2 steps are plain

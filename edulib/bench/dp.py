@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import statistics
 
-from edulib.dp import data_parallel
+from edulib.dp import data_parallel_train
 from edulib.launch import Pool
 from edulib.table import format_bytes, format_table
 
@@ -18,7 +18,7 @@ def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024
         batch = 32 * ranks
         with Pool(ranks, backend, timeout=600) as pool:
             def step_time(bucket: int, overlap: bool, batch: int = batch) -> float:
-                reports = pool.run(data_parallel, steps, lr=0.01, bucket_bytes=bucket, overlap=overlap,
+                reports = pool.run(data_parallel_train, steps, lr=0.01, bucket_bytes=bucket, overlap=overlap,
                                    width=width, depth=depth, batch=batch)
                 # the slowest rank's median step, leaving out the first (warm-up) step
                 return max(statistics.median(r["durations"][1:]) for r in reports)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import statistics
 
-from edulib.dp import sharded_data_parallel
+from edulib.dp import zero_train
 from edulib.footprint import sharded_bytes
 from edulib.launch import Pool
 from edulib.table import format_bytes, format_table
@@ -21,7 +21,7 @@ def bench_memory(world_sizes: tuple[int, ...] = (2, 4), width: int = 512, depth:
         with Pool(ranks, backend, timeout=600) as pool:
             baseline = None
             for stage in range(4):
-                reports = pool.run(sharded_data_parallel, stage, steps, precision="bf16", width=width,
+                reports = pool.run(zero_train, stage, steps, precision="bf16", width=width,
                                    depth=depth, batch=8 * ranks)
                 seconds = max(statistics.median(r["durations"][1:]) for r in reports)
                 baseline = baseline or seconds

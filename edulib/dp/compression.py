@@ -18,7 +18,6 @@ lost. Without it, top-k at 1 % keeps sending the same few large entries and trai
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
@@ -29,7 +28,6 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from edulib import comm
 from edulib.checks import check_choice
 from edulib.dp.server import worker_batch
-from edulib.models import mlp
 
 
 class Identity:
@@ -274,78 +272,3 @@ def descend(model: nn.Module, gradient: torch.Tensor, lr: float) -> None:
     """One SGD step with a flat gradient."""
     with torch.no_grad():
         vector_to_parameters(parameters_to_vector(model.parameters()) - lr * gradient, model.parameters())
-
-
-def compressed_data_parallel(steps: int, method: str = "topk", ratio: float = 0.01,
-                             error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
-                             batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
-    """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient through `method`
-    (top-k, int8 and 1-bit take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
-    reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
-    model, chosen = mlp(width, depth, seed), compressor(method, ratio, factors, error_feedback)
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    powersgd = isinstance(chosen, PowerSGD)  # it keeps its own error, per parameter
-    numel = sum(p.numel() for p in model.parameters())
-    error = torch.zeros(numel) if error_feedback and not powersgd else None
-    losses, sent_per_step, durations = [], [], []
-    for step in range(steps):
-        began = time.perf_counter()
-        loss, gradient = local_gradient(model, step, rank, ranks, batch, width, seed)
-        with comm.labelled("gradients"), comm.count_communication() as sent:
-            if powersgd:
-                chosen.average([p.grad for p in reversed(list(model.parameters()))])
-                gradient = parameters_to_vector(p.grad for p in model.parameters())
-            else:
-                compressed_average(gradient, chosen, error)
-        descend(model, gradient, lr)
-        losses.append(loss)
-        sent_per_step.append(sum(transfer.nbytes for transfer in sent))
-        durations.append(time.perf_counter() - began)
-    return {"losses": losses, "parameters": parameters_to_vector(model.parameters()).detach(),
-            "bytes_sent": sent_per_step, "durations": durations, "numel": gradient.numel()}
-
-
-def one_process_compressed(ranks: int, steps: int, method: str = "topk", ratio: float = 0.01,
-                           error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
-                           batch: int = 16, seed: int = 0) -> dict:
-    """`compressed_data_parallel` (identity, top-k, int8 or 1-bit) for every rank in one process: each
-    step, every rank's compressed gradient, averaged in rank order. The losses (each step's mean
-    over the ranks) and final parameters; the grader's reference, which starts no rank."""
-    chosen = compressor(method, ratio, error_feedback=error_feedback)
-    if isinstance(chosen, PowerSGD):
-        raise ValueError("one_process_compressed runs identity, topk, int8 or onebit; PowerSGD's "
-                         "reference is torch_powersgd")
-    model = mlp(width, depth, seed)
-    errors = [torch.zeros(sum(p.numel() for p in model.parameters())) for _ in range(ranks)]
-    losses = []
-    for step in range(steps):
-        total, step_loss = 0.0, 0.0
-        for rank in range(ranks):
-            loss, gradient = local_gradient(model, step, rank, ranks, batch, width, seed)
-            corrected = gradient + errors[rank] if error_feedback else gradient
-            kept = chosen.decode(chosen.encode(corrected), corrected)
-            if error_feedback:
-                errors[rank] = corrected - kept
-            total, step_loss = total + kept, step_loss + loss
-        descend(model, total / ranks, lr)
-        losses.append(step_loss / ranks)
-    return {"losses": losses, "parameters": parameters_to_vector(model.parameters()).detach()}
-
-
-def torch_powersgd(steps: int, rank: int = 1, lr: float = 0.1, width: int = 16, depth: int = 2,
-                   batch: int = 16, seed: int = 0) -> torch.Tensor:
-    """The reference: the same training with torch's DistributedDataParallel and its PowerSGD
-    communication hook (error feedback, warm start, 2 plain steps first); final parameters."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-    model = nn.parallel.DistributedDataParallel(mlp(width, depth, seed))
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                        start_powerSGD_iter=2, min_compression_rate=2)
-    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for step in range(steps):
-        inputs, targets = worker_batch(step, dist.get_rank(), dist.get_world_size(), batch, width, seed)
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-    return parameters_to_vector(model.parameters()).detach()

@@ -23,8 +23,6 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
-from edulib.dp.server import worker_batch
-from edulib.models import mlp
 
 
 def check_replicas(model: nn.Module, group=None) -> None:
@@ -119,62 +117,3 @@ class GradientBuckets:
         timestamps = (self.ready_times, self.reduce_times)
         self._reset()
         return timestamps
-
-
-def data_parallel(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                  width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0,
-                  algorithm: str = "builtin") -> dict:
-    """Train `mlp(width, depth, seed)` data-parallel on this rank's share of each mini-batch,
-    averaging gradients with `algorithm`'s all-reduce; also returns the bytes this rank sent."""
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    model = mlp(width, depth, seed)
-    buckets = GradientBuckets(model, bucket_bytes, overlap, algorithm=algorithm)
-    losses, durations = [], []
-    for step in range(steps):
-        began = time.perf_counter()
-        inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
-        model.zero_grad()
-        loss = nn.functional.mse_loss(model(inputs), targets)
-        backward_began = time.perf_counter()
-        loss.backward()
-        ready, reduces = buckets.finish()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter -= lr * parameter.grad
-        durations.append(time.perf_counter() - began)
-        losses.append(loss.item())
-    return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
-            "durations": durations, "buckets": len(buckets.buckets), "bytes_sent": buckets.bytes_sent,
-            "bucket_sizes": [sum(p.numel() for p in bucket) for bucket in buckets.buckets],
-            "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
-
-
-def torch_ddp(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
-              seed: int = 0) -> torch.Tensor:
-    """The same training with torch's DistributedDataParallel; returns the final parameters."""
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    model = nn.parallel.DistributedDataParallel(mlp(width, depth, seed))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for step in range(steps):
-        inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(inputs), targets).backward()
-        optimizer.step()
-    return parameters_to_vector(model.parameters()).detach()
-
-
-def single_process(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
-                   seed: int = 0) -> tuple[torch.Tensor, list[float]]:
-    """The reference: one process, the whole mini-batch each step; final parameters and losses."""
-    model = mlp(width, depth, seed)
-    losses = []
-    for step in range(steps):
-        inputs, targets = worker_batch(step, 0, 1, batch, width, seed)
-        model.zero_grad()
-        loss = nn.functional.mse_loss(model(inputs), targets)
-        loss.backward()
-        losses.append(loss.item())
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter -= lr * parameter.grad
-    return parameters_to_vector(model.parameters()).detach(), losses

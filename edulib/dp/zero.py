@@ -20,7 +20,6 @@ and a rank may own nothing. Every message goes through `edulib.comm`, on any `al
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
@@ -33,9 +32,7 @@ from edulib import comm
 from edulib.checks import check_choice
 from edulib.comm.schedule import chunk_bounds
 from edulib.dp.data_parallel import check_replicas
-from edulib.dp.server import worker_batch
 from edulib.footprint import ZERO_STAGES
-from edulib.models import mlp
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -261,66 +258,3 @@ class ZeroDataParallel:
                 found[id(parameter)] = flat[offset:offset + shape.numel()].view(shape)
                 offset += shape.numel()
         return found
-
-
-def _batch_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, tokens: int) -> torch.Tensor:
-    """A micro-batch's share of the mean squared error, normalized by the whole batch's elements."""
-    return nn.functional.mse_loss(model(inputs), targets, reduction="sum") / tokens
-
-
-def sharded_data_parallel(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "builtin",
-                          precision: str = "fp32", microbatches: int = 1, prefetch: bool = False,
-                          width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
-    """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
-    batch, in `microbatches` pieces; return the full parameters after training, the bytes this
-    rank holds between steps, its peak during a step, the bytes it sent, the losses and each
-    step's duration."""
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    model = mlp(width, depth, seed)
-    zero = ZeroDataParallel(model, stage, lambda params: torch.optim.AdamW(params, lr=lr),
-                            precision=precision, algorithm=algorithm, prefetch=prefetch)
-    between = zero.held()
-    losses, peaks, durations = [], [], []
-    with comm.count_communication() as ledger:
-        for step in range(steps):
-            began = time.perf_counter()
-            inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
-            total = 0.0
-            zero.peak = 0
-            for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True):
-                loss = _batch_loss(model, x.to(zero.dtype), y.to(zero.dtype), targets.numel())
-                zero.backward(loss)
-                total += loss.item()
-            zero.step()
-            durations.append(time.perf_counter() - began)
-            losses.append(total)
-            peaks.append(zero.peak)
-            between = zero.held()
-    return {"parameters": zero.full_parameters(), "bytes_held": between, "peak": max(peaks),
-            "bytes_sent": sum(t.nbytes for t in ledger), "losses": losses, "durations": durations,
-            "units": [unit.length for unit in zero.units]}
-
-
-def single_process_adam(steps: int, lr: float = 1e-3, precision: str = "fp32", width: int = 16,
-                        depth: int = 2, batch: int = 16, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
-    """The reference: one process, the whole batch, AdamW on fp32 master weights of a model that
-    computes in `precision`; the final parameters and the losses."""
-    dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
-    model = mlp(width, depth, seed)
-    master = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
-    optimizer = torch.optim.AdamW(master, lr=lr)
-    model.to(dtype)
-    losses = []
-    for step in range(steps):
-        inputs, targets = worker_batch(step, 0, 1, batch, width, seed)
-        loss = _batch_loss(model, inputs.to(dtype), targets.to(dtype), targets.numel())
-        model.zero_grad()
-        loss.backward()
-        losses.append(loss.item())
-        for weights, parameter in zip(master, model.parameters(), strict=True):
-            weights.grad = parameter.grad.float()
-        optimizer.step()
-        with torch.no_grad():
-            for weights, parameter in zip(master, model.parameters(), strict=True):
-                parameter.copy_(weights)
-    return torch.cat([m.detach().reshape(-1) for m in master]), losses

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from edulib.comm import chunk_bounds
-from edulib.dp.compression import TopK, one_process_compressed
+from edulib.dp.compression import TopK
+from edulib.dp.workers import compressed_reference
 
 
 class Wrong(Exception):
@@ -1008,7 +1009,7 @@ def _training_judge(case: Case, answer: Any) -> None:
 
     def reference(method: str, feedback: bool = True) -> float:
         """The held-out loss of the grader's own training's final weights."""
-        trained = one_process_compressed(ranks, steps, method, 0.01, feedback, **setting)["parameters"]
+        trained = compressed_reference(ranks, steps, method, 0.01, feedback, **setting)["parameters"]
         return held_out_loss(trained, width, depth, inputs["seed"], case.expect["held_out"])
 
     found = held_out_loss(weights[0], width, depth, inputs["seed"], case.expect["held_out"])
@@ -1075,8 +1076,9 @@ _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_ga
                 "scatter")
 
 FORBIDDEN: dict[str, list[tuple[str, str]]] = {
-    "lesson01_data_parallelism": [("edulib.dp.server.parameter_server", "the server's update"),
+    "lesson01_data_parallelism": [("edulib.dp.workers.parameter_server_train", "the server's update"),
                                   ("edulib.dp.data_parallel.GradientBuckets", "gradient buckets"),
+                                  ("edulib.dp.ddp.DistributedDataParallel", "gradient buckets"),
                                   ("torch.nn.parallel.DistributedDataParallel", "gradient buckets")],
     "lesson02_allreduce": [
         *((f"torch.distributed.{name}", "the ring all-reduce") for name in _COLLECTIVES),
@@ -1104,6 +1106,8 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
           for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))],
     "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
                           ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
+                          ("edulib.dp.sharded_optimizer.ShardedOptimizer", "ZeRO's sharded optimizer"),
+                          ("edulib.dp.fsdp.FullyShardedDataParallel", "the ZeRO-3 unit"),
                           ("torch.distributed.optim.ZeroRedundancyOptimizer", "ZeRO's sharded optimizer"),
                           ("torch.distributed.fsdp.fully_shard", "the ZeRO-3 unit"),
                           ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
@@ -1115,8 +1119,9 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                         ("edulib.planner.baselines.best_manual", "the layout choice")],
     "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
-    "lesson09_compression": [(f"edulib.dp.compression.{name}", "top-k with error feedback")
-                             for name in ("TopK", "compressed_average", "compressed_data_parallel")],
+    "lesson09_compression": [*((f"edulib.dp.compression.{name}", "top-k with error feedback")
+                               for name in ("TopK", "compressed_average")),
+                             ("edulib.dp.workers.compressed_train", "top-k with error feedback")],
     "lesson10_pipedream": [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
                            for name in ("version_plan", "versions_held", "version_of", "versions_closed_form",
                                         "_applied", "_keep", "Stash")],
