@@ -44,9 +44,7 @@ from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
-from edulib.pp.pipedream import replay_training
-from edulib.pp.pipedream import train as pipedream_train
-from edulib.pp.runtime import train_step
+from edulib.pp.workers import pipedream_reference, pipedream_train, pipeline_step
 from edulib.progress import progress_bar
 from edulib.recompute import MODES as RECOMPUTE_MODES
 from edulib.recompute import layer_step, saved_bytes_formula
@@ -135,7 +133,7 @@ def _check_pipeline(name: str) -> Callable[[Pool], str]:
         m = 2 * p
         schedule = build_pipeline(name, p, m)
         width, depth, batch = 16, schedule.stages, 4 * m
-        reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
+        reports = pool.run(pipeline_step, schedule, width=width, depth=depth, batch=batch)
         problems = disagreements(reports, reference_gradients(mlp(width, depth),
                                                               *regression_batch(batch, width)), atol=1e-5)
         _agree(problems)
@@ -304,7 +302,7 @@ def _check_pipedream(pool: Pool) -> str:
     with the staleness its schedule implies; stage s holds p - s weight versions."""
     p, steps = pool.world_size, 6
     reports = pool.run(pipedream_train, steps, "stashing", width=16, depth=2 * p, rows=8)
-    reference = replay_training(p, steps, "stashing", width=16, depth=2 * p, rows=8)
+    reference = pipedream_reference(p, steps, "stashing", width=16, depth=2 * p, rows=8)
     worst = max(float((report["weights"][name] - reference[name]).abs().max())
                 for report in reports for name in report["weights"])
     _require(worst < 1e-6, f"the weights differ from the replay's by up to {worst:.2e}")

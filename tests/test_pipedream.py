@@ -13,14 +13,13 @@ from edulib.pp.pipedream import (
     POLICIES,
     Stash,
     check_asynchronous,
-    replay_training,
     steady_bubble,
-    train,
     version_of,
     version_plan,
     versions_closed_form,
     versions_held,
 )
+from edulib.pp.workers import pipedream_reference, pipedream_train
 
 STEPS, ROWS = 6, 8
 
@@ -86,10 +85,11 @@ def _same_updates_as_the_replay(pool, p: int) -> list[str]:
     stage_bytes = [4 * sum(t.numel() for t in stage.parameters()) for stage in split(mlp(16, 8), p)]
     for policy in ("flush", *POLICIES):
         every = p if policy == "2bw" else (2 if policy == "flush" else 1)
-        reports = pool.run(train, STEPS, policy, every, rows=ROWS)
+        reports = pool.run(pipedream_train, STEPS, policy, every, rows=ROWS)
         got = {name: tensor for report in reports for name, tensor in report["weights"].items()}
         for other in ("flush", *POLICIES):
-            reference = replay_training(p, STEPS, other, every if other in ("flush", "2bw") else 1, rows=ROWS)
+            every_other = every if other in ("flush", "2bw") else 1
+            reference = pipedream_reference(p, STEPS, other, every_other, rows=ROWS)
             worst = max((got[name] - reference[name]).abs().max().item() for name in reference)
             same = other == policy or (p == 2 and {other, policy} == {"vertical_sync", "2bw"})
             if same != (worst < 1e-6):  # at p = 2, vertical sync lags 1 update: 2BW's delay of one batch
@@ -119,13 +119,13 @@ def test_four_ranks_make_exactly_the_updates_of_a_one_process_replay_with_their_
 
 def test_bad_training_arguments_are_refused(pool4):
     with pytest.raises(RankError, match="stashing updates after every mini-batch"):
-        pool4.run(train, 2, "stashing", 2)
+        pool4.run(pipedream_train, 2, "stashing", 2)
     with pytest.raises(RankError, match="does not split into 3 micro-batches"):
-        pool4.run(train, 2, "flush", 3, rows=8)
+        pool4.run(pipedream_train, 2, "flush", 3, rows=8)
 
 
 def test_the_replay_really_depends_on_the_staleness():
-    fresh, stale = replay_training(3, 4, "flush"), replay_training(3, 4, "stashing")
+    fresh, stale = pipedream_reference(3, 4, "flush"), pipedream_reference(3, 4, "stashing")
     assert set(fresh) == set(stale) == {name for name, _ in mlp(16, 8).named_parameters()}
     assert max((fresh[name] - stale[name]).abs().max().item() for name in fresh) > 1e-5
     assert all(torch.isfinite(t).all() for t in stale.values())

@@ -10,7 +10,8 @@ import torch
 from edulib.launch import Pool, RankError
 from edulib.models import mlp, reference_gradients, regression_batch, split
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
-from edulib.pp.runtime import measured_timeline, train_step
+from edulib.pp.runtime import measured_timeline
+from edulib.pp.workers import pipeline_step
 
 WIDTH, DEPTH, BATCH, MICROBATCHES = 16, 8, 8, 4
 
@@ -30,7 +31,7 @@ def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
     problems = []
     with Pool(p, backend="gloo", timeout=30) as pool:
         for schedule in _schedules(p):
-            reports = pool.run(train_step, schedule, width=WIDTH, depth=DEPTH, batch=BATCH)
+            reports = pool.run(pipeline_step, schedule, width=WIDTH, depth=DEPTH, batch=BATCH)
             got = {name: grad for report in reports for name, grad in report["gradients"].items()}
             if set(got) != set(reference):
                 problems.append(f"{schedule.name}: gradients for {sorted(got)}")
@@ -50,13 +51,13 @@ def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
 
 def test_a_schedule_for_another_world_size_is_refused():
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="for 4 devices"):
-        pool.run(train_step, build_schedule("1f1b", 4, 4), width=WIDTH, depth=DEPTH, batch=BATCH)
+        pool.run(pipeline_step, build_schedule("1f1b", 4, 4), width=WIDTH, depth=DEPTH, batch=BATCH)
 
 
 def test_an_invalid_schedule_is_refused_before_any_message_is_sent():
     deadlock = parse_actions(["F0 B0 F1 B1", "B0 F0 F1 B1"], 2)
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match="deadlocks"):
-        pool.run(train_step, deadlock, width=WIDTH, depth=DEPTH, batch=BATCH)
+        pool.run(pipeline_step, deadlock, width=WIDTH, depth=DEPTH, batch=BATCH)
 
 
 def test_split_cuts_into_nearly_equal_consecutive_pieces():
@@ -143,7 +144,7 @@ def test_a_device_holds_what_the_memory_model_says(name, pool4):
     p, m, width = 4, 8, 16
     schedule = build_schedule(name, p, m)
     depth = 2 * schedule.stages
-    reports = pool4.run(train_step, schedule, width=width, depth=depth, batch=2 * m, memory=True)
+    reports = pool4.run(pipeline_step, schedule, width=width, depth=depth, batch=2 * m, memory=True)
     assert all(report["memory"][-1][1] == 0 for report in reports), "everything is let go by the end"
     activations, kept = stage_bytes(report["memory"] for report in reports)
     # two Linears per stage, micro-batches of 2 rows, fp32; where a stage's input comes from a stage
@@ -179,8 +180,8 @@ def test_a_timeline_opens_in_perfetto_as_a_chrome_trace(measured, pool4, tmp_pat
 
     schedule = build_schedule("dualpipe_v" if measured else "interleaved_1f1b", 4, 8)
     if measured:  # a real step, and torch.profiler's own trace of another beside it
-        timeline = measured_timeline(schedule, pool4.run(train_step, schedule, width=8, depth=8, batch=16))
-        pool4.run(train_step, schedule, width=8, depth=8, batch=16, profile_dir=str(tmp_path))
+        timeline = measured_timeline(schedule, pool4.run(pipeline_step, schedule, width=8, depth=8, batch=16))
+        pool4.run(pipeline_step, schedule, width=8, depth=8, batch=16, profile_dir=str(tmp_path))
         for rank in range(4):
             assert json.loads((tmp_path / f"rank{rank}.json").read_text())["traceEvents"]
     else:

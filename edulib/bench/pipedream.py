@@ -8,8 +8,9 @@ import statistics
 
 from edulib.launch import Pool
 from edulib.pp import async_1f1b, replay
-from edulib.pp.pipedream import steady_bubble, train
+from edulib.pp.pipedream import steady_bubble
 from edulib.pp.runtime import measured_timeline
+from edulib.pp.workers import pipedream_train
 from edulib.table import format_bytes, format_table
 
 
@@ -21,11 +22,12 @@ def bench_pipedream(world_sizes: tuple[int, ...] = (2, 4), steps: int = 20, widt
     table = []
     for ranks in world_sizes:
         with Pool(ranks, "gloo", timeout=300) as pool:
-            pool.run(train, 2, "flush", 4, width=width, depth=depth, rows=rows)  # warm the ranks up
+            pool.run(pipedream_train, 2, "flush", 4, width=width, depth=depth, rows=rows)  # warm the ranks up
             results: dict[str, list] = {}
             for _ in range(repeats):
                 for weights, micro in (("flush", 4), ("stashing", 1), ("vertical_sync", 1), ("2bw", ranks)):
-                    reports = pool.run(train, steps, weights, micro, width=width, depth=depth, rows=rows)
+                    reports = pool.run(pipedream_train, steps, weights, micro, width=width, depth=depth,
+                                       rows=rows)
                     seconds = max(report["seconds"] for report in reports) / steps
                     bubble = replayed = None
                     if weights != "flush":

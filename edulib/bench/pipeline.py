@@ -15,8 +15,9 @@ from edulib.measured import pipeline_key
 from edulib.measured import save as save_measured
 from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
 from edulib.pp.memory import stage_bytes
-from edulib.pp.runtime import measured_timeline, train_step
+from edulib.pp.runtime import measured_timeline
 from edulib.pp.simulate import model_peaks
+from edulib.pp.workers import pipeline_step
 from edulib.table import format_bytes, format_table
 
 
@@ -27,7 +28,7 @@ def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, bat
     costs measured in it and messages of `t_comm` (by default the lag measured in it) and
     `overhead`: (measured Timeline, simulated Timeline)."""
     def step():
-        return pool.run(train_step, schedule, width=width, depth=depth, batch=batch)
+        return pool.run(pipeline_step, schedule, width=width, depth=depth, batch=batch)
     step()
     measured = min((measured_timeline(schedule, step()) for _ in range(steps)),
                    key=lambda timeline: timeline.makespan)
@@ -46,7 +47,7 @@ def write_traces(pool: Pool, run: tuple, stem: Path, width: int, batch: int) -> 
     simulated.to_chrome_trace(stem.with_name(stem.name + "_simulated.json"))
     recorded = stem.with_name(stem.name + "_torch")
     recorded.mkdir(exist_ok=True)
-    pool.run(train_step, measured.schedule, width=width, depth=4 * pool.world_size, batch=batch,
+    pool.run(pipeline_step, measured.schedule, width=width, depth=4 * pool.world_size, batch=batch,
              profile_dir=str(recorded))
 
 
@@ -61,7 +62,7 @@ def pipeline_memory(pool: Pool, stages: int, microbatches: int, width: int, dept
     rows = []
     for name in MEMORY_SCHEDULES:
         schedule = build_schedule(name, stages, microbatches)
-        reports = pool.run(train_step, schedule, width=width, depth=depth, batch=batch, memory=True)
+        reports = pool.run(pipeline_step, schedule, width=width, depth=depth, batch=batch, memory=True)
         modelled = model_peaks(schedule, *stage_bytes(report["memory"] for report in reports))
         counts = simulate(schedule).peak_inflight
         for device, report in enumerate(reports):
@@ -90,7 +91,7 @@ def bench_split_backward(ranks: int = 2, width: int = 512, depth: int = 8, batch
         for step in range(steps + 1):
             for schedule in schedules:
                 timeline = measured_timeline(schedule, pool.run(
-                    train_step, schedule, width=width, depth=depth, batch=batch))
+                    pipeline_step, schedule, width=width, depth=depth, batch=batch))
                 if step == 0:
                     continue  # warm-up
                 makespans.setdefault(schedule.name, []).append(timeline.makespan)

@@ -1101,7 +1101,7 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
           for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
         *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio")),
         *((f"edulib.pp.{name}", "the pipeline executor")
-          for name in ("executor.execute", "runtime.train_step")),
+          for name in ("executor.execute", "workers.pipeline_step")),
         *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
           for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))],
     "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),

@@ -1,6 +1,6 @@
 """The one pipeline executor: it interprets a lowered schedule's row for one device.
 
-Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.runtime.train_step`), the 3D
+Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.workers.pipeline_step`), the 3D
 hybrid, the planner's plans and PipeDream. It takes any stages (modules) and a loss function.
 The row's RECVs are posted in the row's order, up to `RECEIVES_AHEAD` before they are needed,
 and the action that needs one waits for it; SEND starts a send and moves on; so messages match

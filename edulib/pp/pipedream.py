@@ -16,25 +16,20 @@ mini-batches' gradients have not reached yet (they are "stale"). Three ways to k
 
 The schedule stays data: `version_plan` reads from it which version every forward uses, the
 executor's `Stash` keeps exactly the versions that plan still needs, and `version_of` gives the
-closed form that a test holds both to.
+closed form that a test holds both to. `workers.pipedream_train` trains with it on real ranks.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from edulib import comm
 from edulib.checks import check_choice, check_count
-from edulib.models import mlp, regression_batch, split
-from edulib.pp.executor import execute
 from edulib.pp.schedule import Schedule
-from edulib.pp.schedules import _one_f_one_b_row, async_1f1b, one_f_one_b
+from edulib.pp.schedules import _one_f_one_b_row
 from edulib.pp.simulate import Timeline, validate
 
 POLICIES = ("stashing", "vertical_sync", "2bw")
@@ -200,89 +195,6 @@ class Stash:
     def weights(self, stage: int) -> Params:
         """The stage's newest weights."""
         return self.versions[stage][self.latest[stage]]
-
-
-def train(steps: int, weights: str = "stashing", microbatches: int = 1, lr: float = 0.05,
-          width: int = 16, depth: int = 8, rows: int = 8, seed: int = 0) -> dict:
-    """`steps` SGD updates of `mlp(width, depth, seed)` cut into one stage per rank, on the same
-    mini-batches of `rows` rows whichever `weights`: "flush" (1F1B with a flush every step,
-    the mini-batch in `microbatches` micro-batches), "stashing" or "vertical_sync" (PipeDream, one
-    mini-batch per micro-batch) or "2bw" (`microbatches` per update, at least the stages).
-
-    Returns this rank's loss per step (on the last stage), its stage's final weights named as in
-    the unsplit model, the most weight versions it held and their bytes, its events and its time.
-    """
-    check_choice(weights, ("flush", *POLICIES), "weights")
-    check_count(steps, "steps")
-    p, device = dist.get_world_size(), dist.get_rank()
-    if weights in ("stashing", "vertical_sync") and microbatches != 1:
-        raise ValueError(f"{weights} updates after every mini-batch, which goes through whole; "
-                         f"got microbatches={microbatches} (2BW accumulates micro-batches)")
-    if rows % microbatches:
-        raise ValueError(f"a mini-batch of {rows} rows does not split into {microbatches} micro-batches")
-    model = mlp(width, depth, seed)
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
-    stage = split(model, p)[device]
-    local = {n: names[id(t)] for n, t in stage.named_parameters()}
-    inputs, targets = (t.chunk(steps * microbatches) for t in regression_batch(steps * rows, width, seed))
-    losses: list[float] = []
-
-    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        value = nn.functional.mse_loss(y, target) / microbatches
-        losses.append(value.item())
-        return value
-
-    shape = (rows // microbatches, width)
-    comm.barrier()
-    began = time.perf_counter()
-    if weights == "flush":
-        schedule, events = one_f_one_b(p, microbatches), []
-        for step in range(steps):
-            part = slice(step * microbatches, (step + 1) * microbatches)
-            events += execute(schedule, device, {device: stage}, loss, inputs[part], targets[part], shape)
-            with torch.no_grad():
-                for parameter in stage.parameters():
-                    parameter -= lr * parameter.grad
-                    parameter.grad = None
-        final, held = dict(stage.named_parameters()), 1
-    else:
-        schedule = async_1f1b(p, steps * microbatches)
-        stash = Stash(schedule, {device: stage}, weights, lr, microbatches)
-        events = execute(schedule, device, {device: stage}, loss, inputs, targets, shape, weights=stash)
-        final, held = stash.weights(device), stash.peak[device]
-    seconds = time.perf_counter() - began
-    size = sum(t.numel() * t.element_size() for t in final.values())
-    return {"losses": [sum(losses[i:i + microbatches]) for i in range(0, len(losses), microbatches)],
-            "weights": {local[n]: t.detach() for n, t in final.items()}, "versions": held,
-            "weight_bytes": held * size, "events": events, "seconds": seconds}
-
-
-def replay_training(stages: int, steps: int, weights: str = "stashing", microbatches: int = 1,
-                    lr: float = 0.05, width: int = 16, depth: int = 8, rows: int = 8,
-                    seed: int = 0) -> dict[str, torch.Tensor]:
-    """The same updates in one process: every micro-batch's gradient is computed on each stage's
-    version from `version_of` (the staleness the schedule implies) and applied in order."""
-    model = mlp(width, depth, seed)
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
-    pieces = split(model, stages)
-    history = [[{n: t.detach().clone() for n, t in piece.named_parameters()}] for piece in pieces]
-    gradient: list[Params | None] = [None] * stages
-    inputs, targets = (t.chunk(steps * microbatches) for t in regression_batch(steps * rows, width, seed))
-    for mb in range(steps * microbatches):
-        used = [{n: t.detach().requires_grad_() for n, t in
-                 history[s][version_of(weights, stages, s, mb, microbatches)].items()} for s in range(stages)]
-        x = inputs[mb]
-        for piece, params in zip(pieces, used, strict=True):
-            x = functional_call(piece, params, (x,))
-        (nn.functional.mse_loss(x, targets[mb]) / microbatches).backward()
-        for s in range(stages):
-            grads = {n: t.grad for n, t in used[s].items()}
-            gradient[s] = grads if gradient[s] is None else {n: gradient[s][n] + g for n, g in grads.items()}
-            if (mb + 1) % microbatches == 0:
-                history[s].append({n: t - lr * gradient[s][n] for n, t in history[s][-1].items()})
-                gradient[s] = None
-    return {names[id(parameter)]: history[s][-1][n] for s, piece in enumerate(pieces)
-            for n, parameter in piece.named_parameters()}
 
 
 def steady_bubble(timeline: Timeline) -> float:
