@@ -97,7 +97,7 @@ def _case(batch: int, tokens: int, hidden: int, heads: int, seed: int) -> tuple[
     return Block(hidden, heads, seed), torch.randn(batch, tokens, hidden, generator=generator)
 
 
-def layer_step(mode: str, batch: int = 4, tokens: int = TOKENS, hidden: int = 16, heads: int = 4,
+def recompute_step(mode: str, batch: int = 4, tokens: int = TOKENS, hidden: int = 16, heads: int = 4,
                seed: int = 0) -> dict:
     """Forward and backward of one tiny-GPT layer under `mode`: its gradients, the activation
     bytes it kept, and the FLOPs of the whole step."""

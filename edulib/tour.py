@@ -18,10 +18,10 @@ from edulib import examples
 from edulib.checks import check_world_size
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import collective_disagreements
-from edulib.comm.workers import run_collective
+from edulib.comm.workers import collective_step
 from edulib.compare import disagreements
 from edulib.cp import blocks_per_rank
-from edulib.cp.workers import attention_reference, ring_step
+from edulib.cp.workers import ring_reference, ring_step
 from edulib.dp import (
     data_parallel_reference,
     data_parallel_train,
@@ -35,8 +35,8 @@ from edulib.dp.workers import compressed_train, torch_powersgd_train
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
-from edulib.hybrid import gpt_reference, hybrid_step
-from edulib.hybrid.plan import layouts, local_cluster, plan_step, tiny_gpt_graph
+from edulib.hybrid import hybrid_reference, hybrid_step, plan_step
+from edulib.hybrid.plan import layouts, local_cluster, tiny_gpt_graph
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
 from edulib.planner.cluster import Cluster
@@ -47,11 +47,18 @@ from edulib.pp import simulate_ratio
 from edulib.pp.workers import pipedream_reference, pipedream_train, pipeline_step
 from edulib.progress import progress_bar
 from edulib.recompute import MODES as RECOMPUTE_MODES
-from edulib.recompute import layer_step, saved_bytes_formula
+from edulib.recompute import recompute_step, saved_bytes_formula
 from edulib.table import format_table
 from edulib.tp import sequence
 from edulib.tp.workers import LAYERS as TENSOR_LAYERS
-from edulib.tp.workers import cnn_reference, cnn_step, layer_reference, run_layer
+from edulib.tp.workers import (
+    cnn_reference,
+    cnn_step,
+    sequence_parallel_reference,
+    sequence_parallel_step,
+    tensor_layer_reference,
+    tensor_layer_step,
+)
 
 
 class TourCheckFailed(Exception):
@@ -118,7 +125,7 @@ def _check_broadcast(pool: Pool) -> str:
 def _check_algorithm(name: str) -> Callable[[Pool], str]:
     """A check that edulib's `name` all-reduce equals torch's and sends what the model counts."""
     def check(pool: Pool) -> str:
-        reports = pool.run(run_collective, name, 10_007)
+        reports = pool.run(collective_step, name, 10_007)
         problems = collective_disagreements(name, reports)
         _agree(problems)
         most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
@@ -146,8 +153,8 @@ def _check_tensor_layer(kind: str) -> Callable[[Pool], str]:
     """A check that a tensor-parallel layer equals its full module, output and every gradient."""
     def check(pool: Pool) -> str:
         width, heads = 8 * pool.world_size, pool.world_size  # divisible among any rank count
-        reports = pool.run(run_layer, kind, batch=4, width=width, heads=heads)
-        problems = disagreements(reports, layer_reference(kind, 4, width, heads), rtol=1e-5, atol=1e-5)
+        reports = pool.run(tensor_layer_step, kind, batch=4, width=width, heads=heads)
+        problems = disagreements(reports, tensor_layer_reference(kind, 4, width, heads), rtol=1e-5, atol=1e-5)
         _agree(problems)
         sent = sum(transfer.nbytes for transfer in reports[0]["transfers"])
         return f"equal; {sent:,} B/rank in collectives"
@@ -202,7 +209,7 @@ def _check_zero(stage: int) -> Callable[[Pool], str]:
 
 def _check_recomputation(pool: Pool) -> str:
     """Selective and full recomputation give the same gradients and keep the closed form's bytes."""
-    steps = {mode: layer_step(mode, 2, 8, 16, 4) for mode in RECOMPUTE_MODES}
+    steps = {mode: recompute_step(mode, 2, 8, 16, 4) for mode in RECOMPUTE_MODES}
     for mode, step in steps.items():
         same = all(torch.equal(g, steps["none"]["gradients"][k]) for k, g in step["gradients"].items())
         _require(same, f"{mode} recomputation changes the gradients")
@@ -216,8 +223,8 @@ def _check_sequence_parallel(pool: Pool) -> str:
     """Megatron-SP: the unsplit layer's numbers, plain tensor parallelism's bytes, t times less memory."""
     ranks = pool.world_size
     shape = (2, 2 * ranks, 4 * ranks, ranks)  # batch, tokens, hidden, heads: every split even
-    reference, _ = sequence.layer_reference(*shape)
-    reports = pool.run(sequence.layer_step, True, *shape)
+    reference, _ = sequence_parallel_reference(*shape)
+    reports = pool.run(sequence_parallel_step, True, *shape)
     problems = disagreements(reports, reference)
     _agree(problems)
     kept = reports[0]["saved_bytes"]
@@ -234,7 +241,7 @@ def _check_ring_attention(pool: Pool) -> str:
     ranks = pool.world_size
     tokens = 4 * ranks + 1
     reports = pool.run(ring_step, tokens, "zigzag")
-    problems = disagreements(reports, attention_reference(tokens), atol=1e-5)
+    problems = disagreements(reports, ring_reference(tokens), atol=1e-5)
     _agree(problems)
     blocks = [len(report["trace"]) for report in reports]
     _require(blocks == blocks_per_rank(ranks, "zigzag"), f"blocks {blocks}")
@@ -263,7 +270,7 @@ def _check_hybrid(pool: Pool) -> str:
     dp = ranks // (tp * pp)
     batch, layers = 4 * dp, 2 * pp
     reports = pool.run(hybrid_step, dp, pp, tp, batch=batch, layers=layers, algorithm="ring")
-    problems = disagreements(reports, gpt_reference(batch=batch, layers=layers))
+    problems = disagreements(reports, hybrid_reference(batch=batch, layers=layers))
     _agree(problems)
     return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
@@ -277,7 +284,7 @@ def planner_cluster(ranks: int) -> Cluster:
 def _check_planner(pool: Pool) -> str:
     """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
     stages = layouts(plan(tiny_gpt_graph(), planner_cluster(pool.world_size)))
-    problems = disagreements(pool.run(plan_step, stages), gpt_reference())
+    problems = disagreements(pool.run(plan_step, stages), hybrid_reference())
     _agree(problems)
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"

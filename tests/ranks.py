@@ -282,14 +282,14 @@ def split_backward_work(sequence_parallel: bool) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from edulib import comm
-    from edulib.hybrid.grid import _SequenceSplit
+    from edulib.hybrid.grid import SequenceSplit
     from edulib.models import gpt_batch, tiny_gpt
     from edulib.pp.backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock
 
     blocks = torch.nn.Sequential(*[ParallelBlock(block, None, "builtin", sequence_parallel)
                                    for block in tiny_gpt(16, 4, 2, norm=sequence_parallel)])
-    stage = _SequenceSplit(blocks, None, "builtin") if sequence_parallel else blocks
+    stage = SequenceSplit(blocks, None, "builtin") if sequence_parallel else blocks
     x, target = gpt_batch(2, 16, tokens=4)
     x.requires_grad_()
 

@@ -10,7 +10,7 @@ import torch
 
 from edulib.compare import disagreements
 from edulib.cp import LAYOUTS, balance, blocks_per_rank, ring_attention_bytes, shard_sequence, token_ranges
-from edulib.cp.workers import attention_reference, ring_step
+from edulib.cp.workers import ring_reference, ring_step
 from edulib.launch import Pool, RankError
 
 HEADS, WIDTH = 2, 4  # ring_step's defaults
@@ -27,11 +27,11 @@ def test_ring_attention_equals_full_attention(ranks, pool4):
             for layout in LAYOUTS:
                 for causal in (True, False):
                     reports = pool.run(ring_step, tokens, layout, causal)
-                    reference = attention_reference(tokens, causal)
+                    reference = ring_reference(tokens, causal)
                     problems = disagreements(reports, reference, atol=1e-5)
                     assert not problems, (tokens, layout, causal, problems[:2])
                     if tokens > 4 * ranks:  # the check can fail: the other mask
-                        assert disagreements(reports, attention_reference(tokens, not causal), atol=1e-5)
+                        assert disagreements(reports, ring_reference(tokens, not causal), atol=1e-5)
                     closed = ring_attention_bytes(tokens, ranks, HEADS * WIDTH, layout=layout)
                     for report, expected in zip(reports, closed, strict=True):
                         sends = [t for t in report["transfers"] if t.operation == "send"]

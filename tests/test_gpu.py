@@ -36,11 +36,11 @@ def test_tour_passes_on_nccl(capsys):
 def test_rank_code_computes_on_its_gpu_and_matches_one_process():
     from edulib.compare import disagreements
     from edulib.dp import data_parallel_reference, data_parallel_train
-    from edulib.hybrid import gpt_reference, hybrid_step
+    from edulib.hybrid import hybrid_reference, hybrid_step
 
     [report] = run(hybrid_step, 1, 1, 1, backend="nccl", algorithm="ring", schedule="zero_bubble")
     assert all(grad.is_cuda for grad in report["gradients"].values())
-    assert not disagreements([report], gpt_reference(), rtol=1e-3, atol=1e-5)
+    assert not disagreements([report], hybrid_reference(), rtol=1e-3, atol=1e-5)
     [trained] = run(data_parallel_train, 1, 3, backend="nccl", algorithm="ring")
     assert trained["parameters"].is_cuda
     assert torch.allclose(trained["parameters"].cpu(), data_parallel_reference(3)[0], atol=1e-5)
@@ -48,16 +48,16 @@ def test_rank_code_computes_on_its_gpu_and_matches_one_process():
 
 def test_sequence_context_and_expert_parallelism_compute_on_the_gpu():
     from edulib.compare import disagreements
-    from edulib.cp.workers import attention_reference, ring_step
+    from edulib.cp.workers import ring_reference, ring_step
     from edulib.ep.workers import moe_reference, moe_step
-    from edulib.tp.sequence import layer_reference, layer_step
+    from edulib.tp.workers import sequence_parallel_reference, sequence_parallel_step
 
     [ring] = run(ring_step, 1, 9, "zigzag", backend="nccl")
     assert ring["gradients"]["output"].is_cuda
-    assert not disagreements([ring], attention_reference(9), rtol=1e-3, atol=1e-5)
+    assert not disagreements([ring], ring_reference(9), rtol=1e-3, atol=1e-5)
     [moe] = run(moe_step, 1, 6, 8, 4, 2, 1.0, backend="nccl")
     assert moe["gradients"]["output"].is_cuda
     assert not disagreements([moe], moe_reference(1, 6, 8, 4, 2, 1.0)[0], rtol=1e-3, atol=1e-5)
-    [layer] = run(layer_step, True, backend="nccl")
+    [layer] = run(sequence_parallel_step, True, backend="nccl")
     assert layer["gradients"]["output"].is_cuda
-    assert not disagreements([layer], layer_reference()[0], rtol=1e-3, atol=1e-5)
+    assert not disagreements([layer], sequence_parallel_reference()[0], rtol=1e-3, atol=1e-5)

@@ -9,7 +9,7 @@ import pytest
 from edulib import comm
 from edulib.comm import Grid
 from edulib.compare import disagreements
-from edulib.hybrid import gpt_reference, gpt_reference_adam, hybrid_step
+from edulib.hybrid import hybrid_adam_reference, hybrid_reference, hybrid_step
 from edulib.launch import Pool, RankError
 from edulib.models import TOKENS, tiny_gpt
 
@@ -40,13 +40,13 @@ def test_data_x_pipeline_x_tensor_parallel_equals_one_process(shape, algorithm, 
     with Pool(shape[0] * shape[1] * shape[2], backend="gloo", timeout=60) as pool:
         reports = pool.run(hybrid_step, *shape, algorithm=algorithm, schedule=schedule,
                            sequence_parallel=sequence_parallel, tokens=tokens)
-    assert not disagreements(reports, gpt_reference(norm=sequence_parallel, tokens=tokens))
-    assert disagreements(reports, gpt_reference(seed=1, norm=sequence_parallel, tokens=tokens))
+    assert not disagreements(reports, hybrid_reference(norm=sequence_parallel, tokens=tokens))
+    assert disagreements(reports, hybrid_reference(seed=1, norm=sequence_parallel, tokens=tokens))
 
 
 @pytest.mark.parametrize("world, shapes", [(2, [(2, 1, 1), (1, 1, 2)]), (4, [(2, 1, 2), (1, 2, 2)])])
 def test_every_all_reduce_trains_the_hybrid_like_one_process(world, shapes, pool4):
-    reference = gpt_reference()
+    reference = hybrid_reference()
     with Pool(2, backend="gloo", timeout=60) if world == 2 else contextlib.nullcontext(pool4) as pool:
         for shape in shapes:
             for algorithm in comm.ALGORITHMS:
@@ -59,10 +59,10 @@ def test_zero_over_the_data_parallel_dimension_trains_like_one_process(shape, st
     world = shape[0] * shape[1] * shape[2]
     with Pool(world, backend="gloo", timeout=60) if world != 4 else contextlib.nullcontext(pool4) as pool:
         reports = pool.run(hybrid_step, *shape, zero=stage, algorithm="ring", schedule="1f1b")
-    assert not disagreements(reports, gpt_reference())  # the averaged gradients, gathered
+    assert not disagreements(reports, hybrid_reference())  # the averaged gradients, gathered
     # one AdamW step; its first step is about lr x sign(gradient), so elements whose gradient is
     # zero up to rounding (the key bias's) may move by a fraction of lr either way
-    assert not disagreements(reports, gpt_reference_adam(), atol=2e-4, key="parameters")
+    assert not disagreements(reports, hybrid_adam_reference(), atol=2e-4, key="parameters")
     before = {name: p.detach() for name, p in tiny_gpt().named_parameters()}
     assert disagreements(reports, before, atol=2e-4, key="parameters")  # a missed step would show
 

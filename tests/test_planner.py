@@ -12,8 +12,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.compare import disagreements
-from edulib.hybrid import gpt_reference
-from edulib.hybrid.plan import StageLayout, layouts, local_cluster, plan_step, tiny_gpt_graph
+from edulib.hybrid import hybrid_reference, plan_step
+from edulib.hybrid.plan import StageLayout, layouts, local_cluster, tiny_gpt_graph
 from edulib.launch import Pool
 from edulib.models import mlp, small_cnn
 from edulib.planner import intra
@@ -297,7 +297,7 @@ def test_no_strategy_splits_a_loop_unevenly():
 def test_a_plan_for_three_ranks_runs_and_trains_like_one_process():
     found = plan(tiny_gpt_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=100e3))
     with Pool(3, backend="gloo", timeout=60) as pool:
-        assert not disagreements(pool.run(plan_step, layouts(found)), gpt_reference(**MODEL))
+        assert not disagreements(pool.run(plan_step, layouts(found)), hybrid_reference(**MODEL))
 
 
 class _Residual(torch.nn.Module):
@@ -344,7 +344,7 @@ MODEL = {"batch": 8, "hidden": 16, "heads": 4, "layers": 4, "seed": 0}
 @pytest.mark.parametrize("name", HAND_MADE)
 def test_hand_made_layouts_train_like_one_process(pool4, name):
     reports = pool4.run(plan_step, HAND_MADE[name])
-    assert not disagreements(reports, gpt_reference(**MODEL))
+    assert not disagreements(reports, hybrid_reference(**MODEL))
 
 
 @pytest.mark.parametrize("memory", [200e3, 120e3, 70e3, 60e3])
@@ -355,8 +355,8 @@ def test_the_planners_plan_runs_on_four_ranks_and_trains_like_one_process(pool4,
     stages = layouts(found)
     assert sum(stage.size for stage in stages) == 4
     reports = pool4.run(plan_step, stages)
-    assert not disagreements(reports, gpt_reference(**MODEL))
-    assert disagreements(pool4.run(plan_step, stages, seed=1), gpt_reference(**MODEL))  # seed 1 differs
+    assert not disagreements(reports, hybrid_reference(**MODEL))
+    assert disagreements(pool4.run(plan_step, stages, seed=1), hybrid_reference(**MODEL))  # seed 1 differs
 
 
 def test_a_plan_the_executor_cannot_run_is_refused_by_name():

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.recompute import MODES, korthikanti_bytes, layer_step, saved_bytes_formula
+from edulib.recompute import MODES, korthikanti_bytes, recompute_step, saved_bytes_formula
 
 SHAPES = [(2, 3, 16, 4), (2, 8, 16, 4), (3, 8, 32, 4), (2, 8, 32, 8)]  # batch, tokens, hidden, heads
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_mode_gives_the_same_gradients_and_keeps_what_the_formula_says(shape):
-    steps = {mode: layer_step(mode, *shape) for mode in MODES}
+    steps = {mode: recompute_step(mode, *shape) for mode in MODES}
     for mode, step in steps.items():
         assert torch.equal(step["input"], steps["none"]["input"]), mode
         for name, grad in step["gradients"].items():
@@ -39,4 +39,4 @@ def test_korthikantis_forms_agree_with_each_other():
 
 def test_an_unknown_mode_lists_the_modes():
     with pytest.raises(ValueError, match="unknown recomputation mode 'half'; choose one of none, selective"):
-        layer_step("half")
+        recompute_step("half")

@@ -11,7 +11,8 @@ import torch
 from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
 from edulib.recompute import korthikanti_bytes
-from edulib.tp.sequence import activation_bytes, layer_reference, layer_step, layer_traffic
+from edulib.tp.sequence import activation_bytes, layer_traffic
+from edulib.tp.workers import sequence_parallel_reference, sequence_parallel_step
 
 BATCH, TOKENS, HIDDEN, HEADS = 2, 8, 16, 4
 
@@ -29,12 +30,12 @@ def _by_part(transfers) -> dict[str, int]:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_sequence_parallel_layer_equals_the_unsplit_layer(ranks, pool4):
-    reference, unsplit_bytes = layer_reference(BATCH, TOKENS, HIDDEN, HEADS)
+    reference, unsplit_bytes = sequence_parallel_reference(BATCH, TOKENS, HIDDEN, HEADS)
     assert unsplit_bytes == activation_bytes(TOKENS, BATCH, HIDDEN, HEADS)
     with _pool(ranks, pool4) as pool:
-        plain = pool.run(layer_step, False, BATCH, TOKENS, HIDDEN, HEADS)
-        split = pool.run(layer_step, True, BATCH, TOKENS, HIDDEN, HEADS)
-        forgot = pool.run(layer_step, True, BATCH, TOKENS, HIDDEN, HEADS, sync_replicated=False)
+        plain = pool.run(sequence_parallel_step, False, BATCH, TOKENS, HIDDEN, HEADS)
+        split = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS)
+        forgot = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS, sync_replicated=False)
     for reports, sequence_parallel in ((plain, False), (split, True)):
         assert not disagreements(reports, reference)
         for report in reports:
@@ -86,7 +87,7 @@ def test_traffic_is_plain_tensor_parallelisms_plus_the_recomputed_gathers():
 ])
 def test_bad_splits_are_named(pool4, args, message):
     with pytest.raises(RankError, match=message):
-        pool4.run(layer_step, *args)
+        pool4.run(sequence_parallel_step, *args)
 
 
 def test_activation_bytes_rejects_nonsense():

@@ -15,9 +15,9 @@ from edulib.tp.workers import (
     case,
     cnn_reference,
     cnn_step,
-    data_parallel_linear,
-    layer_reference,
-    run_layer,
+    data_parallel_linear_step,
+    tensor_layer_reference,
+    tensor_layer_step,
 )
 
 BATCH, WIDTH = 8, 16
@@ -75,16 +75,16 @@ def _check_layers(pool: Pool, ranks: int, algorithm: str) -> list[str]:
     """Every layer, data parallelism and the CNN recipe on `algorithm`'s collectives."""
     problems = []
     for kind in LAYERS:
-        reports = pool.run(run_layer, kind, batch=BATCH, width=WIDTH, algorithm=algorithm)
-        problems += [f"{kind}: {p}" for p in disagreements(reports, layer_reference(kind, BATCH, WIDTH),
-                                                           rtol=1e-5, atol=1e-5)]
+        reports = pool.run(tensor_layer_step, kind, batch=BATCH, width=WIDTH, algorithm=algorithm)
+        reference = tensor_layer_reference(kind, BATCH, WIDTH)
+        problems += [f"{kind}: {p}" for p in disagreements(reports, reference, rtol=1e-5, atol=1e-5)]
         for rank, report in enumerate(reports):
             problems += _against_schedules(report["transfers"], rank, ranks)
             if algorithm in EVEN and _counted(report["transfers"]) != _expected(kind, ranks, algorithm):
                 problems.append(f"{kind}: rank {rank} sent {_counted(report['transfers'])}, "
                                 f"the formulas say {_expected(kind, ranks, algorithm)}")
     for kind in ("column", "row"):
-        reports = pool.run(data_parallel_linear, kind, batch=BATCH, width=WIDTH, algorithm=algorithm)
+        reports = pool.run(data_parallel_linear_step, kind, batch=BATCH, width=WIDTH, algorithm=algorithm)
         full, x, probe = case(kind, BATCH, WIDTH)
         (full(x) * probe).sum().backward()
         c_in, c_out = full.in_features, full.out_features

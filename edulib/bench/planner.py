@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import platform
 
-from edulib.hybrid.plan import measured_against_predicted
+from edulib.comm.cost import fit_alpha_beta
+from edulib.comm.workers import ping_pong
+from edulib.compare import disagreements
+from edulib.hybrid.plan import layouts, local_cluster, tiny_gpt_graph, unsplit_seconds
+from edulib.hybrid.workers import hybrid_reference, plan_step
 from edulib.launch import Pool
 from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
 from edulib.planner.baselines import compare
+from edulib.planner.inter import plan
 from edulib.table import format_bytes, format_table
 
 
@@ -48,3 +53,28 @@ def bench_executed_plan(ranks: int = 4, trials: int = 3) -> str:
             "the cores); stages pay for their messages\n\n"
             + format_table(["trial", "stages (logical meshes)", "predicted (ms)", "measured (ms)",
                             "measured / predicted", "gradients equal one process's"], rows))
+
+
+def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microbatches: int = 2,
+                               hidden: int = 16, heads: int = 4, layers: int = 4,
+                               cores: int | None = None) -> dict:
+    """Plan the tiny GPT for the pool's ranks with speeds measured here, run the plan, and compare.
+
+    FLOP/s come from the unsplit model on one core, shared out as the ranks share the machine's
+    `cores` (all of them by default): 4 ranks on 2 cores each compute at half a core's speed when
+    all are busy, which is what a pipeline in its steady state and data parallelism make them;
+    alpha and beta come from ranks swapping messages.
+    """
+    cores = cores or os.cpu_count() or 1
+    graph = tiny_gpt_graph(batch, microbatches, hidden, heads, layers)
+    share = min(1.0, cores / pool.world_size)
+    flops = share * 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
+    sizes = [2**k for k in range(8, 17, 2)]
+    alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
+    found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
+    reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
+                       heads=heads, layers=layers, repeats=20)
+    reference = hybrid_reference(batch=batch, hidden=hidden, heads=heads, layers=layers)
+    return {"plan": found, "problems": disagreements(reports, reference),
+            "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
+            "flops": flops, "alpha": alpha, "beta": beta, "share": share}

@@ -28,7 +28,7 @@ def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
     return values.to(DTYPES[dtype]).to(device())
 
 
-def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0,
+def collective_step(name: str, length: int, dtype: str = "float32", seed: int = 0,
                    segment: int | None = None) -> dict:
     """Run a named schedule on this rank's input; for all-reduce also torch's own all_reduce.
 
@@ -51,9 +51,9 @@ def run_collective(name: str, length: int, dtype: str = "float32", seed: int = 0
 
 def run_many(names: list[str], lengths: list[int], dtypes: list[str],
              segment: int | None = None) -> list[dict]:
-    """run_collective for every combination, in one call (one round trip to the launcher)."""
+    """collective_step for every combination, in one call (one round trip to the launcher)."""
     return [{"name": name, "length": length, "dtype": dtype,
-             **run_collective(name, length, dtype, segment=segment)}
+             **collective_step(name, length, dtype, segment=segment)}
             for name in names for length in lengths for dtype in dtypes]
 
 

@@ -1,7 +1,8 @@
 """Parallelisms composed on real ranks: the 3D grid (data x pipeline x tensor, `grid`) and the
 execution of a plan that the Alpa planner searched (`plan`): stages on submeshes, sharded inside.
+The rank-side entry points and their reference are in `workers`.
 """
 
-from edulib.hybrid.grid import by_dimension, gpt_reference, gpt_reference_adam, hybrid_step
+from edulib.hybrid.workers import hybrid_adam_reference, hybrid_reference, hybrid_step, plan_step
 
-__all__ = ["by_dimension", "gpt_reference", "gpt_reference_adam", "hybrid_step"]
+__all__ = ["hybrid_adam_reference", "hybrid_reference", "hybrid_step", "plan_step"]

@@ -14,27 +14,19 @@ and every collective goes through edulib.comm, on process groups made once per p
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
-from edulib.comm.cost import fit_alpha_beta
-from edulib.comm.workers import ping_pong
-from edulib.compare import disagreements
-from edulib.hybrid.grid import gpt_reference
-from edulib.launch import Pool
 from edulib.models import TOKENS, gpt_batch, tiny_gpt
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, gpt_graph, in_words
-from edulib.planner.inter import Plan, plan
-from edulib.pp import build_schedule
-from edulib.pp.executor import Links, execute
+from edulib.planner.inter import Plan
+from edulib.pp.executor import Links
 from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
 from edulib.tp.ops import gather, split
 
@@ -124,7 +116,7 @@ def _tensor_group(mode: tuple[str, str]) -> int:
     return 2 if mode == ("t", "t") else mode.index("t")
 
 
-class _Stage(nn.Module):
+class PlanStage(nn.Module):
     """The layers of one stage, each half built for its modes, with reshards between halves."""
 
     def __init__(self, layout: StageLayout, model: nn.Sequential, groups) -> None:
@@ -145,7 +137,7 @@ class _Stage(nn.Module):
         return _reshard(x, have, ("-", "-"), self.groups)
 
 
-def _links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Links:
+def plan_links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Links:
     """Cross-mesh messages of stage p's rank `local`: it feeds every rank of a neighbouring stage
     whose index is `local` modulo its own size, and hears from rank `local` modulo theirs."""
     send, recv = {}, {}
@@ -156,7 +148,7 @@ def _links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Links:
     return Links(send, recv)
 
 
-def _synchronised_gradients(stage: _Stage) -> tuple[dict, dict]:
+def synchronised_gradients(stage: PlanStage) -> tuple[dict, dict]:
     """Sum each data-parallel half's gradients over its batch axes; name every gradient as in
     the full model, with the slice of the full parameter it is."""
     gradients, sources = {}, {}
@@ -171,42 +163,6 @@ def _synchronised_gradients(stage: _Stage) -> tuple[dict, dict]:
             gradients[f"{layer}.{name}.{param}"] = grad
             sources[f"{layer}.{name}.{param}"] = (f"{layer}.{name}.{full}", where)
     return gradients, sources
-
-
-def plan_step(stages: list[StageLayout], batch: int = 8, microbatches: int = 2, hidden: int = 16,
-              heads: int = 4, layers: int = 4, seed: int = 0, repeats: int = 1) -> dict:
-    """A 1F1B training step of tiny_gpt under the plan: this rank's gradients and the fastest of
-    `repeats` step times (gradients of the last)."""
-    sizes = [stage.size for stage in stages]
-    if dist.get_world_size() != sum(sizes):
-        raise ValueError(f"the plan's stages need {sum(sizes)} ranks; {dist.get_world_size()} are running")
-    offsets = np.cumsum([0, *sizes])
-    rank = dist.get_rank()
-    p = int(np.searchsorted(offsets, rank, side="right")) - 1
-    local, layout = rank - offsets[p], stages[p]
-    a, b = layout.mesh
-    partitions: list[list[list[int]]] = [[], [], []]  # every stage's mesh columns, rows, all ranks
-    for q, stage in enumerate(stages):
-        rows, cols = stage.mesh
-        partitions[0] += [[int(offsets[q]) + i * cols + j for i in range(rows)] for j in range(cols)]
-        partitions[1] += [[int(offsets[q]) + i * cols + j for j in range(cols)] for i in range(rows)]
-        partitions[2].append(list(range(int(offsets[q]), int(offsets[q + 1]))))
-    groups = [comm.subgroup(partition) for partition in partitions]
-    stage = _Stage(layout, tiny_gpt(hidden, heads, layers, seed), groups)
-    inputs, targets = (t.chunk(microbatches) for t in gpt_batch(batch, hidden, seed))
-    schedule = build_schedule("1f1b", stages=len(stages), microbatches=microbatches)
-    scale = 1.0 / (batch * TOKENS * hidden)  # each micro-batch's share of the whole batch's mean
-    seconds = []
-    for _ in range(repeats):
-        stage.zero_grad(set_to_none=True)
-        comm.barrier()
-        began = time.perf_counter()
-        execute(schedule, p, {p: stage}, lambda out, target: ((out - target) ** 2).sum() * scale,
-                inputs, targets, shape=inputs[0].shape, links=_links(p, int(local), sizes, offsets))
-        gradients, sources = _synchronised_gradients(stage)
-        seconds.append(time.perf_counter() - began)
-    return {"coordinates": (p, local // b, local % b), "gradients": gradients, "sources": sources,
-            "seconds": min(seconds)}
 
 
 def local_cluster(devices: int, flops: float, alpha: float, beta: float, memory: float = 2**30) -> Cluster:
@@ -225,28 +181,3 @@ def unsplit_seconds(batch: int = 8, microbatches: int = 2, hidden: int = 16, hea
         nn.functional.mse_loss(model(x), y).backward()
         samples.append(time.perf_counter() - began)
     return min(samples)
-
-
-def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microbatches: int = 2,
-                               hidden: int = 16, heads: int = 4, layers: int = 4,
-                               cores: int | None = None) -> dict:
-    """Plan the tiny GPT for the pool's ranks with speeds measured here, run the plan, and compare.
-
-    FLOP/s come from the unsplit model on one core, shared out as the ranks share the machine's
-    `cores` (all of them by default): 4 ranks on 2 cores each compute at half a core's speed when
-    all are busy, which is what a pipeline in its steady state and data parallelism make them;
-    alpha and beta come from ranks swapping messages.
-    """
-    cores = cores or os.cpu_count() or 1
-    graph = tiny_gpt_graph(batch, microbatches, hidden, heads, layers)
-    share = min(1.0, cores / pool.world_size)
-    flops = share * 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
-    sizes = [2**k for k in range(8, 17, 2)]
-    alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
-    found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
-    reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
-                       heads=heads, layers=layers, repeats=20)
-    reference = gpt_reference(batch=batch, hidden=hidden, heads=heads, layers=layers)
-    return {"plan": found, "problems": disagreements(reports, reference),
-            "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
-            "flops": flops, "alpha": alpha, "beta": beta, "share": share}

@@ -8,21 +8,17 @@ tokens) and f's identity becomes an all-gather (every token, for the heads I own
 plus a reduce-scatter move what one all-reduce moves, so the traffic is unchanged and every
 activation kept for backward is t times smaller.
 
-`layer_step` runs one LayerNorm'd tiny-GPT layer either way on real ranks; `activation_bytes` is
+`sequence_parallel_step` runs one LayerNorm'd tiny-GPT layer either way on real ranks; `activation_bytes` is
 the paper's closed form adapted to that layer, and `layer_traffic` its bytes per rank.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from edulib.checks import check_count
-from edulib.comm import count_communication, formula
+from edulib.comm import formula
 from edulib.models import Block, built_on_host
-from edulib.recompute import saved_activation_bytes
-from edulib.tp.layers import ParallelBlock
-from edulib.tp.ops import sync_gradients
 
 
 @built_on_host
@@ -32,50 +28,6 @@ def layer_case(batch: int, tokens: int, hidden: int, heads: int, seed: int = 0
     generator = torch.Generator().manual_seed(seed + 13)
     x = torch.randn(batch, tokens, hidden, generator=generator)
     return Block(hidden, heads, seed, norm=True), x, torch.randn(x.shape, generator=generator)
-
-
-def _tokens(tokens: int, parts: int, rank: int) -> tuple:
-    """The index of a rank's part of the sequence (dim 1 of (batch, tokens, hidden))."""
-    step = tokens // parts
-    return (slice(None), slice(rank * step, (rank + 1) * step))
-
-
-def layer_step(sequence_parallel: bool, batch: int = 2, tokens: int = 8, hidden: int = 16,
-               heads: int = 4, seed: int = 0, algorithm: str = "builtin", sync_replicated: bool = True
-               ) -> dict:
-    """Forward and backward of one tensor-parallel layer on this rank (its sequence part if
-    `sequence_parallel`): gradients with their sources, the ledger, and the activation bytes kept.
-    `sync_replicated=False` forgets to sum the LayerNorms' gradients (Megatron-LM issue 1446)."""
-    full, x, probe = layer_case(batch, tokens, hidden, heads, seed)
-    parts, rank = dist.get_world_size(), dist.get_rank()
-    if sequence_parallel and tokens % parts:
-        raise ValueError(f"sequence parallelism splits the {tokens} tokens among {parts} ranks; "
-                         f"use a multiple of {parts}")
-    layer = ParallelBlock(full, algorithm=algorithm, sequence_parallel=sequence_parallel)
-    index = _tokens(tokens, parts, rank) if sequence_parallel else ...
-    x = x[index].clone().requires_grad_()
-    with count_communication() as transfers:
-        kept, y = saved_activation_bytes(lambda: layer(x), layer.parameters())
-        (y * probe[index]).sum().backward()
-        if sequence_parallel and sync_replicated:  # each rank saw its tokens: sum the parts
-            sync_gradients(layer.replicated(), algorithm=algorithm)
-    return {"gradients": {"output": y.detach(), "input": x.grad,
-                          **{name: p.grad for name, p in layer.named_parameters()}},
-            "sources": {"output": ("output", index), "input": ("input", index), **layer.sources()},
-            "replicated": [name for name, p in layer.named_parameters()
-                           if any(p is q for q in layer.replicated())],
-            "transfers": transfers, "saved_bytes": kept}
-
-
-def layer_reference(batch: int = 2, tokens: int = 8, hidden: int = 16, heads: int = 4, seed: int = 0
-                    ) -> tuple[dict[str, torch.Tensor], int]:
-    """The unsplit layer's output, input gradient and parameter gradients, and its activation bytes."""
-    full, x, probe = layer_case(batch, tokens, hidden, heads, seed)
-    x.requires_grad_()
-    kept, y = saved_activation_bytes(lambda: full(x), full.parameters())
-    (y * probe).sum().backward()
-    gradients = {name: p.grad for name, p in full.named_parameters()}
-    return {"output": y.detach(), "input": x.grad, **gradients}, kept
 
 
 def activation_bytes(tokens: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 1,
@@ -113,4 +65,3 @@ def layer_traffic(tokens: int, batch: int, hidden: int, tensor_parallel: int,
                for c in ("all_gather", "reduce_scatter"))
     return {"forward": 2 * pair, "backward": 2 * pair,
             "recompute": 2 * formula("ring", t, size, collective="all_gather").max_bytes_per_rank}
-

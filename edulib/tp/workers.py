@@ -1,4 +1,8 @@
-"""Tensor-parallel layers checked against their full modules: what ranks run, and the reference.
+"""Tensor parallelism's rank-side entry points, one place for the package, each beside the
+one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or attention layer),
+`sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
+`cnn_step` (data-parallel convolutions, a tensor-parallel classifier) and
+`data_parallel_linear_step` (the same layer data-parallel, for its bytes).
 
 A case is a full module, an input and a probe (the loss is sum(output x probe)), built the same
 way on every rank and in the caller from a seed, so the caller can compute the reference itself.
@@ -12,8 +16,16 @@ from torch import nn
 
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
-from edulib.tp.layers import ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear
+from edulib.recompute import saved_activation_bytes
+from edulib.tp.layers import (
+    ColumnParallelLinear,
+    ParallelBlock,
+    ParallelMLP,
+    ParallelSelfAttention,
+    RowParallelLinear,
+)
 from edulib.tp.ops import gather, sync_gradients
+from edulib.tp.sequence import layer_case
 
 LAYERS = ("column", "column_split", "row", "row_split", "mlp", "attention")
 
@@ -56,12 +68,12 @@ def _mine(size: int, parts: int, rank: int) -> tuple:
     return (..., slice(rank * step, (rank + 1) * step))
 
 
-def run_layer(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
+def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
               algorithm: str = "builtin") -> dict:
     """Forward and backward through this rank's shard, recording every collective it makes.
 
     The report names its output, its input's gradient and its parameters' gradients, each with
-    the slice of the full module's that it must equal (see `layer_reference`).
+    the slice of the full module's that it must equal (see `tensor_layer_reference`).
     """
     full, x, probe = case(kind, batch, width, heads, seed)
     layer = parallel(kind, full, algorithm)
@@ -78,7 +90,7 @@ def run_layer(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
             "transfers": transfers}
 
 
-def layer_reference(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0
+def tensor_layer_reference(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0
                     ) -> dict[str, torch.Tensor]:
     """The full module's output, input gradient and parameter gradients: what the shards must equal."""
     full, x, probe = case(kind, batch, width, heads, seed)
@@ -117,7 +129,7 @@ def cnn_reference(batch: int, seed: int = 0, hidden: int = 128) -> dict[str, tor
     return {"loss": loss.detach(), **{name: p.grad for name, p in model.named_parameters()}}
 
 
-def data_parallel_linear(kind: str, batch: int, width: int, seed: int = 0,
+def data_parallel_linear_step(kind: str, batch: int, width: int, seed: int = 0,
                          algorithm: str = "builtin") -> dict:
     """The same layer trained data-parallel: this rank's share of the batch, gradients summed."""
     full, x, probe = case(kind, batch, width, seed=seed)
@@ -126,3 +138,47 @@ def data_parallel_linear(kind: str, batch: int, width: int, seed: int = 0,
         (full(x.chunk(parts)[rank]) * probe.chunk(parts)[rank]).sum().backward()
         sync_gradients(full, algorithm=algorithm)
     return {"gradients": {name: p.grad for name, p in full.named_parameters()}, "transfers": transfers}
+
+
+def _tokens(tokens: int, parts: int, rank: int) -> tuple:
+    """The index of a rank's part of the sequence (dim 1 of (batch, tokens, hidden))."""
+    step = tokens // parts
+    return (slice(None), slice(rank * step, (rank + 1) * step))
+
+
+def sequence_parallel_step(sequence_parallel: bool, batch: int = 2, tokens: int = 8, hidden: int = 16,
+               heads: int = 4, seed: int = 0, algorithm: str = "builtin", sync_replicated: bool = True
+               ) -> dict:
+    """Forward and backward of one tensor-parallel layer on this rank (its sequence part if
+    `sequence_parallel`): gradients with their sources, the ledger, and the activation bytes kept.
+    `sync_replicated=False` forgets to sum the LayerNorms' gradients (Megatron-LM issue 1446)."""
+    full, x, probe = layer_case(batch, tokens, hidden, heads, seed)
+    parts, rank = dist.get_world_size(), dist.get_rank()
+    if sequence_parallel and tokens % parts:
+        raise ValueError(f"sequence parallelism splits the {tokens} tokens among {parts} ranks; "
+                         f"use a multiple of {parts}")
+    layer = ParallelBlock(full, algorithm=algorithm, sequence_parallel=sequence_parallel)
+    index = _tokens(tokens, parts, rank) if sequence_parallel else ...
+    x = x[index].clone().requires_grad_()
+    with count_communication() as transfers:
+        kept, y = saved_activation_bytes(lambda: layer(x), layer.parameters())
+        (y * probe[index]).sum().backward()
+        if sequence_parallel and sync_replicated:  # each rank saw its tokens: sum the parts
+            sync_gradients(layer.replicated(), algorithm=algorithm)
+    return {"gradients": {"output": y.detach(), "input": x.grad,
+                          **{name: p.grad for name, p in layer.named_parameters()}},
+            "sources": {"output": ("output", index), "input": ("input", index), **layer.sources()},
+            "replicated": [name for name, p in layer.named_parameters()
+                           if any(p is q for q in layer.replicated())],
+            "transfers": transfers, "saved_bytes": kept}
+
+
+def sequence_parallel_reference(batch: int = 2, tokens: int = 8, hidden: int = 16, heads: int = 4,
+                                seed: int = 0) -> tuple[dict[str, torch.Tensor], int]:
+    """The unsplit layer's output, input gradient and parameter gradients, and its activation bytes."""
+    full, x, probe = layer_case(batch, tokens, hidden, heads, seed)
+    x.requires_grad_()
+    kept, y = saved_activation_bytes(lambda: full(x), full.parameters())
+    (y * probe).sum().backward()
+    gradients = {name: p.grad for name, p in full.named_parameters()}
+    return {"output": y.detach(), "input": x.grad, **gradients}, kept
