@@ -428,3 +428,28 @@ def groups_after_a_new_default_group(folder: str) -> tuple[bool, float]:
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total, group=after)
     return after is not before, total.item()
+
+
+def wrapper_ledger(algorithm: str) -> dict:
+    """One step of DistributedDataParallel with a ShardedOptimizer, and one of
+    FullyShardedDataParallel, on TiedModel, with every transfer the ledger counts."""
+    from edulib.comm import count_communication
+    from edulib.dp import DistributedDataParallel, FullyShardedDataParallel, ShardedOptimizer
+
+    rank = dist.get_rank()
+    ids = torch.randint(0, 13, (4, 5), generator=torch.Generator().manual_seed(rank))
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, int]]:
+        with count_communication() as sent:
+            torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+            model.finish_gradient_synchronization()
+            optimizer.step()
+        return sorted((transfer.operation, transfer.nbytes) for transfer in sent)
+
+    ddp = DistributedDataParallel(TiedModel(), bucket_bytes=200, algorithm=algorithm)
+    zero = ShardedOptimizer(ddp.parameters(), torch.optim.SGD, algorithm=algorithm, lr=0.1)
+    model = TiedModel()
+    fsdp = FullyShardedDataParallel(model, units=[model.frozen, model.hidden], algorithm=algorithm)
+    return {"ddp": step(ddp, zero), "fsdp": step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.1)),
+            "buckets": [sum(p.numel() for p in bucket) for bucket in ddp.buckets.buckets],
+            "share": zero.length, "units": [(unit.all.length, unit.trainable.length) for unit in fsdp.units]}

@@ -199,3 +199,20 @@ def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algor
         # between steps each parameter is this rank's 1/4 of it, flat: 13 x 8 = 104 -> 26 each
         assert sorted(report["shards"]) == sorted([(26,), (16,), (2,), (16,), (2,)]), report["shards"]
     assert not torch.equal(reports[0]["edulib"]["hidden.weight"], ranks.TiedModel().hidden.weight)
+
+
+@pytest.mark.parametrize("algorithm", ["builtin", "tree"])
+def test_the_wrappers_send_what_the_cost_model_counts(algorithm, pool4):
+    from edulib.comm import algorithm_for, bytes_sent, schedule_for
+
+    def sent(collective: str, elements: int, rank: int) -> int:  # fp32, per rank, by the schedule
+        schedule = schedule_for(collective, algorithm_for(collective, algorithm), 4)
+        return bytes_sent(schedule, 4 * elements, 4)[rank]
+    for rank, report in enumerate(pool4.run(ranks.wrapper_ledger, algorithm)):
+        ddp = [("all_reduce", sent("all_reduce", n, rank)) for n in report["buckets"]]
+        ddp += [("all_gather", sent("all_gather", 4 * report["share"], rank))]  # the optimizer's step
+        assert report["ddp"] == sorted(ddp)
+        fsdp = [("all_gather", sent("all_gather", 4 * length, rank)) for length, _ in report["units"]] * 2
+        fsdp += [("reduce_scatter", sent("reduce_scatter", 4 * length, rank))
+                 for _, length in report["units"] if length]  # forward and backward; the frozen unit's none
+        assert report["fsdp"] == sorted(fsdp)

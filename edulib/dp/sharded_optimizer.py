@@ -5,7 +5,8 @@ gradient, but keeps optimizer state only for the parameters it owns: each parame
 the least-loaded rank, largest first, so any optimizer (even one that reads a whole parameter,
 as LAMB does) gives the unsharded result. `step()` updates this rank's parameters with
 `optimizer_class` and all-gathers the rest from their owners (each rank's parameters flat,
-padded to the longest share), on any of edulib's all-gathers.
+padded to the longest share), with the all-gather that `algorithm` (an all-reduce's name, as for
+DistributedDataParallel) implies.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if len({p.dtype for p in every}) > 1:
             raise ValueError(f"ShardedOptimizer gathers one flat tensor per rank, so the parameters must "
                              f"share one dtype; got {sorted({str(p.dtype) for p in every})}")
-        comm.schedule_for("all_gather", algorithm, dist.get_world_size(group))  # refuse a bad name now
-        self.group, self.algorithm = group, algorithm
+        comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # refuse a bad name now
+        self.group, self.algorithm = group, comm.algorithm_for("all_gather", algorithm)
         ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         load, self.owned = [0] * ranks, [[] for _ in range(ranks)]
         for parameter in sorted(every, key=lambda p: -p.numel()):  # stable: the same on every rank
