@@ -98,7 +98,7 @@ def _case(batch: int, tokens: int, hidden: int, heads: int, seed: int) -> tuple[
 
 
 def recompute_step(mode: str, batch: int = 4, tokens: int = TOKENS, hidden: int = 16, heads: int = 4,
-               seed: int = 0) -> dict:
+                   seed: int = 0) -> dict:
     """Forward and backward of one tiny-GPT layer under `mode`: its gradients, the activation
     bytes it kept, and the FLOPs of the whole step."""
     layer, x = _case(batch, tokens, hidden, heads, seed)

@@ -29,7 +29,7 @@ def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
 
 
 def collective_step(name: str, length: int, dtype: str = "float32", seed: int = 0,
-                   segment: int | None = None) -> dict:
+                    segment: int | None = None) -> dict:
     """Run a named schedule on this rank's input; for all-reduce also torch's own all_reduce.
 
     All-to-all needs a length that divides into equal pieces, so it rounds `length` down to that.

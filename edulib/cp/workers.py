@@ -47,7 +47,7 @@ def ring_step(tokens: int, layout: str = "contiguous", causal: bool = True, batc
 
 
 def ring_reference(tokens: int, causal: bool = True, batch: int = 1, heads: int = 2, width: int = 4,
-                        seed: int = 0) -> dict[str, torch.Tensor]:
+                   seed: int = 0) -> dict[str, torch.Tensor]:
     """Full attention on one process (torch's own): the output and the gradients of q, k and v."""
     case = attention_case(tokens, batch, heads, width, seed)
     q, k, v = (case[name].requires_grad_() for name in NAMES)

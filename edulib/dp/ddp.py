@@ -45,6 +45,7 @@ class DistributedDataParallel(nn.Module):
         with self.buckets.no_sync():
             yield
 
-    def finish_gradient_synchronization(self) -> None:
-        """After `loss.backward()`, before `optimizer.step()`: wait until every gradient is averaged."""
-        self.buckets.finish()
+    def finish_gradient_synchronization(self) -> tuple[list[float], dict[int, list[float]]]:
+        """After `loss.backward()`, before `optimizer.step()`: wait until every gradient is averaged.
+        Returns the step's timestamps (GradientBuckets.finish's), for the overlap figure."""
+        return self.buckets.finish()

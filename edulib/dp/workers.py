@@ -23,32 +23,32 @@ from edulib import comm
 from edulib.checks import check_choice
 from edulib.comm.schedule import chunk_bounds
 from edulib.dp.compression import PowerSGD, compressed_average, compressor, descend, local_gradient
-from edulib.dp.data_parallel import GradientBuckets
+from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.server import check_setup, worker_batch
 from edulib.dp.zero import PRECISIONS, ZeroDataParallel
 from edulib.models import mlp
 
 
 def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                  width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0,
-                  algorithm: str = "builtin") -> dict:
-    """Train `mlp(width, depth, seed)` data-parallel on this rank's share of each mini-batch,
-    averaging gradients with `algorithm`'s all-reduce; also returns the bytes this rank sent."""
+                        width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0,
+                        algorithm: str = "builtin") -> dict:
+    """Train `mlp(width, depth, seed)` data-parallel (DistributedDataParallel and SGD, PyTorch's
+    loop) on this rank's share of each mini-batch, averaging gradients with `algorithm`'s
+    all-reduce; also returns the bytes this rank sent and the last step's timestamps."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    model = mlp(width, depth, seed)
-    buckets = GradientBuckets(model, bucket_bytes, overlap, algorithm=algorithm)
+    model = DistributedDataParallel(mlp(width, depth, seed), bucket_bytes, algorithm, overlap=overlap)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    buckets = model.buckets
     losses, durations = [], []
     for step in range(steps):
         began = time.perf_counter()
         inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
-        model.zero_grad()
+        optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(inputs), targets)
         backward_began = time.perf_counter()
         loss.backward()
-        ready, reduces = buckets.finish()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter -= lr * parameter.grad
+        ready, reduces = model.finish_gradient_synchronization()
+        optimizer.step()
         durations.append(time.perf_counter() - began)
         losses.append(loss.item())
     return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
@@ -58,7 +58,7 @@ def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20
 
 
 def torch_ddp_train(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
-              seed: int = 0) -> torch.Tensor:
+                    seed: int = 0) -> torch.Tensor:
     """The same training with torch's DistributedDataParallel; returns the final parameters."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = nn.parallel.DistributedDataParallel(mlp(width, depth, seed))
@@ -72,7 +72,7 @@ def torch_ddp_train(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2
 
 
 def data_parallel_reference(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,
-                   seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+                            seed: int = 0) -> tuple[torch.Tensor, list[float]]:
     """The reference: one process, the whole mini-batch each step; final parameters and losses."""
     model = mlp(width, depth, seed)
     losses = []
@@ -89,7 +89,7 @@ def data_parallel_reference(steps: int, lr: float = 0.1, width: int = 16, depth:
 
 
 def parameter_server_train(steps: int, lr: float = 0.1, shards: int = 1, staleness: int = 0,
-                     width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
+                           width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
     """Train `mlp(width, depth, seed)` for `steps` iterations; every rank returns its view.
 
     Servers return their final slice; workers return their final parameters, the loss of each
@@ -139,8 +139,8 @@ def parameter_server_train(steps: int, lr: float = 0.1, shards: int = 1, stalene
 
 
 def zero_train(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "builtin",
-                          precision: str = "fp32", microbatches: int = 1, prefetch: bool = False,
-                          width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
+               precision: str = "fp32", microbatches: int = 1, prefetch: bool = False,
+               width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
     """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
     batch, in `microbatches` pieces; return the full parameters after training, the bytes this
     rank holds between steps, its peak during a step, the bytes it sent, the losses and each
@@ -172,7 +172,7 @@ def zero_train(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "built
 
 
 def zero_reference(steps: int, lr: float = 1e-3, precision: str = "fp32", width: int = 16,
-                        depth: int = 2, batch: int = 16, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
+                   depth: int = 2, batch: int = 16, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
     """The reference: one process, the whole batch, AdamW on fp32 master weights of a model that
     computes in `precision`; the final parameters and the losses."""
     dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
@@ -197,8 +197,8 @@ def zero_reference(steps: int, lr: float = 1e-3, precision: str = "fp32", width:
 
 
 def compressed_train(steps: int, method: str = "topk", ratio: float = 0.01,
-                             error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
-                             batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
+                     error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
+                     batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
     """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient through `method`
     (top-k, int8 and 1-bit take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
     reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
@@ -226,8 +226,8 @@ def compressed_train(steps: int, method: str = "topk", ratio: float = 0.01,
 
 
 def compressed_reference(ranks: int, steps: int, method: str = "topk", ratio: float = 0.01,
-                           error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
-                           batch: int = 16, seed: int = 0) -> dict:
+                         error_feedback: bool = True, lr: float = 0.1, width: int = 16, depth: int = 2,
+                         batch: int = 16, seed: int = 0) -> dict:
     """`compressed_train` (identity, top-k, int8 or 1-bit) for every rank in one process: each
     step, every rank's compressed gradient, averaged in rank order. The losses (each step's mean
     over the ranks) and final parameters; the grader's reference, which starts no rank."""
@@ -253,7 +253,7 @@ def compressed_reference(ranks: int, steps: int, method: str = "topk", ratio: fl
 
 
 def torch_powersgd_train(steps: int, rank: int = 1, lr: float = 0.1, width: int = 16, depth: int = 2,
-                   batch: int = 16, seed: int = 0) -> torch.Tensor:
+                         batch: int = 16, seed: int = 0) -> torch.Tensor:
     """The reference: the same training with torch's DistributedDataParallel and its PowerSGD
     communication hook (error feedback, warm start, 2 plain steps first); final parameters."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook

@@ -98,14 +98,14 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
 
 
 def hybrid_reference(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int = 4,
-                  seed: int = 0, norm: bool = False, tokens: int = TOKENS) -> dict[str, torch.Tensor]:
+                     seed: int = 0, norm: bool = False, tokens: int = TOKENS) -> dict[str, torch.Tensor]:
     """The unsplit tiny_gpt's gradients on the whole batch, by parameter name."""
     return reference_gradients(tiny_gpt(hidden, heads, layers, seed, norm),
                                *gpt_batch(batch, hidden, seed, tokens))
 
 
 def hybrid_adam_reference(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int = 4,
-                       seed: int = 0, lr: float = 1e-3) -> dict[str, torch.Tensor]:
+                          seed: int = 0, lr: float = 1e-3) -> dict[str, torch.Tensor]:
     """The unsplit tiny_gpt's weights after one AdamW step on the whole batch, by parameter name."""
     model = tiny_gpt(hidden, heads, layers, seed)
     reference_gradients(model, *gpt_batch(batch, hidden, seed))

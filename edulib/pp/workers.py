@@ -27,7 +27,7 @@ from edulib.pp.simulate import validate
 
 
 def pipeline_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: int = 16,
-               seed: int = 0, memory: bool = False, profile_dir: str | None = None) -> dict:
+                  seed: int = 0, memory: bool = False, profile_dir: str | None = None) -> dict:
     """One training step of `mlp(width, depth, seed)` cut into the schedule's stages.
 
     Returns this device's parameter gradients (named as in the unsplit model) and its events as
@@ -63,7 +63,7 @@ def pipeline_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: in
 
 
 def pipedream_train(steps: int, weights: str = "stashing", microbatches: int = 1, lr: float = 0.05,
-          width: int = 16, depth: int = 8, rows: int = 8, seed: int = 0) -> dict:
+                    width: int = 16, depth: int = 8, rows: int = 8, seed: int = 0) -> dict:
     """`steps` SGD updates of `mlp(width, depth, seed)` cut into one stage per rank, on the same
     mini-batches of `rows` rows whichever `weights`: "flush" (1F1B with a flush every step,
     the mini-batch in `microbatches` micro-batches), "stashing" or "vertical_sync" (PipeDream, one
@@ -118,8 +118,8 @@ def pipedream_train(steps: int, weights: str = "stashing", microbatches: int = 1
 
 
 def pipedream_reference(stages: int, steps: int, weights: str = "stashing", microbatches: int = 1,
-                    lr: float = 0.05, width: int = 16, depth: int = 8, rows: int = 8,
-                    seed: int = 0) -> dict[str, torch.Tensor]:
+                        lr: float = 0.05, width: int = 16, depth: int = 8, rows: int = 8,
+                        seed: int = 0) -> dict[str, torch.Tensor]:
     """The same updates in one process: every micro-batch's gradient is computed on each stage's
     version from `version_of` (the staleness the schedule implies) and applied in order."""
     model = mlp(width, depth, seed)

@@ -69,7 +69,7 @@ def _mine(size: int, parts: int, rank: int) -> tuple:
 
 
 def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
-              algorithm: str = "builtin") -> dict:
+                      algorithm: str = "builtin") -> dict:
     """Forward and backward through this rank's shard, recording every collective it makes.
 
     The report names its output, its input's gradient and its parameters' gradients, each with
@@ -91,7 +91,7 @@ def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: i
 
 
 def tensor_layer_reference(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0
-                    ) -> dict[str, torch.Tensor]:
+                           ) -> dict[str, torch.Tensor]:
     """The full module's output, input gradient and parameter gradients: what the shards must equal."""
     full, x, probe = case(kind, batch, width, heads, seed)
     x.requires_grad_()
@@ -130,7 +130,7 @@ def cnn_reference(batch: int, seed: int = 0, hidden: int = 128) -> dict[str, tor
 
 
 def data_parallel_linear_step(kind: str, batch: int, width: int, seed: int = 0,
-                         algorithm: str = "builtin") -> dict:
+                              algorithm: str = "builtin") -> dict:
     """The same layer trained data-parallel: this rank's share of the batch, gradients summed."""
     full, x, probe = case(kind, batch, width, seed=seed)
     parts, rank = dist.get_world_size(), dist.get_rank()
@@ -147,8 +147,8 @@ def _tokens(tokens: int, parts: int, rank: int) -> tuple:
 
 
 def sequence_parallel_step(sequence_parallel: bool, batch: int = 2, tokens: int = 8, hidden: int = 16,
-               heads: int = 4, seed: int = 0, algorithm: str = "builtin", sync_replicated: bool = True
-               ) -> dict:
+                           heads: int = 4, seed: int = 0, algorithm: str = "builtin",
+                           sync_replicated: bool = True) -> dict:
     """Forward and backward of one tensor-parallel layer on this rank (its sequence part if
     `sequence_parallel`): gradients with their sources, the ledger, and the activation bytes kept.
     `sync_replicated=False` forgets to sum the LayerNorms' gradients (Megatron-LM issue 1446)."""
