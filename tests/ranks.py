@@ -411,7 +411,7 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int 
     full = {name: tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             for name, tensor in theirs.state_dict().items()}
     return {"edulib": mine.gather_full_params(), "torch": full,
-            "shards": [tuple(p.shape) for p in mine.parameters()]}
+            "shards": [(tuple(p.shape), p.requires_grad) for p in mine.parameters()]}
 
 
 def groups_after_a_new_default_group(folder: str) -> tuple[bool, float]:
@@ -452,4 +452,4 @@ def wrapper_ledger(algorithm: str) -> dict:
     fsdp = FullyShardedDataParallel(model, units=[model.frozen, model.hidden], algorithm=algorithm)
     return {"ddp": step(ddp, zero), "fsdp": step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.1)),
             "buckets": [sum(p.numel() for p in bucket) for bucket in ddp.buckets.buckets],
-            "share": zero.length, "units": [(unit.all.length, unit.trainable.length) for unit in fsdp.units]}
+            "share": zero.length, "units": [(unit.unit.length, bool(unit.trainable)) for unit in fsdp.units]}

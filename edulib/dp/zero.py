@@ -43,12 +43,16 @@ def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-class _Unit:
-    """One unit's parameters as a flat vector cut into N chunks; this rank owns chunk `rank`."""
+class Unit:
+    """One unit's parameters as a flat vector cut into N chunks; this rank owns chunk `rank`
+    (ZeroDataParallel's units and FullyShardedDataParallel's). The parameters are the module's
+    trainable ones unless given."""
 
-    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool) -> None:
+    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool,
+                 parameters: list[nn.Parameter] | None = None) -> None:
         self.module = module
-        self.parameters = [p for p in module.parameters() if p.requires_grad]
+        self.parameters = parameters if parameters is not None else [
+            p for p in module.parameters() if p.requires_grad]
         self.shapes = [p.shape for p in self.parameters]  # kept: stage 3 empties the parameters
         self.length = sum(p.numel() for p in self.parameters)
         bounds = chunk_bounds(self.length, ranks)
@@ -109,7 +113,7 @@ class ZeroDataParallel:
         missing = [name for name, p in model.named_parameters() if id(p) not in owned]
         if missing:
             raise ValueError(f"every parameter must be in one unit; {missing[:3]} are in none")
-        self.units = [_Unit(unit, self.ranks, rank, shard=stage >= 1) for unit in units]
+        self.units = [Unit(unit, self.ranks, rank, shard=stage >= 1) for unit in units]
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
         # fp32 master weights: this rank's chunk of each unit (all of it at stage 0)
         self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in self.units]
@@ -139,7 +143,7 @@ class ZeroDataParallel:
         """The algorithm this run uses for `collective` (`algorithm` names its all-reduce)."""
         return comm.algorithm_for(collective, self.algorithm)
 
-    def _all_gather(self, chunk: torch.Tensor, unit: _Unit) -> Future:
+    def _all_gather(self, chunk: torch.Tensor, unit: Unit) -> Future:
         """A unit's full flat vector from every rank's chunk of it, to come."""
         return comm.submit(comm.all_gather_chunks, chunk, unit.length, self._for("all_gather"), self.group)
 
@@ -164,7 +168,7 @@ class ZeroDataParallel:
         return out
 
     # --- stages 2 and 3: reduce-scatter a unit's gradients as soon as its backward is done ---
-    def _accumulated(self, unit: _Unit) -> None:
+    def _accumulated(self, unit: Unit) -> None:
         unit.ready += 1
         if unit.ready < len(unit.parameters):
             return
