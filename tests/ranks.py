@@ -339,11 +339,12 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
 
 
 def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microbatches: int = 1,
-                           steps: int = 4) -> dict:
+                           steps: int = 4, halve_lr: bool = False) -> dict:
     """Train TiedModel, built from a different seed on every rank, with edulib's wrapper and with
     torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1": a
     sharded one), on the same batches, each in `microbatches` backward passes of which all but
-    the last run inside no_sync(); return both models' final state."""
+    the last run inside no_sync(), with `halve_lr` a scheduler halving the learning rate every
+    step; return both models' final state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from edulib.dp import DistributedDataParallel, ShardedOptimizer
@@ -360,6 +361,7 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
     else:
         optimizers = [ShardedOptimizer(models[0].parameters(), kind, algorithm=algorithm, **options),
                       ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind, **options)]
+    schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in optimizers] if halve_lr else []
     for step in range(steps):
         batch = torch.Generator().manual_seed(step)
         ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
@@ -374,6 +376,8 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
             if hasattr(model, "finish_gradient_synchronization"):
                 model.finish_gradient_synchronization()
             opt.step()
+        for scheduler in schedulers:
+            scheduler.step()
     return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict()}
 
 

@@ -153,6 +153,13 @@ def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algori
         assert torch.equal(report["edulib"]["out.weight"], report["edulib"]["embed.weight"])  # still tied
 
 
+def test_a_learning_rate_schedule_reaches_the_sharded_optimizer(pool4):
+    # the scheduler sets the wrapper's param_groups; each rank's own optimizer must follow them
+    for report in pool4.run(ranks.wrappers_against_torch, "zero1", "sgd", "ring", halve_lr=True):
+        for name, tensor in report["edulib"].items():
+            assert torch.allclose(tensor, report["torch"][name], atol=1e-5), name
+
+
 def _bad_wrapper(kind: str) -> None:
     from edulib.dp import DistributedDataParallel, FullyShardedDataParallel, ShardedOptimizer
 
@@ -167,6 +174,11 @@ def _bad_wrapper(kind: str) -> None:
         FullyShardedDataParallel(model.to(torch.bfloat16))
     elif kind == "algorithm":
         ShardedOptimizer(model.parameters(), torch.optim.SGD, algorithm="no_such", lr=0.1)
+    elif kind == "group added":
+        sharded = ShardedOptimizer([model.hidden.weight], torch.optim.SGD, lr=0.1)
+        sharded.add_param_group({"params": [model.out.weight]})
+    elif kind == "saved":
+        ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1).state_dict()
     else:
         model.hidden.to(torch.float64)
         ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
@@ -175,6 +187,8 @@ def _bad_wrapper(kind: str) -> None:
 @pytest.mark.parametrize("kind, message", [
     ("bucket", "bucket_bytes must be a positive whole number"), ("algorithm", "no_such"),
     ("dtypes", "the parameters must share one dtype"),
+    ("group added", "pass every parameter group to the constructor"),
+    ("saved", "save `optimizer.optimizer.state_dict\\(\\)` on every rank"),
     ("tied", r"parameter embed.weight is in two units \(Embedding and Linear\)"),
     ("stranger", "a unit must be one of the model's own submodules; \\['Linear'\\]"),
     ("bf16 model", "the model must arrive in fp32")])

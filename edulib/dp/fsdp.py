@@ -15,6 +15,7 @@ counted in the ledger.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -35,12 +36,9 @@ class _ShardedUnit:
         self.unit = Unit(module, owner.ranks, dist.get_rank(owner.group), shard=True, parameters=parameters)
         self.chunk = self.unit.flat().detach()[self.unit.lo:self.unit.hi].clone()
         self.trainable = [p for p in parameters if p.requires_grad]
-        offsets = [0]
-        for shape in self.unit.shapes:
-            offsets.append(offsets[-1] + shape.numel())
-        lo, hi = self.unit.lo, self.unit.hi  # parameter i's part: its elements inside [lo, hi)
+        lo, hi = self.unit.lo, self.unit.hi  # parameter i's part of the chunk: its elements in [lo, hi)
         self.parts = [slice(min(max(a, lo), hi) - lo, min(max(b, lo), hi) - lo)
-                      for a, b in zip(offsets, offsets[1:], strict=False)]
+                      for a, b in itertools.pairwise(self.unit.offsets)]
         self.reshard()
 
     def reshard(self) -> None:
@@ -121,13 +119,9 @@ class FullyShardedDataParallel(nn.Module):
         for sharded in self.units:
             unit = sharded.unit
             flat = comm.all_gather_chunks(sharded.chunk, unit.length, self.all_gather, self.group)
-            offset = 0
-            for parameter, shape in zip(unit.parameters, unit.shapes, strict=True):
-                full[id(parameter)] = flat[offset:offset + shape.numel()].view(shape).clone()
-                offset += shape.numel()
+            full |= dict(zip(map(id, unit.parameters), unit.views(flat), strict=True))
         named = dict(self.module.named_parameters(remove_duplicate=False))
-        return {name: full[id(named[name])] if name in named and id(named[name]) in full
-                else tensor.detach().clone()
+        return {name: full[id(named[name])] if name in named else tensor.detach().clone()
                 for name, tensor in self.module.state_dict(keep_vars=True).items()}
 
 

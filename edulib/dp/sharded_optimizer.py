@@ -43,8 +43,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         mine = {id(p) for p in self.owned[rank]}
         shares = [{**options, "params": [p for p in options["params"] if id(p) in mine]}
                   for options in self.param_groups]
-        shares = [share for share in shares if share["params"]]
-        self.optimizer = optimizer_class(shares) if shares else None  # each group keeps its options
+        self.shared = [i for i, share in enumerate(shares) if share["params"]]  # groups this rank updates
+        self.optimizer = optimizer_class([shares[i] for i in self.shared]) if self.shared else None
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Refused after construction: every rank's share of the parameters is fixed when built."""
+        if hasattr(self, "owned"):
+            raise ValueError("ShardedOptimizer shares its parameters among the ranks when built; pass every "
+                             "parameter group to the constructor instead of adding one later")
+        super().add_param_group(param_group)
+
+    def state_dict(self) -> dict:
+        """Refused: each rank holds only its share of the state, so no rank can save the whole."""
+        raise ValueError("ShardedOptimizer keeps each rank's share of the optimizer state: save "
+                         "`optimizer.optimizer.state_dict()` on every rank (None where a rank owns nothing)")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -54,7 +66,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         if self.optimizer is not None:
-            self.optimizer.step()
+            for inner, outer in zip(self.optimizer.param_groups, self.shared, strict=True):
+                inner.update({k: v for k, v in self.param_groups[outer].items() if k != "params"})
+            self.optimizer.step()  # with the options as set now (a learning-rate scheduler's)
         rank = dist.get_rank(self.group)
         first = self.param_groups[0]["params"][0]
         flat = torch.zeros(self.length, dtype=first.dtype, device=first.device)

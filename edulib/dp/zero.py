@@ -20,6 +20,7 @@ and a rank may own nothing. Every message goes through `edulib.comm`, on any `al
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
@@ -68,12 +69,20 @@ class Unit:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in self.parameters])
 
+    @property
+    def offsets(self) -> list[int]:
+        """Where each parameter starts in the flat vector, and its length at the end."""
+        return list(itertools.accumulate((shape.numel() for shape in self.shapes), initial=0))
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's piece of a full flat vector, in its shape."""
+        return [flat[a:b].view(shape)
+                for (a, b), shape in zip(itertools.pairwise(self.offsets), self.shapes, strict=True)]
+
     def load(self, flat: torch.Tensor) -> None:
         """Point every parameter at its piece of a full flat vector."""
-        offset = 0
-        for parameter, shape in zip(self.parameters, self.shapes, strict=True):
-            parameter.data = flat[offset:offset + shape.numel()].view(shape)
-            offset += shape.numel()
+        for parameter, piece in zip(self.parameters, self.views(flat), strict=True):
+            parameter.data = piece
 
     def release(self) -> None:
         """Free the full parameters and gradients (stage 3 between uses)."""
@@ -254,11 +263,6 @@ class ZeroDataParallel:
     def gathered(self, gradients: bool = False) -> dict[int, torch.Tensor]:
         """Every parameter's fp32 master weight (or, with `gradients`, the averaged gradient of the
         last step), gathered from the ranks, by the parameter's id."""
-        found = {}
-        for flat, unit in zip(self._whole(self.last_gradients if gradients else
-                                          [m.detach() for m in self.master]), self.units, strict=True):
-            offset = 0
-            for parameter, shape in zip(unit.parameters, unit.shapes, strict=True):
-                found[id(parameter)] = flat[offset:offset + shape.numel()].view(shape)
-                offset += shape.numel()
-        return found
+        flats = self._whole(self.last_gradients if gradients else [m.detach() for m in self.master])
+        return {id(parameter): piece for flat, unit in zip(flats, self.units, strict=True)
+                for parameter, piece in zip(unit.parameters, unit.views(flat), strict=True)}

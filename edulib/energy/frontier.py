@@ -168,7 +168,6 @@ class _LongestPaths:
         return start, tail, int((start + tail).max())
 
 
-
 def _contract(tail: np.ndarray, head: np.ndarray, lower: np.ndarray, upper: np.ndarray,
               nodes: int) -> tuple[np.ndarray, ...]:
     """A smaller network with a cut as cheap as the cheapest, and each node's node in it.

@@ -56,6 +56,7 @@ def pipeline_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: in
         events = execute(schedule, device, mine, lambda y, target: nn.functional.mse_loss(y, target) / m,
                          inputs, targets, shape=(batch // m, width), memory=held)
     if profile_dir:
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(Path(profile_dir) / f"rank{device}.json"))
     gradients = {names[id(parameter)]: parameter.grad
                  for stage in mine.values() for parameter in stage.parameters()}
