@@ -334,6 +334,14 @@ class TiedModel(torch.nn.Module):
         return self.out(torch.tanh(self.hidden(torch.tanh(self.frozen(self.embed(ids))))))
 
 
+def _tied_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's 4 of mini-batch `step`'s sequences of token ids and targets for TiedModel."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    batch = torch.Generator().manual_seed(step)
+    ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
+    return ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+
+
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
               "adamw": (torch.optim.AdamW, {"lr": 1e-2})}
 
@@ -349,7 +357,7 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
 
     from edulib.dp import DistributedDataParallel, ShardedOptimizer
 
-    rank, ranks = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     models = []
     for build in (lambda m: DistributedDataParallel(m, bucket_bytes=200, algorithm=algorithm),
                   torch.nn.parallel.DistributedDataParallel):
@@ -363,9 +371,7 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
                       ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind, **options)]
     schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in optimizers] if halve_lr else []
     for step in range(steps):
-        batch = torch.Generator().manual_seed(step)
-        ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
-        ids, targets = ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+        ids, targets = _tied_batch(step)
         for model, opt in zip(models, optimizers, strict=True):
             opt.zero_grad()
             pieces = zip(ids.chunk(microbatches), targets.chunk(microbatches), strict=True)
@@ -389,7 +395,7 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int 
 
     from edulib.dp import FullyShardedDataParallel
 
-    rank, ranks = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     dtype = {"fp32": None, "bf16": torch.bfloat16}[compute]
     torch.manual_seed(100 + rank)  # edulib's wrapper gives every rank rank 0's weights
     mine = TiedModel()
@@ -402,9 +408,7 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int 
     kind, options = OPTIMIZERS[optimizer]
     optimizers = [kind(model.parameters(), **options) for model in (mine, theirs)]
     for step in range(steps):
-        batch = torch.Generator().manual_seed(step)
-        ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
-        ids, targets = ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+        ids, targets = _tied_batch(step)
         for model, opt in zip((mine, theirs), optimizers, strict=True):
             opt.zero_grad()
             logits = model(ids).float()

@@ -62,10 +62,12 @@ def parallel(kind: str, full: nn.Module, algorithm: str = "builtin"):
             "attention": lambda: ParallelSelfAttention(full, algorithm=algorithm)}[kind]()
 
 
-def _mine(size: int, parts: int, rank: int) -> tuple:
-    """The index of a rank's equal slice of the last dimension (of length `size`)."""
+def _mine(size: int, parts: int, rank: int, dim: int = -1) -> tuple:
+    """The index of a rank's equal slice of dimension `dim` (of length `size`): the last one, or
+    the sequence (dim 1 of (batch, tokens, hidden))."""
     step = size // parts
-    return (..., slice(rank * step, (rank + 1) * step))
+    part = slice(rank * step, (rank + 1) * step)
+    return (..., part) if dim == -1 else (slice(None),) * dim + (part,)
 
 
 def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
@@ -140,12 +142,6 @@ def data_parallel_linear_step(kind: str, batch: int, width: int, seed: int = 0,
     return {"gradients": {name: p.grad for name, p in full.named_parameters()}, "transfers": transfers}
 
 
-def _tokens(tokens: int, parts: int, rank: int) -> tuple:
-    """The index of a rank's part of the sequence (dim 1 of (batch, tokens, hidden))."""
-    step = tokens // parts
-    return (slice(None), slice(rank * step, (rank + 1) * step))
-
-
 def sequence_parallel_step(sequence_parallel: bool, batch: int = 2, tokens: int = 8, hidden: int = 16,
                            heads: int = 4, seed: int = 0, algorithm: str = "builtin",
                            sync_replicated: bool = True) -> dict:
@@ -158,7 +154,7 @@ def sequence_parallel_step(sequence_parallel: bool, batch: int = 2, tokens: int 
         raise ValueError(f"sequence parallelism splits the {tokens} tokens among {parts} ranks; "
                          f"use a multiple of {parts}")
     layer = ParallelBlock(full, algorithm=algorithm, sequence_parallel=sequence_parallel)
-    index = _tokens(tokens, parts, rank) if sequence_parallel else ...
+    index = _mine(tokens, parts, rank, dim=1) if sequence_parallel else ...
     x = x[index].clone().requires_grad_()
     with count_communication() as transfers:
         kept, y = saved_activation_bytes(lambda: layer(x), layer.parameters())
