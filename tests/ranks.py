@@ -334,12 +334,21 @@ class TiedModel(torch.nn.Module):
         return self.out(torch.tanh(self.hidden(torch.tanh(self.frozen(self.embed(ids))))))
 
 
-def _tied_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's 4 of mini-batch `step`'s sequences of token ids and targets for TiedModel."""
-    rank, ranks = dist.get_rank(), dist.get_world_size()
-    batch = torch.Generator().manual_seed(step)
+def _tied_batch(step: int, group=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's 4 of mini-batch `step`'s sequences of token ids and targets for TiedModel (each
+    group draws its own batches)."""
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    first = dist.get_process_group_ranks(group or dist.group.WORLD)[0]
+    batch = torch.Generator().manual_seed(step + 1000 * first)
     ids, targets = (torch.randint(0, 13, (4 * ranks, 5), generator=batch) for _ in range(2))
     return ids[4 * rank:4 * rank + 4], targets[4 * rank:4 * rank + 4]
+
+
+def _halves(halves: bool):
+    """With `halves`, this rank's half of the ranks ({0, 1} or {2, 3}) as a group; else the world."""
+    from edulib import comm
+
+    return comm.subgroup([[0, 1], [2, 3]]) if halves else None
 
 
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
@@ -347,31 +356,32 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
 
 
 def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microbatches: int = 1,
-                           steps: int = 4, halve_lr: bool = False) -> dict:
+                           steps: int = 4, halve_lr: bool = False, halves: bool = False) -> dict:
     """Train TiedModel, built from a different seed on every rank, with edulib's wrapper and with
     torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1": a
     sharded one), on the same batches, each in `microbatches` backward passes of which all but
     the last run inside no_sync(), with `halve_lr` a scheduler halving the learning rate every
-    step; return both models' final state."""
+    step, with `halves` each half of the ranks on its own; return both models' final state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from edulib.dp import DistributedDataParallel, ShardedOptimizer
 
-    rank = dist.get_rank()
+    rank, group = dist.get_rank(), _halves(halves)
     models = []
-    for build in (lambda m: DistributedDataParallel(m, bucket_bytes=200, algorithm=algorithm),
-                  torch.nn.parallel.DistributedDataParallel):
+    for build in (lambda m: DistributedDataParallel(m, bucket_bytes=200, algorithm=algorithm, group=group),
+                  lambda m: torch.nn.parallel.DistributedDataParallel(m, process_group=group)):
         torch.manual_seed(100 + rank)  # each rank starts elsewhere: the wrapper gives it rank 0's
         models.append(build(TiedModel()))
     kind, options = OPTIMIZERS[optimizer]
     if wrapper == "ddp":
         optimizers = [kind(model.parameters(), **options) for model in models]
     else:
-        optimizers = [ShardedOptimizer(models[0].parameters(), kind, algorithm=algorithm, **options),
-                      ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind, **options)]
+        optimizers = [ShardedOptimizer(models[0].parameters(), kind, group, algorithm, **options),
+                      ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind,
+                                              process_group=group, **options)]
     schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in optimizers] if halve_lr else []
     for step in range(steps):
-        ids, targets = _tied_batch(step)
+        ids, targets = _tied_batch(step, group)
         for model, opt in zip(models, optimizers, strict=True):
             opt.zero_grad()
             pieces = zip(ids.chunk(microbatches), targets.chunk(microbatches), strict=True)
@@ -387,28 +397,33 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
     return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict()}
 
 
-def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, steps: int = 3) -> dict:
-    """Train TiedModel with edulib's FullyShardedDataParallel and with FSDP2's fully_shard (units
-    the frozen and the hidden layer, the tied embedding in the root), computing in `compute`
-    ("fp32" or "bf16"), on the same batches; return both full state dicts (fp32)."""
+def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, prefetch: bool = False,
+                       halves: bool = False, steps: int = 3) -> dict:
+    """Train TiedModel with edulib's FullyShardedDataParallel (gathering ahead with `prefetch`) and
+    with FSDP2's fully_shard (units the frozen and the hidden layer, the tied embedding in the
+    root), computing in `compute` ("fp32" or "bf16"), on the same batches, with `halves` each half
+    of the ranks on its own; return both full state dicts (fp32)."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from edulib.dp import FullyShardedDataParallel
 
-    rank = dist.get_rank()
+    rank, group = dist.get_rank(), _halves(halves)
     dtype = {"fp32": None, "bf16": torch.bfloat16}[compute]
-    torch.manual_seed(100 + rank)  # edulib's wrapper gives every rank rank 0's weights
+    torch.manual_seed(100 + rank)  # edulib's wrapper gives every rank its group's first rank's weights
     mine = TiedModel()
-    mine = FullyShardedDataParallel(mine, dtype, units=[mine.frozen, mine.hidden], algorithm=algorithm)
-    torch.manual_seed(100)  # FSDP2 shards what each rank built: build the same everywhere
-    theirs = TiedModel()
+    mine = FullyShardedDataParallel(mine, dtype, units=[mine.frozen, mine.hidden], algorithm=algorithm,
+                                    group=group, prefetch=prefetch)
+    torch.manual_seed(100 + dist.get_process_group_ranks(group or dist.group.WORLD)[0])
+    theirs = TiedModel()  # FSDP2 shards what each rank built: build the same in the group
     policy = MixedPrecisionPolicy(param_dtype=dtype)
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
     for module in (theirs.frozen, theirs.hidden, theirs):
-        fully_shard(module, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
     kind, options = OPTIMIZERS[optimizer]
     optimizers = [kind(model.parameters(), **options) for model in (mine, theirs)]
     for step in range(steps):
-        ids, targets = _tied_batch(step)
+        ids, targets = _tied_batch(step, group)
         for model, opt in zip((mine, theirs), optimizers, strict=True):
             opt.zero_grad()
             logits = model(ids).float()
@@ -460,4 +475,4 @@ def wrapper_ledger(algorithm: str) -> dict:
     fsdp = FullyShardedDataParallel(model, units=[model.frozen, model.hidden], algorithm=algorithm)
     return {"ddp": step(ddp, zero), "fsdp": step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.1)),
             "buckets": [sum(p.numel() for p in bucket) for bucket in ddp.buckets.buckets],
-            "share": zero.length, "units": [(unit.unit.length, bool(unit.trainable)) for unit in fsdp.units]}
+            "share": zero.length, "units": [(unit.length, bool(unit.trainable)) for unit in fsdp.units]}

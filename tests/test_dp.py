@@ -134,18 +134,24 @@ def test_the_lectures_resnet50_example_needs_73_gb_per_second_at_the_server():
     assert workers_until_server_saturates(97.5e6, 1 / 3, 12.5e9) == 42  # a 100 Gb/s link
 
 
-WRAPPER_PAIRS = [("ddp", "sgd", "builtin", 1), ("ddp", "adamw", "ring", 2), ("zero1", "sgd", "ring", 2),
-                 ("zero1", "adamw", "builtin", 1), ("ddp", "sgd", "ring", 1), ("zero1", "sgd", "builtin", 2)]
-# every pair of wrapper, optimizer, all-reduce and micro-batches (those after the first in no_sync)
+WRAPPER_PAIRS = [("ddp", "sgd", "builtin", 1, False), ("ddp", "adamw", "ring", 2, False),
+                 ("zero1", "sgd", "ring", 2, False), ("zero1", "adamw", "builtin", 1, True),
+                 ("ddp", "sgd", "ring", 1, True), ("zero1", "sgd", "builtin", 2, True)]
+# every pair of wrapper, optimizer, all-reduce, micro-batches (those after the first in no_sync)
+# and a group of half the ranks
 
 
-@pytest.mark.parametrize("wrapper, optimizer, algorithm, microbatches", WRAPPER_PAIRS)
-def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algorithm, microbatches, pool4):
-    # each rank builds its model from its own seed: the wrapper must start every rank from rank 0's
-    reports = pool4.run(ranks.wrappers_against_torch, wrapper, optimizer, algorithm, microbatches)
-    first = reports[0]["edulib"]
-    assert not torch.equal(first["hidden.weight"], ranks.TiedModel().hidden.weight)  # it trained
-    for report in reports:
+@pytest.mark.parametrize("wrapper, optimizer, algorithm, microbatches, halves", WRAPPER_PAIRS)
+def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algorithm, microbatches, halves,
+                                                      pool4):
+    # each rank builds its model from its own seed: the wrapper must start every rank of its group
+    # from the group's first rank's
+    reports = pool4.run(ranks.wrappers_against_torch, wrapper, optimizer, algorithm, microbatches,
+                        halves=halves)
+    assert not torch.equal(reports[0]["edulib"]["hidden.weight"], ranks.TiedModel().hidden.weight)
+    assert torch.equal(reports[0]["edulib"]["hidden.weight"], reports[2]["edulib"]["hidden.weight"]) != halves
+    for rank, report in enumerate(reports):
+        first = reports[2 if halves and rank >= 2 else 0]["edulib"]
         assert report["edulib"].keys() == report["torch"].keys()
         for name, tensor in report["edulib"].items():
             assert torch.allclose(tensor, report["torch"][name], atol=1e-5), (name, wrapper, optimizer)
@@ -197,25 +203,31 @@ def test_the_wrappers_refuse_what_they_cannot_do(kind, message, pool4):
         pool4.run(_bad_wrapper, kind)
 
 
-FSDP_PAIRS = [("sgd", "fp32", "builtin"), ("adamw", "bf16", "ring"), ("sgd", "bf16", "ring"),
-              ("adamw", "fp32", "ring")]  # every pair of optimizer, compute dtype and all-reduce
+FSDP_PAIRS = [("sgd", "fp32", "builtin", False, False), ("adamw", "bf16", "ring", True, False),
+              ("sgd", "bf16", "ring", False, True), ("adamw", "fp32", "ring", True, True),
+              ("adamw", "bf16", "builtin", False, True), ("sgd", "fp32", "ring", True, False)]
+# every pair of optimizer, compute dtype, all-reduce, prefetching and a group of half the ranks
 
 
-@pytest.mark.parametrize("optimizer, compute, algorithm", FSDP_PAIRS)
-def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algorithm, pool4):
-    reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm)
+@pytest.mark.parametrize("optimizer, compute, algorithm, prefetch, halves", FSDP_PAIRS)
+def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algorithm, prefetch, halves,
+                                                       pool4):
+    reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm, prefetch, halves)
     tolerance = 1e-5 if compute == "fp32" else 2e-2  # bf16 compute: the same rounding, summed apart
     for report in reports:
         assert report["edulib"].keys() == report["torch"].keys()
         for name, tensor in report["edulib"].items():
             assert tensor.dtype == torch.float32 and tensor.shape == report["torch"][name].shape, name
             assert torch.allclose(tensor, report["torch"][name], atol=tolerance), (name, optimizer, compute)
-    for report in reports:  # between steps, this rank's quarter of each unit, flat: the root's 104
+    share = 2 if halves else 4
+    for report in reports:  # between steps, this rank's share of each unit, flat: the root's 104
         # (the tied embedding), the hidden layer's 72 and the frozen one's 72
-        for trainable, quarter in ((True, 26 + 18), (False, 18)):
+        for trainable, elements in ((True, 104 + 72), (False, 72)):
             held = sum(n for (n,), grads in report["shards"] if grads == trainable)
-            assert held == quarter, report["shards"]
+            assert held == elements // share, report["shards"]
     assert not torch.equal(reports[0]["edulib"]["hidden.weight"], ranks.TiedModel().hidden.weight)
+    # each half trains its own model from its own batches
+    assert torch.equal(reports[0]["edulib"]["hidden.weight"], reports[2]["edulib"]["hidden.weight"]) != halves
 
 
 @pytest.mark.parametrize("algorithm", ["builtin", "tree"])

@@ -15,7 +15,7 @@ ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "02_allreduce": ["ring_reduce_scatter_rounds", "ring_all_gather_rounds"],
     "03_tensor_parallelism": ["ops._F", "ops._G", "layers.ParallelSelfAttention", "ops._ReduceScatter"],
     "04_pipeline_parallelism": ["executor.execute"],
-    "05_memory_and_sharding": ["ZeroDataParallel._gather", "ZeroDataParallel._accumulated"],
+    "05_memory_and_sharding": ["Sharding._gather", "Sharding._accumulated"],
     "06_sequence_context_expert": ["_RingAttention"],
     "08_alpa_planner": ["inter._program", "inter.inter_op"],
     "09_gradient_compression": ["TopK.encode", "compressed_average"],

@@ -94,7 +94,10 @@ def _bad(**kwargs):
     from edulib.dp import ZeroDataParallel
     from edulib.models import mlp
 
-    model = mlp(4, 1, seed=dist.get_rank() if kwargs.pop("model", None) == "differing" else 0)
+    kind = kwargs.pop("model", None)
+    model = mlp(4, 1, seed=dist.get_rank() if kind == "differing" else 0)
+    if kind == "frozen":
+        model[0][0].bias.requires_grad_(False)
     if kwargs.get("units") == "stranger":
         kwargs["units"] = [torch.nn.Linear(4, 4)]
     ZeroDataParallel(model, **kwargs)
@@ -104,8 +107,8 @@ def _bad(**kwargs):
     ({"stage": 4}, "unknown ZeRO stage 4; choose one of 0, 1, 2, 3"),
     ({"stage": 1, "precision": "int8"}, "unknown precision 'int8'; choose one of fp32, bf16, fp16"),
     ({"stage": 1, "algorithm": "pairwise"}, "'pairwise' does not implement all_reduce"),
-    ({"stage": 1, "units": []}, r"every parameter must be in one unit; \['0.0.weight', '0.0.bias'\]"),
-    ({"stage": 3, "units": "stranger"}, r"a unit must be one of the model's modules; \['Linear'\] are not"),
+    ({"stage": 1, "model": "frozen"}, r"trains every parameter, and \['0.0.bias'\] are frozen"),
+    ({"stage": 3, "units": "stranger"}, r"one of the model's own submodules; \['Linear'\] are not"),
     ({"stage": 2, "model": "differing"}, "the model's parameters differ across ranks"),
 ])
 def test_bad_setups_say_what_is_allowed(kwargs, message, pool4):

@@ -20,19 +20,16 @@ and a rank may own nothing. Every message goes through `edulib.comm`, on any `al
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
 from edulib.checks import check_choice
-from edulib.comm.schedule import chunk_bounds
 from edulib.dp.data_parallel import check_replicas
+from edulib.dp.sharding import Sharding, Unit, group_units
 from edulib.footprint import ZERO_STAGES
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,60 +41,14 @@ def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-class Unit:
-    """One unit's parameters as a flat vector cut into N chunks; this rank owns chunk `rank`
-    (ZeroDataParallel's units and FullyShardedDataParallel's). The parameters are the module's
-    trainable ones unless given."""
-
-    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool,
-                 parameters: list[nn.Parameter] | None = None) -> None:
-        self.module = module
-        self.parameters = parameters if parameters is not None else [
-            p for p in module.parameters() if p.requires_grad]
-        self.shapes = [p.shape for p in self.parameters]  # kept: stage 3 empties the parameters
-        self.length = sum(p.numel() for p in self.parameters)
-        bounds = chunk_bounds(self.length, ranks)
-        self.lo, self.hi = (bounds[rank], bounds[rank + 1]) if shard else (0, self.length)
-        self.ready = 0  # gradients accumulated in this backward pass
-
-    def flat(self) -> torch.Tensor:
-        """The unit's parameters as one vector."""
-        return parameters_to_vector(self.parameters)
-
-    def flat_grad(self) -> torch.Tensor:
-        """The unit's gradients as one vector (zeros where a parameter got none)."""
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.parameters])
-
-    @property
-    def offsets(self) -> list[int]:
-        """Where each parameter starts in the flat vector, and its length at the end."""
-        return list(itertools.accumulate((shape.numel() for shape in self.shapes), initial=0))
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's piece of a full flat vector, in its shape."""
-        return [flat[a:b].view(shape)
-                for (a, b), shape in zip(itertools.pairwise(self.offsets), self.shapes, strict=True)]
-
-    def load(self, flat: torch.Tensor) -> None:
-        """Point every parameter at its piece of a full flat vector."""
-        for parameter, piece in zip(self.parameters, self.views(flat), strict=True):
-            parameter.data = piece
-
-    def release(self) -> None:
-        """Free the full parameters and gradients (stage 3 between uses)."""
-        for parameter in self.parameters:
-            parameter.data = parameter.data.new_empty(0)
-            parameter.grad = None
-
-
-class ZeroDataParallel:
+class ZeroDataParallel(Sharding):
     """Train `model` data-parallel under ZeRO `stage`, updating with `optimizer` (AdamW by default).
 
     Call `backward(loss)` for each micro-batch, then `step()`. `units` are the modules whose
-    weights stage 3 gathers together (default: the model's children); with `prefetch`, stage 3
-    starts gathering the next unit's weights while this one computes. Every collective runs on
-    the communication thread (`comm.submit`), in the same order on every rank.
+    weights stage 3 gathers together (default: the model's children, and the model itself for
+    any parameter they leave over); with `prefetch`, stage 3 starts gathering the next unit's
+    weights while this one computes. Stages 2 and 3 gather and reduce as FullyShardedDataParallel
+    does (`edulib.dp.sharding`), keeping the 16-bit shards and the fp32 master weights apart.
     """
 
     def __init__(self, model: nn.Module, stage: int, optimizer: Optimizer | None = None,
@@ -109,88 +60,50 @@ class ZeroDataParallel:
         if any(p.dtype != torch.float32 for p in model.parameters()):
             raise ValueError("the model must arrive in fp32: its weights become the fp32 master "
                              "weights, and the 16-bit copy is made here")
+        frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"ZeroDataParallel trains every parameter, and {frozen[:3]} are frozen: "
+                             "use FullyShardedDataParallel, or DistributedDataParallel with ShardedOptimizer")
         comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails now
         check_replicas(model, group)
-        self.stage, self.algorithm, self.group = stage, algorithm, group
+        self.stage, self.algorithm = stage, algorithm
         self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
-        units = list(model.children()) if units is None else units
-        inside = {id(module) for module in model.modules()}
-        strangers = [type(unit).__name__ for unit in units if id(unit) not in inside]
-        if strangers:
-            raise ValueError(f"a unit must be one of the model's modules; {strangers} are not")
-        owned = {id(p) for unit in units for p in unit.parameters()}
-        missing = [name for name, p in model.named_parameters() if id(p) not in owned]
-        if missing:
-            raise ValueError(f"every parameter must be in one unit; {missing[:3]} are in none")
-        self.units = [Unit(unit, self.ranks, rank, shard=stage >= 1) for unit in units]
+        units_ = [Unit(unit, self.ranks, rank, shard=stage >= 1, parameters=parameters)
+                  for unit, parameters in group_units(model, units)]
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
         # fp32 master weights: this rank's chunk of each unit (all of it at stage 0)
-        self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in self.units]
+        self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in units_]
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
         # stages 2 and 3 keep only this rank's shard of the gradients, summed over micro-batches
         self.grad_shards = [torch.zeros(unit.hi - unit.lo, dtype=self.dtype) if stage >= 2 else None
-                            for unit in self.units]
+                            for unit in units_]
         self.last_gradients = [torch.zeros_like(m) for m in self.master]  # averaged, of the last step
-        self.prefetch, self._coming = prefetch, {}  # unit -> its gather, started early
         self.peak = 0
-        for unit in self.units:
+        for unit in units_:
             unit.load(unit.flat().detach().to(self.dtype))
-            if stage >= 2:
-                for parameter in unit.parameters:
-                    parameter.register_post_accumulate_grad_hook(lambda _, unit=unit: self._accumulated(unit))
         if stage == 3:
-            self.shards = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in self.units]
-            for index, unit in enumerate(self.units):
+            self.shards = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in units_]
+            for unit in units_:
                 unit.release()
-                unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
-                unit.module.register_forward_hook(
-                    lambda _, __, out, index=index: self._after_forward(index, out))
+        self._shard_units(units_, algorithm, group, gather=stage == 3, reduce=stage >= 2, prefetch=prefetch)
         self._measure()
 
-    def _for(self, collective: str) -> str:
-        """The algorithm this run uses for `collective` (`algorithm` names its all-reduce)."""
-        return comm.algorithm_for(collective, self.algorithm)
+    def _chunk(self, index: int) -> torch.Tensor:
+        """This rank's 16-bit shard of the unit (stage 3)."""
+        return self.shards[index]
 
-    def _all_gather(self, chunk: torch.Tensor, unit: Unit) -> Future:
-        """A unit's full flat vector from every rank's chunk of it, to come."""
-        return comm.submit(comm.all_gather_chunks, chunk, unit.length, self._for("all_gather"), self.group)
-
-    def _collective(self, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
-        """Run a collective on the communication thread, behind any gather started early, and wait."""
-        return comm.submit(fn, *args, group=self.group).result()
-
-    # --- stage 3: gather a unit's weights just in time, free them after ---
-    def _gather(self, index: int, ahead: int) -> None:
-        """Load a unit's full weights (gathered now, or earlier), and maybe start the next one's."""
-        coming = self._coming.pop(index, None) or self._all_gather(self.shards[index], self.units[index])
-        self.units[index].load(coming.result())
-        after = index + ahead
-        if self.prefetch and 0 <= after < len(self.units) and after not in self._coming:
-            self._coming[after] = self._all_gather(self.shards[after], self.units[after])
-        self._measure()
-
-    def _after_forward(self, index: int, out: torch.Tensor) -> torch.Tensor:
-        self.units[index].release()
-        if out.requires_grad:  # just before this unit's backward runs, gather its weights again
-            out.register_hook(lambda grad: (self._gather(index, -1), grad)[1])
-        return out
-
-    # --- stages 2 and 3: reduce-scatter a unit's gradients as soon as its backward is done ---
-    def _accumulated(self, unit: Unit) -> None:
-        unit.ready += 1
-        if unit.ready < len(unit.parameters):
-            return
-        unit.ready = 0
-        self._measure()
-        index = self.units.index(unit)
-        chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
-        self.grad_shards[index] += chunk
+    def _free(self, index: int) -> None:
+        """Stage 3 frees the unit's full weights and gradients; stage 2 only its full gradients."""
         if self.stage == 3:
-            unit.release()
+            self.units[index].release()
         else:
-            for parameter in unit.parameters:
+            for parameter in self.units[index].parameters:
                 parameter.grad = None
+
+    def _reduced(self, index: int, chunk: torch.Tensor) -> None:
+        """Add the chunk to this rank's gradient shard, summed over micro-batches."""
+        self.grad_shards[index] += chunk
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass of one micro-batch's loss (scaled, for fp16); gradients accumulate."""
@@ -199,11 +112,13 @@ class ZeroDataParallel:
     def step(self) -> None:
         """Average the gradients over the ranks, update this rank's master weights, and share the
         new 16-bit weights as the stage needs; then zero the gradients for the next step."""
+        if self.stage >= 2:
+            self._reduce_rest()
         for index, unit in enumerate(self.units):
             if self.stage == 0:
                 grad = self._collective(comm.all_reduce, unit.flat_grad(), self.algorithm)
             elif self.stage == 1:
-                grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self._for("reduce_scatter"))
+                grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
             else:
                 grad = self.grad_shards[index]
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
@@ -216,7 +131,7 @@ class ZeroDataParallel:
             if self.stage == 0:
                 unit.load(new)
             elif self.stage in (1, 2):
-                unit.load(self._all_gather(new, unit).result())
+                unit.load(self._all_gather(index, new).result())
             else:
                 self.shards[index] = new
             self.last_gradients[index] = self.master[index].grad
@@ -253,8 +168,7 @@ class ZeroDataParallel:
         """Each unit's full flat vector from this rank's chunk of it (at stage 0 it has them all)."""
         if self.stage == 0:
             return chunks
-        return [self._all_gather(chunk, unit).result()
-                for chunk, unit in zip(chunks, self.units, strict=True)]
+        return [self._all_gather(index, chunk).result() for index, chunk in enumerate(chunks)]
 
     def full_parameters(self) -> torch.Tensor:
         """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""

@@ -1108,6 +1108,8 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                           ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
                           ("edulib.dp.sharded_optimizer.ShardedOptimizer", "ZeRO's sharded optimizer"),
                           ("edulib.dp.fsdp.FullyShardedDataParallel", "the ZeRO-3 unit"),
+                          ("edulib.dp.sharding.Sharding", "the ZeRO-3 unit"),
+                          ("edulib.dp.sharding.Unit", "the ZeRO-3 unit"),
                           ("torch.distributed.optim.ZeroRedundancyOptimizer", "ZeRO's sharded optimizer"),
                           ("torch.distributed.fsdp.fully_shard", "the ZeRO-3 unit"),
                           ("torch.optim.AdamW", "ZeRO's sharded optimizer"),

@@ -16,7 +16,7 @@ from torch import nn
 
 from edulib import comm
 from edulib.comm.groups import Grid
-from edulib.dp.data_parallel import GradientBuckets
+from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel
 from edulib.hybrid.grid import SequenceSplit, by_dimension
 from edulib.hybrid.plan import PlanStage, StageLayout, plan_links, synchronised_gradients
@@ -58,7 +58,7 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
                              for block in pieces[p]])
     stage = SequenceSplit(blocks, tensor_group, algorithm) if sequence_parallel else blocks
     if zero is None:
-        data_parallel = GradientBuckets(stage, overlap=False, group=data_group, algorithm=algorithm)
+        data_parallel = DistributedDataParallel(stage, overlap=False, group=data_group, algorithm=algorithm)
         accumulate = data_parallel.no_sync()  # every micro-batch's gradients, then one reduction
     else:
         data_parallel = ZeroDataParallel(stage, zero, lambda params: torch.optim.AdamW(params, lr=lr),
@@ -77,7 +77,7 @@ def hybrid_step(dp: int, pp: int, tp: int, batch: int = 8, microbatches: int = 2
         if zero is None:
             if sequence_parallel:  # each tp rank saw its tokens only: sum the replicated weights' parts
                 sync_gradients([w for block in blocks for w in block.replicated()], tensor_group, algorithm)
-            data_parallel.finish()
+            data_parallel.finish_gradient_synchronization()
             weights, gradients = {}, {id(p): p.grad for p in stage.parameters()}
         else:
             data_parallel.step()

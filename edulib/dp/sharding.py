@@ -1,0 +1,192 @@
+"""Sharding, the machinery ZeRO and FullyShardedDataParallel share.
+
+A unit (a module, usually a layer) keeps its parameters as one flat vector cut into N nearly
+equal chunks (`chunk_bounds`, so any count works and a rank may own nothing); rank r keeps chunk r.
+Just before the unit's forward the chunks are all-gathered into its full weights, which are freed
+right after; the backward pass gathers them again before the unit's gradients are computed, and
+once all of those are ready they are reduce-scattered, each rank keeping its chunk's sum. ZeRO's
+stage 2 uses only the reduce, stage 3 and FSDP both. With `prefetch` the next unit's gather starts
+while this one computes. Every collective runs on the communication thread (`comm.submit`), in
+the same order on every rank, on any of edulib's algorithms, counted in the ledger.
+
+The two differ only in where a unit's chunk lives between uses (`_chunk`), what a freed unit
+keeps (`_free`) and what becomes of a reduced gradient chunk (`_reduced`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+from edulib import comm
+from edulib.comm.schedule import chunk_bounds
+
+
+class Unit:
+    """One unit's parameters as a flat vector cut into N chunks, of which this rank owns chunk
+    `rank` (all of it when not `shard`). The parameters are the module's trainable ones unless given."""
+
+    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool,
+                 parameters: list[nn.Parameter] | None = None) -> None:
+        self.module = module
+        self.parameters = parameters if parameters is not None else [
+            p for p in module.parameters() if p.requires_grad]
+        self.trainable = [p for p in self.parameters if p.requires_grad]
+        self.shapes = [p.shape for p in self.parameters]  # kept: a freed unit empties its parameters
+        self.length = sum(p.numel() for p in self.parameters)
+        bounds = chunk_bounds(self.length, ranks)
+        self.lo, self.hi = (bounds[rank], bounds[rank + 1]) if shard else (0, self.length)
+        self.ready = 0  # gradients accumulated in this backward pass
+
+    def flat(self) -> torch.Tensor:
+        """The unit's parameters as one vector."""
+        return parameters_to_vector(self.parameters)
+
+    def flat_grad(self) -> torch.Tensor:
+        """The unit's gradients as one vector (zeros where a parameter got none)."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.parameters])
+
+    @property
+    def offsets(self) -> list[int]:
+        """Where each parameter starts in the flat vector, and its length at the end."""
+        return list(itertools.accumulate((shape.numel() for shape in self.shapes), initial=0))
+
+    @property
+    def parts(self) -> list[slice]:
+        """Each parameter's part of this rank's chunk (its elements in [lo, hi); maybe empty)."""
+        return [slice(min(max(a, self.lo), self.hi) - self.lo, min(max(b, self.lo), self.hi) - self.lo)
+                for a, b in itertools.pairwise(self.offsets)]
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's piece of a full flat vector, in its shape."""
+        return [flat[a:b].view(shape)
+                for (a, b), shape in zip(itertools.pairwise(self.offsets), self.shapes, strict=True)]
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Point every parameter at its piece of a full flat vector."""
+        for parameter, piece in zip(self.parameters, self.views(flat), strict=True):
+            parameter.data = piece
+
+    def release(self) -> None:
+        """Free the full parameters and gradients."""
+        for parameter in self.parameters:
+            parameter.data = parameter.data.new_empty(0)
+            parameter.grad = None
+
+
+class Sharding:
+    """Gather each unit just in time and reduce-scatter its gradients when ready (see the module)."""
+
+    units: list[Unit]
+
+    def _shard_units(self, units: list[Unit], algorithm: str, group: Any, gather: bool, reduce: bool,
+                     prefetch: bool) -> None:
+        """Hook the units: gathered around their forward and backward when `gather`, their
+        gradients reduce-scattered as soon as all are ready when `reduce`."""
+        self.units, self.group, self.prefetch = units, group, prefetch
+        self.gather_with, self.reduce_with = (comm.algorithm_for(collective, algorithm)
+                                              for collective in ("all_gather", "reduce_scatter"))
+        self._coming: dict[int, Future] = {}  # unit -> its gather, started early
+        for index, unit in enumerate(units):
+            if gather:
+                unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
+                unit.module.register_forward_hook(
+                    lambda _, __, out, index=index: self._after_forward(index, out))
+            for parameter in unit.trainable if reduce else []:
+                parameter.register_post_accumulate_grad_hook(lambda _, index=index: self._accumulated(index))
+
+    def _chunk(self, index: int) -> torch.Tensor:
+        """This rank's chunk of unit `index`, in the dtype the unit computes in."""
+        raise NotImplementedError
+
+    def _free(self, index: int) -> None:
+        """Drop unit `index`'s full weights and gradients after use."""
+        raise NotImplementedError
+
+    def _reduced(self, index: int, chunk: torch.Tensor) -> None:
+        """Keep this rank's chunk of unit `index`'s gradients, summed over the ranks."""
+        raise NotImplementedError
+
+    def _measure(self) -> None:
+        """Called whenever what the rank holds may have peaked (ZeRO counts it)."""
+
+    def _collective(self, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+        """Run a collective on the communication thread, behind any gather started early, and wait."""
+        return comm.submit(fn, *args, group=self.group).result()
+
+    def _all_gather(self, index: int, chunk: torch.Tensor | None = None) -> Future:
+        """Unit `index`'s full flat vector from every rank's chunk of it (its `_chunk`), to come."""
+        with comm.labelled("parameters"):
+            return comm.submit(comm.all_gather_chunks, self._chunk(index) if chunk is None else chunk,
+                               self.units[index].length, self.gather_with, self.group)
+
+    def _gather(self, index: int, ahead: int) -> None:
+        """Load a unit's full weights (gathered now, or earlier), and maybe start the next one's."""
+        coming = self._coming.pop(index, None) or self._all_gather(index)
+        self.units[index].load(coming.result())
+        after = index + ahead
+        if self.prefetch and 0 <= after < len(self.units) and after not in self._coming:
+            self._coming[after] = self._all_gather(after)
+        self._measure()
+
+    def _after_forward(self, index: int, out: Any) -> Any:
+        """Free the unit's full weights; gather them again just before its backward."""
+        self._free(index)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: (self._gather(index, -1), grad)[1])
+        return out
+
+    def _accumulated(self, index: int) -> None:
+        """One of the unit's gradients is ready; once all are, reduce-scatter them."""
+        self.units[index].ready += 1
+        if self.units[index].ready == len(self.units[index].trainable):
+            self._reduce(index)
+
+    def _reduce(self, index: int) -> None:
+        """Reduce-scatter unit `index`'s full gradients, free them, and keep this rank's chunk."""
+        unit = self.units[index]
+        unit.ready = 0
+        self._measure()
+        with comm.labelled("gradients"):
+            chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
+        self._free(index)
+        self._reduced(index, chunk)
+
+    def _reduce_rest(self) -> None:
+        """Reduce the units some of whose gradients never came (a parameter the pass did not use)."""
+        for index, unit in enumerate(self.units):
+            if unit.ready:
+                self._reduce(index)
+
+
+def group_units(module: nn.Module,
+                units: list[nn.Module] | None) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """The units (by default the model's children) and their parameters, the model itself last
+    with every parameter no unit holds; refuses units outside the model and a parameter that two
+    units share."""
+    units = list(module.children()) if units is None else list(units)
+    inside = {id(m) for m in module.modules()}
+    strangers = [type(unit).__name__ for unit in units if id(unit) not in inside or unit is module]
+    if strangers:
+        raise ValueError(f"a unit must be one of the model's own submodules; {strangers} are not")
+    names = {id(p): name for name, p in module.named_parameters()}
+    held: dict[int, str] = {}
+    grouped = []
+    for unit in units:
+        parameters = list(unit.parameters())
+        for parameter in parameters:
+            if id(parameter) in held:
+                raise ValueError(f"parameter {names[id(parameter)]} is in two units ({held[id(parameter)]} "
+                                 f"and {type(unit).__name__}), as a tied weight is: leave the modules that "
+                                 "share it out of `units`, and the model's own unit holds it")
+            held[id(parameter)] = type(unit).__name__
+        grouped.append((unit, parameters))
+    rest = [p for p in module.parameters() if id(p) not in held]
+    return [*((unit, ps) for unit, ps in grouped if ps), *([(module, rest)] if rest else [])]
