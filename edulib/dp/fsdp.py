@@ -68,7 +68,7 @@ class FullyShardedDataParallel(Sharding, nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """After `loss.backward()`, before `optimizer.step()`: reduce what is left (a unit some of
         whose parameters got no gradient) and leave every parameter its shard."""
-        self._reduce_rest()
+        self._end_pass()
         for index in range(len(self.units)):
             self._free(index)
 

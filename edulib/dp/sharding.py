@@ -159,18 +159,22 @@ class Sharding:
         self._free(index)
         self._reduced(index, chunk)
 
-    def _reduce_rest(self) -> None:
-        """Reduce the units some of whose gradients never came (a parameter the pass did not use)."""
+    def _end_pass(self) -> None:
+        """Reduce the units some of whose gradients never came (a parameter the pass did not use),
+        and drop gathers started for a use that never came (the weights change in the step)."""
         for index, unit in enumerate(self.units):
             if unit.ready:
                 self._reduce(index)
+        for coming in self._coming.values():
+            coming.result()
+        self._coming.clear()
 
 
 def group_units(module: nn.Module,
                 units: list[nn.Module] | None) -> list[tuple[nn.Module, list[nn.Parameter]]]:
-    """The units (by default the model's children) and their parameters, the model itself last
-    with every parameter no unit holds; refuses units outside the model and a parameter that two
-    units share."""
+    """The units (by default the model's children) and their parameters, in the order their
+    forwards begin: the model itself first, with every parameter no unit holds. Refuses units
+    outside the model and a parameter that two units share."""
     units = list(module.children()) if units is None else list(units)
     inside = {id(m) for m in module.modules()}
     strangers = [type(unit).__name__ for unit in units if id(unit) not in inside or unit is module]
@@ -189,4 +193,4 @@ def group_units(module: nn.Module,
             held[id(parameter)] = type(unit).__name__
         grouped.append((unit, parameters))
     rest = [p for p in module.parameters() if id(p) not in held]
-    return [*((unit, ps) for unit, ps in grouped if ps), *([(module, rest)] if rest else [])]
+    return [*([(module, rest)] if rest else []), *((unit, ps) for unit, ps in grouped if ps)]

@@ -113,7 +113,7 @@ class ZeroDataParallel(Sharding):
         """Average the gradients over the ranks, update this rank's master weights, and share the
         new 16-bit weights as the stage needs; then zero the gradients for the next step."""
         if self.stage >= 2:
-            self._reduce_rest()
+            self._end_pass()
         for index, unit in enumerate(self.units):
             if self.stage == 0:
                 grad = self._collective(comm.all_reduce, unit.flat_grad(), self.algorithm)
