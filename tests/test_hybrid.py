@@ -54,11 +54,13 @@ def test_every_all_reduce_trains_the_hybrid_like_one_process(world, shapes, pool
                 assert not problems, (shape, algorithm, problems[:2])
 
 
-@pytest.mark.parametrize("shape, stage", [((2, 2, 2), 1), ((2, 1, 2), 3), ((2, 2, 1), 2)])
-def test_zero_over_the_data_parallel_dimension_trains_like_one_process(shape, stage, pool4):
+@pytest.mark.parametrize("shape, stage, schedule", [((2, 2, 2), 1, "1f1b"), ((2, 1, 2), 3, "zero_bubble"),
+                                                    ((2, 2, 1), 2, "zero_bubble")])
+def test_zero_over_the_data_parallel_dimension_trains_like_one_process(shape, stage, schedule, pool4):
+    """Under the split backward too: W's gradients must reach ZeRO's reduce-scatter."""
     world = shape[0] * shape[1] * shape[2]
     with Pool(world, backend="gloo", timeout=60) if world != 4 else contextlib.nullcontext(pool4) as pool:
-        reports = pool.run(hybrid_step, *shape, zero=stage, algorithm="ring", schedule="1f1b")
+        reports = pool.run(hybrid_step, *shape, zero=stage, algorithm="ring", schedule=schedule)
     assert not disagreements(reports, hybrid_reference())  # the averaged gradients, gathered
     # one AdamW step; its first step is about lr x sign(gradient), so elements whose gradient is
     # zero up to rounding (the key bias's) may move by a fraction of lr either way

@@ -116,15 +116,15 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torc
 
 
 def _accumulate(parameter: torch.Tensor | None, grad: torch.Tensor | None) -> None:
+    """Add `grad` to the parameter's `.grad` through autograd's own accumulation, so that the hooks
+    a wrapper put there (DDP's buckets, ZeRO's and FSDP's reduce-scatters) fire as in a whole backward."""
     if parameter is not None and grad is not None and parameter.requires_grad:
-        if parameter.grad is None:
-            parameter.grad = grad
-        else:
-            parameter.grad.add_(grad)
+        torch.autograd.backward(parameter, grad)
 
 
 def backward_weight(kept: Kept) -> None:
-    """W: each layer's weight gradients from its kept output gradient, added to `.grad`; frees them."""
+    """W: each layer's weight gradients from its kept output gradient, added to `.grad` (hooks
+    firing as in a whole backward); frees them."""
     while kept:
         module, x, out, grad = kept.pop()
         if _by_hand(module, x):
@@ -132,11 +132,7 @@ def backward_weight(kept: Kept) -> None:
             weight = module.weight
             if weight is not None and weight.requires_grad:
                 x = module.gather(x) if isinstance(module, LinearParts) and module.gather else x
-                x = x.reshape(-1, x.shape[-1])
-                if weight.grad is None:
-                    weight.grad = dy.T @ x
-                else:
-                    weight.grad.addmm_(dy.T, x)  # accumulate in place: no temporary
+                _accumulate(weight, dy.T @ x.reshape(-1, x.shape[-1]))
             _accumulate(module.bias, dy.sum(0) if module.bias is not None else None)
             continue
         parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]
