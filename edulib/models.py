@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from edulib.cp.ring import ring_attention
+
 TOKENS = 3  # sequence length of the tiny GPT's inputs: (batch, tokens, hidden)
 HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
 Built = TypeVar("Built")
@@ -100,39 +102,54 @@ def reference_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.T
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
-    """Scaled dot-product attention over `heads` heads of (batch, tokens, heads x head_dim) inputs."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal: bool = False,
+           context=None) -> torch.Tensor:
+    """Scaled dot-product attention over `heads` heads of (batch, tokens, heads x head_dim) inputs;
+    `causal` hides every key after its query. With a `context` process group the tokens are this
+    rank's part of a sequence split over the group, attended round its ring (`edulib.cp`)."""
     batch, tokens, width = q.shape
     q, k, v = (t.reshape(batch, tokens, heads, width // heads).transpose(1, 2) for t in (q, k, v))
-    weights = torch.softmax(q @ k.transpose(-1, -2) / (width // heads) ** 0.5, dim=-1)
-    return (weights @ v).transpose(1, 2).reshape(batch, tokens, width)
+    if context is not None:
+        out = ring_attention(q, k, v, causal, group=context)
+    else:
+        scores = q @ k.transpose(-1, -2) / (width // heads) ** 0.5
+        if causal:
+            later = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1)
+            scores = scores.masked_fill(later, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v
+    return out.transpose(1, 2).reshape(batch, tokens, width)
 
 
 class SelfAttention(nn.Module):
-    """GPT-style multi-head self-attention: one fused QKV projection, attention, an output projection."""
+    """GPT-style multi-head self-attention: one fused QKV projection, attention, an output projection
+    (`causal` for a language model; `context` a process group when the sequence is split over it).
+    Without `bias` no key bias gets a gradient that is zero but for rounding (softmax ignores it),
+    which Adam would blow up into an update of lr either way."""
 
-    def __init__(self, hidden: int, heads: int, seed: int = 0) -> None:
+    def __init__(self, hidden: int, heads: int, seed: int = 0, causal: bool = False,
+                 bias: bool = True) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} must be a multiple of the head count {heads}")
         torch.manual_seed(seed)
-        self.heads = heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.out = nn.Linear(hidden, hidden)
+        self.heads, self.causal, self.context = heads, causal, None
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias)
+        self.out = nn.Linear(hidden, hidden, bias)
         self.recompute = False  # selective recomputation: keep q, k, v, not the softmax
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         if self.recompute:
-            return self.out(checkpoint(attend, q, k, v, self.heads, use_reentrant=False))
-        return self.out(attend(q, k, v, self.heads))
+            return self.out(checkpoint(attend, q, k, v, self.heads, self.causal, self.context,
+                                       use_reentrant=False))
+        return self.out(attend(q, k, v, self.heads, self.causal, self.context))
 
 
 @built_on_host
-def transformer_mlp(hidden: int, seed: int = 0) -> nn.Sequential:
+def transformer_mlp(hidden: int, seed: int = 0, bias: bool = True) -> nn.Sequential:
     """The transformer's MLP block: hidden -> 4 hidden, GELU, back to hidden."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+    return nn.Sequential(nn.Linear(hidden, 4 * hidden, bias), nn.GELU(), nn.Linear(4 * hidden, hidden, bias))
 
 
 @built_on_host
@@ -158,10 +175,11 @@ class Block(nn.Module):
     """A tiny GPT-like block: x + attention(x), then + MLP(that); with `norm`, each branch reads a
     LayerNorm of its input first (GPT-2's pre-norm), the replicated part sequence parallelism splits."""
 
-    def __init__(self, hidden: int, heads: int, seed: int = 0, norm: bool = False) -> None:
+    def __init__(self, hidden: int, heads: int, seed: int = 0, norm: bool = False, causal: bool = False,
+                 bias: bool = True) -> None:
         super().__init__()
-        self.attention = SelfAttention(hidden, heads, seed)
-        self.mlp = transformer_mlp(hidden, seed + 1)
+        self.attention = SelfAttention(hidden, heads, seed, causal, bias)
+        self.mlp = transformer_mlp(hidden, seed + 1, bias)
         self.normalized = norm
         if norm:
             generator = torch.Generator().manual_seed(seed + 2)

@@ -52,6 +52,23 @@ def pool4():
         _shared.clear()
 
 
+@pytest.fixture(scope="session")
+def pools(pool4):
+    """A shared pool of gloo ranks per world size, started when first asked for (`pools(8)`)."""
+    made = {4: pool4}
+
+    def pool_of(world: int) -> Pool:
+        if world not in made:
+            made[world] = Pool(world, backend="gloo", timeout=120)
+            made[world].start()
+            _shared.append(made[world])
+        return made[world]
+    yield pool_of
+    for world, pool in made.items():
+        if world != 4:
+            pool.close()
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_ranks():
     """After each test, no rank may be alive except those of the shared pool."""

@@ -24,6 +24,9 @@ def test_every_group_comes_from_one_grid():
     for axis in ("dp", "pp", "tp"):  # each axis partitions the ranks
         assert sorted(r for group in grid.groups(axis) for r in group) == list(range(8))
     assert Grid(dp=2, cp=2).groups("cp") == [[0, 1], [2, 3]]  # room for context parallelism
+    # the ranks that differ along two axes: those that hold the same stage split batch and sequence
+    assert Grid(dp=2, pp=2, cp=2).groups("dp", "cp") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert Grid(dp=2, pp=2, cp=2).groups("cp", "dp") == Grid(dp=2, pp=2, cp=2).groups("dp", "cp")
     with pytest.raises(ValueError, match="grid size tp must be a whole number, 1 or more; got 0"):
         Grid(tp=0)
     with pytest.raises(ValueError, match="unknown grid axis 'xp'"):

@@ -85,15 +85,19 @@ class Grid:
         """The rank at (d, p, t) (and c, e along the context and expert axes)."""
         return int(np.ravel_multi_index((d, p, c, e, t), self.shape))
 
-    def groups(self, axis: str) -> list[list[int]]:
-        """Every group of ranks that differ only along `axis`."""
-        check_choice(axis, AXES, "grid axis")
-        ranks = np.moveaxis(np.arange(self.size).reshape(self.shape), AXES.index(axis), -1)
-        return ranks.reshape(-1, getattr(self, axis)).tolist()
+    def groups(self, *axes: str) -> list[list[int]]:
+        """Every group of ranks that differ only along `axes` (one or more), each in rank order."""
+        if not axes:
+            raise ValueError(f"name at least one grid axis of {', '.join(AXES)}")
+        for axis in axes:
+            check_choice(axis, AXES, "grid axis")
+        inside = sorted(AXES.index(axis) for axis in set(axes))
+        ranks = np.moveaxis(np.arange(self.size).reshape(self.shape), inside, range(-len(inside), 0))
+        return ranks.reshape(-1, int(np.prod([self.shape[i] for i in inside]))).tolist()
 
-    def group(self, axis: str) -> dist.ProcessGroup:
-        """This rank's process group along `axis`, made on first use and kept for the process's life."""
+    def group(self, *axes: str) -> dist.ProcessGroup:
+        """This rank's process group along `axes`, made on first use and kept for the process's life."""
         if dist.get_world_size() != self.size:
             raise ValueError(f"a grid of {' x '.join(map(str, self.shape))} needs {self.size} ranks; "
                              f"{dist.get_world_size()} are running")
-        return subgroup(self.groups(axis))
+        return subgroup(self.groups(*axes))

@@ -173,24 +173,30 @@ class Sharding:
 def group_units(module: nn.Module,
                 units: list[nn.Module] | None) -> list[tuple[nn.Module, list[nn.Parameter]]]:
     """The units (by default the model's children) and their parameters, in the order their
-    forwards begin: the model itself first, with every parameter no unit holds. Refuses units
-    outside the model and a parameter that two units share."""
+    forwards begin: the model itself first, with every parameter no unit holds. A unit may hold
+    others (as FSDP2's may): then it holds only what they leave. Refuses units outside the model
+    and a parameter that two units share without one holding the other."""
     units = list(module.children()) if units is None else list(units)
     inside = {id(m) for m in module.modules()}
     strangers = [type(unit).__name__ for unit in units if id(unit) not in inside or unit is module]
     if strangers:
         raise ValueError(f"a unit must be one of the model's own submodules; {strangers} are not")
     names = {id(p): name for name, p in module.named_parameters()}
-    held: dict[int, str] = {}
-    grouped = []
+    within = {id(unit): {id(m) for m in unit.modules()} for unit in units}
+    owner: dict[int, nn.Module] = {}  # parameter -> the innermost unit that holds it
     for unit in units:
-        parameters = list(unit.parameters())
-        for parameter in parameters:
-            if id(parameter) in held:
-                raise ValueError(f"parameter {names[id(parameter)]} is in two units ({held[id(parameter)]} "
+        for parameter in unit.parameters():
+            other = owner.setdefault(id(parameter), unit)
+            if other is unit or id(other) in within[id(unit)]:
+                continue
+            if id(unit) not in within[id(other)]:
+                raise ValueError(f"parameter {names[id(parameter)]} is in two units ({type(other).__name__} "
                                  f"and {type(unit).__name__}), as a tied weight is: leave the modules that "
-                                 "share it out of `units`, and the model's own unit holds it")
-            held[id(parameter)] = type(unit).__name__
-        grouped.append((unit, parameters))
-    rest = [p for p in module.parameters() if id(p) not in held]
+                                 "share it out of `units`, and a unit holding both (or the model's own) "
+                                 "holds it")
+            owner[id(parameter)] = unit
+    order = {id(m): i for i, m in enumerate(module.modules())}
+    grouped = [(unit, [p for p in unit.parameters() if owner[id(p)] is unit])
+               for unit in sorted(units, key=lambda u: order[id(u)])]
+    rest = [p for p in module.parameters() if id(p) not in owner]
     return [*([(module, rest)] if rest else []), *((unit, ps) for unit, ps in grouped if ps)]

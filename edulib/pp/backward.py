@@ -115,27 +115,31 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torc
                         for (module, x, out), g in zip(layers, layer_grads, strict=True) if g is not None]
 
 
-def _accumulate(parameter: torch.Tensor | None, grad: torch.Tensor | None) -> None:
-    """Add `grad` to the parameter's `.grad` through autograd's own accumulation, so that the hooks
-    a wrapper put there (DDP's buckets, ZeRO's and FSDP's reduce-scatters) fire as in a whole backward."""
-    if parameter is not None and grad is not None and parameter.requires_grad:
-        torch.autograd.backward(parameter, grad)
-
-
 def backward_weight(kept: Kept) -> None:
-    """W: each layer's weight gradients from its kept output gradient, added to `.grad` (hooks
-    firing as in a whole backward); frees them."""
+    """W: each layer's weight gradients from its kept output gradient, added to `.grad`; frees them.
+
+    A weight used twice (an embedding tied to the head) gets its contributions summed first, and
+    each sum goes through autograd's own accumulation, once per weight: so the hooks a wrapper put
+    there (DDP's buckets, ZeRO's and FSDP's reduce-scatters) fire as in a whole backward."""
+    sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by the weight's id: it, and its sum
+
+    def add(parameter: torch.Tensor | None, grad: torch.Tensor | None) -> None:
+        if parameter is not None and grad is not None and parameter.requires_grad:
+            before = sums.get(id(parameter))
+            sums[id(parameter)] = (parameter, grad if before is None else before[1] + grad)
+
     while kept:
         module, x, out, grad = kept.pop()
         if _by_hand(module, x):
             dy = grad.reshape(-1, grad.shape[-1])
-            weight = module.weight
-            if weight is not None and weight.requires_grad:
+            if module.weight is not None and module.weight.requires_grad:
                 x = module.gather(x) if isinstance(module, LinearParts) and module.gather else x
-                _accumulate(weight, dy.T @ x.reshape(-1, x.shape[-1]))
-            _accumulate(module.bias, dy.sum(0) if module.bias is not None else None)
+                add(module.weight, dy.T @ x.reshape(-1, x.shape[-1]))
+            add(module.bias, dy.sum(0) if module.bias is not None else None)
             continue
         parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]
         for parameter, g in zip(parameters, torch.autograd.grad(out, parameters, grad, retain_graph=True,
                                                                 allow_unused=True), strict=True):
-            _accumulate(parameter, g)
+            add(parameter, g)
+    for parameter, total in sums.values():
+        torch.autograd.backward(parameter, total)

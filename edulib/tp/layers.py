@@ -169,7 +169,7 @@ class ParallelSelfAttention(ParallelModule):
         super().__init__()
         heads = _share(full.heads, group, "the attention heads")
         _, rows = head_slices(full.out.in_features, full.heads, heads)
-        self.heads = len(heads)
+        self.heads, self.causal, self.context = len(heads), full.causal, full.context
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
                                         name="qkv.", algorithm=algorithm, sequence_parallel=sequence_parallel)
         self.out = RowParallelLinear(full.out, input_is_split=True, group=group, name="out.",
@@ -177,7 +177,7 @@ class ParallelSelfAttention(ParallelModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        return self.out(attend(q, k, v, self.heads))
+        return self.out(attend(q, k, v, self.heads, self.causal, self.context))
 
 
 class ParallelLayerNorm(ParallelModule):
@@ -195,13 +195,14 @@ class ParallelLayerNorm(ParallelModule):
 
 class ParallelBlock(ParallelModule):
     """A tiny-GPT Block with its attention and MLP tensor-parallel over `group`; with
-    `sequence_parallel`, it reads and returns this rank's part of the sequence (dim -2)."""
+    `sequence_parallel`, it reads and returns this rank's part of the sequence (dim -2). `mlp`, if
+    given, stands in for the MLP whole on every rank of the group (a mixture of experts)."""
 
     def __init__(self, full: Block, group=None, algorithm: str = "builtin",
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, mlp: ParallelModule | None = None) -> None:
         super().__init__()
         self.attention = ParallelSelfAttention(full.attention, group, algorithm, sequence_parallel)
-        self.mlp = ParallelMLP(full.mlp, group, algorithm, sequence_parallel)
+        self.mlp = ParallelMLP(full.mlp, group, algorithm, sequence_parallel) if mlp is None else mlp
         self.normalized = full.normalized
         if full.normalized:
             self.norm1, self.norm2 = ParallelLayerNorm(full.norm1), ParallelLayerNorm(full.norm2)

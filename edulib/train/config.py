@@ -1,0 +1,100 @@
+"""One configuration names a whole training run: the layout, the pipeline, ZeRO, the model, the run.
+
+Every combination is checked when the config is made, before any rank computes: one that the
+trainer does not support raises a ValueError that names it and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edulib.checks import check_choice
+from edulib.comm import ALGORITHMS
+from edulib.pp.schedule import Schedule
+from edulib.pp.schedules import SCHEDULES, build_schedule
+
+PRECISIONS = ("fp32",)
+ZERO = (None, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training run of `edulib.train.gpt` on the byte corpus, on dp x pp x tp x cp ranks."""
+
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    chunks: int | None = None  # stages per device: None for the schedule's own
+    zero: int | None = None
+    sequence_parallel: bool = False
+    recompute: bool = False
+    precision: str = "fp32"
+    algorithm: str = "builtin"
+    hidden: int = 32
+    heads: int = 4
+    layers: int = 2
+    experts: int = 0
+    tokens: int = 16
+    tie: bool = False
+    batch: int = 8
+    steps: int = 20
+    lr: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "pp", "tp", "cp", "ep", "microbatches", "hidden", "heads", "layers", "tokens",
+                     "batch", "steps"):
+            _whole(getattr(self, name), name, 1)
+        _whole(self.experts, "experts", 0)
+        _whole(self.seed, "seed", 0)
+        check_choice(self.zero, ZERO, "zero (ZeRO stage)")
+        check_choice(self.precision, PRECISIONS, "precision")
+        check_choice(self.algorithm, ("builtin", *ALGORITHMS), "all-reduce algorithm")
+        check_choice(self.schedule, SCHEDULES, "schedule")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be more than 0; got {self.lr!r}")
+        schedule = self.pipeline()  # the schedule's own checks: micro-batches, chunks
+        if self.layers + 2 < schedule.stages:
+            raise ValueError(f"{self.schedule} on pp={self.pp} cuts the model into {schedule.stages} stages, "
+                             f"but it has {self.layers + 2} layers (embedding, {self.layers} blocks, head); "
+                             "use more layers or fewer stages")
+        if self.batch % (self.dp * self.microbatches):
+            raise ValueError(f"the batch of {self.batch} sequences must split evenly over dp={self.dp} ranks "
+                             f"and {self.microbatches} micro-batches; use a multiple of "
+                             f"{self.dp * self.microbatches}")
+        if self.hidden % self.heads or self.heads % self.tp:
+            raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}, and the heads "
+                             f"must split evenly over tp={self.tp} ranks")
+        if self.tokens % self.cp:
+            raise ValueError(f"context parallelism splits the {self.tokens} tokens over cp={self.cp} ranks; "
+                             f"use a multiple of {self.cp}")
+        if self.sequence_parallel and (self.tokens // self.cp) % self.tp:
+            raise ValueError(f"sequence parallelism splits each rank's {self.tokens // self.cp} tokens over "
+                             f"tp={self.tp} ranks; use tokens that are a multiple of {self.cp * self.tp}")
+        if self.ep > 1:
+            raise ValueError(f"ep={self.ep}: the trainer runs experts whole on every rank for now (ep=1); "
+                             "edulib.ep's layer alone shards them")
+        if self.tie and self.zero in (2, 3) and schedule.stages > 1:
+            raise ValueError(f"tie=True with zero={self.zero} and {schedule.stages} pipeline stages: the "
+                             "embedding and the head are copies on the first and last stage whose gradients "
+                             "are summed after backward, when ZeRO 2 and 3 have already reduce-scattered "
+                             "them; use zero=None or 1, one stage, or tie=False")
+
+    @property
+    def world(self) -> int:
+        """Ranks the run needs: dp x pp x tp x cp (experts are sharded over the dp x cp ranks)."""
+        return self.dp * self.pp * self.tp * self.cp
+
+    def pipeline(self) -> Schedule:
+        """The pipeline schedule for pp devices."""
+        return build_schedule(self.schedule, self.pp, self.microbatches, self.chunks)
+
+
+def _whole(value: object, name: str, least: int) -> None:
+    """Refuse anything but a whole number of at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number, {least} or more; got {value!r}")

@@ -1,0 +1,121 @@
+"""The trainer: every pair of options trains the one model like one process, step by step."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from edulib.launch import RankError
+from edulib.pp.schedules import SCHEDULES
+from edulib.train import TrainConfig, reference, text_batch, train
+from edulib.train.data import part
+
+FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": SCHEDULES,
+           "zero": (None, 1, 2, 3), "sequence_parallel": (False, True), "recompute": (False, True),
+           "tie": (False, True), "experts": (0, 4)}
+
+
+def _config(values: tuple) -> TrainConfig | None:
+    """A small run with these option values (one sequence per micro-batch and data-parallel rank),
+    or None where the trainer refuses them."""
+    options = dict(zip(FACTORS, values, strict=True))
+    m = 2 * options["pp"] if options["schedule"] == "dualpipe_v" else 2
+    try:
+        return TrainConfig(**options, microbatches=m, batch=options["dp"] * m, hidden=16, heads=2, layers=2,
+                           tokens=8, steps=20, lr=3e-3)
+    except ValueError:
+        return None
+
+
+def _pairs(config: TrainConfig) -> set:
+    items = [(name, getattr(config, name)) for name in FACTORS]
+    return set(itertools.combinations(items, 2))
+
+
+def _covering() -> list[TrainConfig]:
+    """Accepted configs on at most 8 ranks that together hold every pair of option values that any
+    accepted config holds (greedy, seeded: the same list every run)."""
+    valid = [c for values in itertools.product(*FACTORS.values()) if (c := _config(values)) and c.world <= 8]
+    todo = set().union(*map(_pairs, valid))
+    chosen, pick = [], random.Random(0)
+    while todo:
+        best = max(pick.sample(valid, 400), key=lambda c: (len(_pairs(c) & todo), -c.world))
+        if not _pairs(best) & todo:
+            best = next(c for c in valid if _pairs(c) & todo)
+        chosen.append(best)
+        todo -= _pairs(best)
+    return sorted(chosen, key=lambda c: c.world)
+
+
+COVERING = _covering()
+
+
+def _name(config: TrainConfig) -> str:
+    return "-".join(f"{name}={getattr(config, name)}" for name in FACTORS)
+
+
+@pytest.mark.parametrize("config", COVERING, ids=_name)
+def test_every_pair_of_options_trains_like_one_process(config, pools):
+    reports = pools(config.world).run(train, config)
+    want = reference(config)
+    losses = reports[0]["losses"]
+    assert len(losses) == config.steps and losses[-1] < losses[0] - 0.5  # it learned
+    for report in reports:
+        assert report["losses"] == losses  # the global mean, the same on every rank
+    for got, expected in zip(losses, want["losses"], strict=True):
+        assert got == pytest.approx(expected, rel=1e-4)
+    weights = reports[0]["weights"]
+    assert weights.keys() == want["weights"].keys()
+    for name, tensor in want["weights"].items():
+        assert torch.allclose(weights[name], tensor, atol=1e-5, rtol=0), name
+    other = reference(TrainConfig(**{**config.__dict__, "seed": 1}))  # the comparison can fail
+    assert not torch.allclose(weights["1.attention.qkv.weight"], other["weights"]["1.attention.qkv.weight"],
+                              atol=1e-3)
+
+
+def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
+    accepted = [c for values in itertools.product(*FACTORS.values()) if (c := _config(values))]
+    held = set().union(*map(_pairs, COVERING))
+    assert set().union(*(_pairs(c) for c in accepted if c.world <= 8)) <= held
+    assert {c.schedule for c in COVERING} == set(SCHEDULES) and {c.zero for c in COVERING} == {None, 1, 2, 3}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"zero": 4}, r"unknown zero \(ZeRO stage\) 4; choose one of None, 1, 2, 3"),
+    ({"precision": "fp8"}, "unknown precision 'fp8'"),
+    ({"schedule": "2f2b"}, "unknown schedule '2f2b'"),
+    ({"algorithm": "gossip"}, "unknown all-reduce algorithm 'gossip'"),
+    ({"dp": 0}, "dp must be a whole number, 1 or more; got 0"),
+    ({"pp": 2, "schedule": "interleaved_1f1b", "microbatches": 3, "batch": 6},
+     "micro-batches must be a multiple of stages"),
+    ({"pp": 4, "schedule": "interleaved_1f1b", "microbatches": 4},
+     "cuts the model into 8 stages, but it has 4"),
+    ({"dp": 4, "batch": 6}, "the batch of 6 sequences must split evenly over dp=4 ranks"),
+    ({"tp": 3}, "heads must split evenly over tp=3 ranks"),
+    ({"cp": 3}, "splits the 16 tokens over cp=3 ranks"),
+    ({"cp": 2, "tp": 2, "sequence_parallel": True, "tokens": 6},
+     "splits each rank's 3 tokens over tp=2 ranks; use tokens that are a multiple of 4"),
+    ({"ep": 2, "experts": 4}, "ep=2: the trainer runs experts whole on every rank"),
+    ({"tie": True, "zero": 2, "pp": 2}, "tie=True with zero=2 and 2 pipeline stages"),
+    ({"lr": 0}, "lr must be more than 0"),
+])
+def test_what_the_trainer_does_not_support_is_refused_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**options)
+
+
+def test_the_ranks_must_match_the_layout(pool4):
+    with pytest.raises(RankError, match=r"dp x pp x tp x cp = 2 ranks run this config; 4 are running"):
+        pool4.run(train, TrainConfig(dp=2, steps=1))
+
+
+def test_the_text_is_real_and_the_batches_fixed():
+    inputs, targets = text_batch(3, 4, 32, seed=5)
+    again, _ = text_batch(3, 4, 32, seed=5)
+    assert torch.equal(inputs, again) and not torch.equal(inputs, text_batch(4, 4, 32, seed=5)[0])
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # the targets are the next bytes
+    assert b"def " in bytes(part("train").tolist()) and 0 < len(part("validation")) < len(part("train")) / 8
+    assert 0 <= int(inputs.min()) and int(inputs.max()) < 256
