@@ -398,11 +398,12 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
 
 
 def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, prefetch: bool = False,
-                       halves: bool = False, steps: int = 3) -> dict:
+                       halves: bool = False, microbatches: int = 1, steps: int = 3) -> dict:
     """Train TiedModel with edulib's FullyShardedDataParallel (gathering ahead with `prefetch`) and
     with FSDP2's fully_shard (units the frozen and the hidden layer, the tied embedding in the
-    root), computing in `compute` ("fp32" or "bf16"), on the same batches, with `halves` each half
-    of the ranks on its own; return both full state dicts (fp32)."""
+    root), computing in `compute` ("fp32" or "bf16"), on the same batches, each in `microbatches`
+    backward passes whose gradients add up, with `halves` each half of the ranks on its own;
+    return both full state dicts (fp32)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -426,8 +427,9 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, prefetch: b
         ids, targets = _tied_batch(step, group)
         for model, opt in zip((mine, theirs), optimizers, strict=True):
             opt.zero_grad()
-            logits = model(ids).float()
-            torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+            for x, y in zip(ids.chunk(microbatches), targets.chunk(microbatches), strict=True):
+                loss = torch.nn.functional.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+                (loss / microbatches).backward()
             if model is mine:
                 mine.finish_gradient_synchronization()
             opt.step()

@@ -203,16 +203,18 @@ def test_the_wrappers_refuse_what_they_cannot_do(kind, message, pool4):
         pool4.run(_bad_wrapper, kind)
 
 
-FSDP_PAIRS = [("sgd", "fp32", "builtin", False, False), ("adamw", "bf16", "ring", True, False),
-              ("sgd", "bf16", "ring", False, True), ("adamw", "fp32", "ring", True, True),
-              ("adamw", "bf16", "builtin", False, True), ("sgd", "fp32", "ring", True, False)]
-# every pair of optimizer, compute dtype, all-reduce, prefetching and a group of half the ranks
+FSDP_PAIRS = [("sgd", "fp32", "builtin", False, False, 2), ("adamw", "bf16", "ring", True, False, 2),
+              ("sgd", "bf16", "ring", False, True, 1), ("adamw", "fp32", "ring", True, True, 2),
+              ("adamw", "bf16", "builtin", False, True, 1), ("sgd", "fp32", "ring", True, False, 1)]
+# every pair of optimizer, compute dtype, all-reduce, prefetching, a group of half the ranks and
+# micro-batches (each backward reduce-scatters; the shards add up)
 
 
-@pytest.mark.parametrize("optimizer, compute, algorithm, prefetch, halves", FSDP_PAIRS)
+@pytest.mark.parametrize("optimizer, compute, algorithm, prefetch, halves, microbatches", FSDP_PAIRS)
 def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algorithm, prefetch, halves,
-                                                       pool4):
-    reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm, prefetch, halves)
+                                                       microbatches, pool4):
+    reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm, prefetch, halves,
+                        microbatches)
     tolerance = 1e-5 if compute == "fp32" else 2e-2  # bf16 compute: the same rounding, summed apart
     for report in reports:
         assert report["edulib"].keys() == report["torch"].keys()

@@ -15,7 +15,7 @@ from edulib.train.data import part
 
 FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": SCHEDULES,
            "zero": (None, 1, 2, 3), "sequence_parallel": (False, True), "recompute": (False, True),
-           "tie": (False, True), "experts": (0, 4)}
+           "tie": (False, True), "experts": (0, 4), "ep": (1, 2), "optimizer": ("adamw", "sgd")}
 
 
 def _config(values: tuple) -> TrainConfig | None:
@@ -25,7 +25,7 @@ def _config(values: tuple) -> TrainConfig | None:
     m = 2 * options["pp"] if options["schedule"] == "dualpipe_v" else 2
     try:
         return TrainConfig(**options, microbatches=m, batch=options["dp"] * m, hidden=16, heads=2, layers=2,
-                           tokens=8, steps=20, lr=3e-3)
+                           tokens=8, steps=20, lr=0.3 if options["optimizer"] == "sgd" else 3e-3)
     except ValueError:
         return None
 
@@ -98,7 +98,9 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     ({"cp": 3}, "splits the 16 tokens over cp=3 ranks"),
     ({"cp": 2, "tp": 2, "sequence_parallel": True, "tokens": 6},
      "splits each rank's 3 tokens over tp=2 ranks; use tokens that are a multiple of 4"),
-    ({"ep": 2, "experts": 4}, "ep=2: the trainer runs experts whole on every rank"),
+    ({"ep": 2, "experts": 4}, r"ep=2 shares each layer's experts out over ep of the dp x cp = 1 ranks"),
+    ({"ep": 2, "dp": 2, "experts": 3}, r"it must divide both that and the experts \(3\)"),
+    ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; choose one of adamw, sgd"),
     ({"tie": True, "zero": 2, "pp": 2}, "tie=True with zero=2 and 2 pipeline stages"),
     ({"lr": 0}, "lr must be more than 0"),
 ])

@@ -13,7 +13,7 @@ accumulate, so k micro-batches cost one reduction. Times are recorded for the ti
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 
@@ -25,9 +25,16 @@ from torch.nn.utils import parameters_to_vector
 from edulib import comm
 
 
-def check_replicas(model: nn.Module, group=None) -> None:
+def replicas(module: nn.Module, ignored_params: Iterable[nn.Parameter] = ()) -> list[nn.Parameter]:
+    """The parameters every rank of the group holds alike: the module's, but those ignored (an
+    expert that each rank holds its own of)."""
+    ignored = {id(p) for p in ignored_params}
+    return [p for p in module.parameters() if id(p) not in ignored]
+
+
+def check_replicas(model: nn.Module, group=None, ignored_params: Iterable[nn.Parameter] = ()) -> None:
     """Refuse to start if the ranks' parameters differ (each must start from the same model)."""
-    flat = parameters_to_vector(model.parameters()).detach()
+    flat = parameters_to_vector(replicas(model, ignored_params)).detach()
     first = comm.broadcast(flat.clone(), root=0, group=group)
     differs = comm.all_reduce(torch.tensor([float(not torch.equal(first, flat))]), group=group)
     if differs.item():
@@ -39,17 +46,18 @@ class GradientBuckets:
     """Average a model's gradients across ranks in buckets launched from backward hooks."""
 
     def __init__(self, model: nn.Module, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                 group=None, algorithm: str = "builtin") -> None:
+                 group=None, algorithm: str = "builtin", ignored_params: Iterable[nn.Parameter] = ()) -> None:
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be a positive whole number of bytes; got {bucket_bytes!r}")
         comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # refuse a bad name now
-        check_replicas(model, group)
+        ignored_params = list(ignored_params)
+        check_replicas(model, group, ignored_params)
         self.overlap, self.group, self.algorithm = overlap, group, algorithm
         self._syncing = True
         self.bytes_sent = 0  # by this rank, over every step so far
         self.buckets: list[list[nn.Parameter]] = [[]]
         size = 0
-        for parameter in reversed([p for p in model.parameters() if p.requires_grad]):
+        for parameter in reversed([p for p in replicas(model, ignored_params) if p.requires_grad]):
             nbytes = parameter.numel() * parameter.element_size()
             if self.buckets[-1] and size + nbytes > bucket_bytes:
                 self.buckets.append([])

@@ -7,7 +7,7 @@ from backward hooks (`GradientBuckets`, on any of edulib's all-reduces), and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from edulib import comm
-from edulib.dp.data_parallel import GradientBuckets
+from edulib.dp.data_parallel import GradientBuckets, replicas
 
 
-def broadcast_module(module: nn.Module, group=None) -> None:
-    """Give every rank of the group rank 0's parameters and buffers, in place."""
+def broadcast_module(module: nn.Module, group=None, ignored_params: Iterable[nn.Parameter] = ()) -> None:
+    """Give every rank of the group rank 0's parameters (but those ignored) and buffers, in place."""
     with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
+        for tensor in [*replicas(module, ignored_params), *module.buffers()]:
             comm.broadcast(tensor.data, root=0, group=group)
 
 
@@ -29,11 +29,12 @@ class DistributedDataParallel(nn.Module):
     """A replica per rank whose gradients are averaged in overlapped buckets (torch's DDP shape)."""
 
     def __init__(self, module: nn.Module, bucket_bytes: int = 1 << 20, algorithm: str = "builtin",
-                 group=None, overlap: bool = True) -> None:
+                 group=None, overlap: bool = True, ignored_params: Iterable[nn.Parameter] = ()) -> None:
         super().__init__()
-        broadcast_module(module, group)
+        ignored_params = list(ignored_params)  # each rank's own (experts): left alone
+        broadcast_module(module, group, ignored_params)
         self.module = module
-        self.buckets = GradientBuckets(module, bucket_bytes, overlap, group, algorithm)
+        self.buckets = GradientBuckets(module, bucket_bytes, overlap, group, algorithm, ignored_params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward."""

@@ -40,6 +40,7 @@ class FullyShardedDataParallel(Sharding, nn.Module):
         sharded = [Unit(unit, self.ranks, rank, shard=True, parameters=parameters)
                    for unit, parameters in group_units(module, units)]
         self.chunks = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in sharded]  # fp32
+        self.grad_shards = [torch.zeros_like(chunk) for chunk in self.chunks]  # summed over micro-batches
         self._shard_units(sharded, algorithm, group, gather=True, reduce=True, prefetch=prefetch)
         for index in range(len(sharded)):
             self._free(index)
@@ -58,19 +59,16 @@ class FullyShardedDataParallel(Sharding, nn.Module):
         for parameter, part in zip(unit.parameters, unit.parts, strict=True):
             parameter.data = self.chunks[index][part]
 
-    def _reduced(self, index: int, chunk: torch.Tensor) -> None:
-        """Each trainable parameter's gradient is its part of the averaged chunk, in fp32."""
-        unit = self.units[index]
-        for parameter, part in zip(unit.parameters, unit.parts, strict=True):
-            if parameter.requires_grad:
-                parameter.grad = chunk[part].float() / self.ranks
-
     def finish_gradient_synchronization(self) -> None:
-        """After `loss.backward()`, before `optimizer.step()`: reduce what is left (a unit some of
-        whose parameters got no gradient) and leave every parameter its shard."""
+        """After the step's backward passes, before `optimizer.step()`: reduce what is left (a unit
+        some of whose parameters got no gradient) and leave every parameter its shard, its
+        gradient the average of its part of the summed chunk."""
         self._end_pass()
-        for index in range(len(self.units)):
-            self._free(index)
+        for unit, summed in zip(self.units, self.grad_shards, strict=True):
+            for parameter, part in zip(unit.parameters, unit.parts, strict=True):
+                if parameter.requires_grad:
+                    parameter.grad = summed[part] / self.ranks
+            summed.zero_()
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """The full fp32 state dict in the module's own names, gathered from every rank's chunks."""

@@ -9,14 +9,17 @@ stage 2 uses only the reduce, stage 3 and FSDP both. With `prefetch` the next un
 while this one computes. Every collective runs on the communication thread (`comm.submit`), in
 the same order on every rank, on any of edulib's algorithms, counted in the ledger.
 
-The two differ only in where a unit's chunk lives between uses (`_chunk`), what a freed unit
-keeps (`_free`) and what becomes of a reduced gradient chunk (`_reduced`).
+Each rank sums its chunks of the reduced gradients over the micro-batches in `grad_shards`. A
+unit's full weights stay until every backward that gathered them has reduced its gradients: under
+a split backward (zero bubble) several micro-batches' weight gradients (W) come after their
+input gradients (B). The two differ only in where a unit's chunk lives between uses (`_chunk`)
+and what a freed unit keeps (`_free`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -43,6 +46,7 @@ class Unit:
         bounds = chunk_bounds(self.length, ranks)
         self.lo, self.hi = (bounds[rank], bounds[rank + 1]) if shard else (0, self.length)
         self.ready = 0  # gradients accumulated in this backward pass
+        self.pending = 0  # backward passes that gathered the weights and have not reduced yet
 
     def flat(self) -> torch.Tensor:
         """The unit's parameters as one vector."""
@@ -85,6 +89,7 @@ class Sharding:
     """Gather each unit just in time and reduce-scatter its gradients when ready (see the module)."""
 
     units: list[Unit]
+    grad_shards: list[torch.Tensor | None]  # this rank's chunk of each unit's summed gradients
 
     def _shard_units(self, units: list[Unit], algorithm: str, group: Any, gather: bool, reduce: bool,
                      prefetch: bool) -> None:
@@ -107,11 +112,7 @@ class Sharding:
         raise NotImplementedError
 
     def _free(self, index: int) -> None:
-        """Drop unit `index`'s full weights and gradients after use."""
-        raise NotImplementedError
-
-    def _reduced(self, index: int, chunk: torch.Tensor) -> None:
-        """Keep this rank's chunk of unit `index`'s gradients, summed over the ranks."""
+        """Drop unit `index`'s full weights after use."""
         raise NotImplementedError
 
     def _measure(self) -> None:
@@ -140,8 +141,13 @@ class Sharding:
         """Free the unit's full weights; gather them again just before its backward."""
         self._free(index)
         if isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda grad: (self._gather(index, -1), grad)[1])
+            out.register_hook(lambda grad: (self._gather_for_backward(index), grad)[1])
         return out
+
+    def _gather_for_backward(self, index: int) -> None:
+        """Gather a unit's weights for a backward pass, which keeps them until it has reduced."""
+        self.units[index].pending += 1
+        self._gather(index, -1)
 
     def _accumulated(self, index: int) -> None:
         """One of the unit's gradients is ready; once all are, reduce-scatter them."""
@@ -150,32 +156,42 @@ class Sharding:
             self._reduce(index)
 
     def _reduce(self, index: int) -> None:
-        """Reduce-scatter unit `index`'s full gradients, free them, and keep this rank's chunk."""
+        """Reduce-scatter unit `index`'s full gradients, add this rank's chunk to its gradient shard
+        and free them; free the weights too unless another backward still needs them."""
         unit = self.units[index]
         unit.ready = 0
         self._measure()
         with comm.labelled("gradients"):
             chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
-        self._free(index)
-        self._reduced(index, chunk)
+        self.grad_shards[index] += chunk
+        for parameter in unit.parameters:
+            parameter.grad = None
+        unit.pending = max(unit.pending - 1, 0)
+        if not unit.pending:
+            self._free(index)
 
     def _end_pass(self) -> None:
-        """Reduce the units some of whose gradients never came (a parameter the pass did not use),
-        and drop gathers started for a use that never came (the weights change in the step)."""
+        """After the step's backward passes: reduce the units some of whose gradients never came (a
+        parameter the pass did not use), drop gathers started for a use that never came (the
+        weights change in the step) and free every unit."""
         for index, unit in enumerate(self.units):
             if unit.ready:
                 self._reduce(index)
         for coming in self._coming.values():
             coming.result()
         self._coming.clear()
+        for index, unit in enumerate(self.units):
+            unit.pending = 0
+            self._free(index)
 
 
-def group_units(module: nn.Module,
-                units: list[nn.Module] | None) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+def group_units(module: nn.Module, units: list[nn.Module] | None,
+                ignored_params: Iterable[nn.Parameter] = ()) -> list[tuple[nn.Module, list[nn.Parameter]]]:
     """The units (by default the model's children) and their parameters, in the order their
     forwards begin: the model itself first, with every parameter no unit holds. A unit may hold
     others (as FSDP2's may): then it holds only what they leave. Refuses units outside the model
-    and a parameter that two units share without one holding the other."""
+    and a parameter that two units share without one holding the other. Ignored parameters are in
+    no unit."""
     units = list(module.children()) if units is None else list(units)
     inside = {id(m) for m in module.modules()}
     strangers = [type(unit).__name__ for unit in units if id(unit) not in inside or unit is module]
@@ -196,7 +212,8 @@ def group_units(module: nn.Module,
                                  "holds it")
             owner[id(parameter)] = unit
     order = {id(m): i for i, m in enumerate(module.modules())}
-    grouped = [(unit, [p for p in unit.parameters() if owner[id(p)] is unit])
+    ignored = {id(p) for p in ignored_params}
+    grouped = [(unit, [p for p in unit.parameters() if owner[id(p)] is unit and id(p) not in ignored])
                for unit in sorted(units, key=lambda u: order[id(u)])]
-    rest = [p for p in module.parameters() if id(p) not in owner]
+    rest = [p for p in module.parameters() if id(p) not in owner and id(p) not in ignored]
     return [*([(module, rest)] if rest else []), *((unit, ps) for unit, ps in grouped if ps)]

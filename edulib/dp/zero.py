@@ -54,22 +54,25 @@ class ZeroDataParallel(Sharding):
     def __init__(self, model: nn.Module, stage: int, optimizer: Optimizer | None = None,
                  precision: str = "bf16", algorithm: str = "builtin", group=None,
                  units: list[nn.Module] | None = None, loss_scale: float | None = None,
-                 prefetch: bool = False) -> None:
+                 prefetch: bool = False, ignored_params: Iterable[nn.Parameter] = ()) -> None:
         check_choice(stage, ZERO_STAGES, "ZeRO stage")
+        ignored_params = list(ignored_params)  # each rank's own (experts): neither sharded nor updated
         self.dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
         if any(p.dtype != torch.float32 for p in model.parameters()):
             raise ValueError("the model must arrive in fp32: its weights become the fp32 master "
                              "weights, and the 16-bit copy is made here")
-        frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+        ignored = {id(p) for p in ignored_params}
+        frozen = [name for name, p in model.named_parameters()
+                  if not p.requires_grad and id(p) not in ignored]
         if frozen:
             raise ValueError(f"ZeroDataParallel trains every parameter, and {frozen[:3]} are frozen: "
                              "use FullyShardedDataParallel, or DistributedDataParallel with ShardedOptimizer")
         comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails now
-        check_replicas(model, group)
+        check_replicas(model, group, ignored_params)
         self.stage, self.algorithm = stage, algorithm
         self.ranks, rank = dist.get_world_size(group), dist.get_rank(group)
         units_ = [Unit(unit, self.ranks, rank, shard=stage >= 1, parameters=parameters)
-                  for unit, parameters in group_units(model, units)]
+                  for unit, parameters in group_units(model, units, ignored_params)]
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
         # fp32 master weights: this rank's chunk of each unit (all of it at stage 0)
         self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in units_]
@@ -94,16 +97,9 @@ class ZeroDataParallel(Sharding):
         return self.shards[index]
 
     def _free(self, index: int) -> None:
-        """Stage 3 frees the unit's full weights and gradients; stage 2 only its full gradients."""
+        """Stage 3 frees the unit's full weights (stage 2 keeps them)."""
         if self.stage == 3:
             self.units[index].release()
-        else:
-            for parameter in self.units[index].parameters:
-                parameter.grad = None
-
-    def _reduced(self, index: int, chunk: torch.Tensor) -> None:
-        """Add the chunk to this rank's gradient shard, summed over micro-batches."""
-        self.grad_shards[index] += chunk
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass of one micro-batch's loss (scaled, for fp16); gradients accumulate."""

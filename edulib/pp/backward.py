@@ -5,8 +5,11 @@ B computes only the gradient for the stage's input, which the previous stage is 
 Along the way it keeps the gradient of each parameter-holding layer's output, and nothing more
 is computed: autograd skips the weight-gradient products no one asked for. W later turns each
 kept output gradient into that layer's weight gradients and frees what B kept: for a Linear,
-dW = dYᵀX and db = the sum of dY, from the input X the forward pass recorded; for any other
-layer, autograd from its own output to its own parameters. B + W does one full backward's work.
+dW = dYᵀX and db = the sum of dY, from the input X the forward pass recorded; for an Embedding,
+dY's rows added up at the token ids it looked up; for any other layer, autograd from its own
+output to its own parameters. B + W does one full backward's work, and each weight's gradient
+arrives as in a whole backward: once, through autograd's accumulation, so the hooks a wrapper
+put there fire once (DDP's buckets, ZeRO's reduce-scatters, a sum over a group).
 
 A tensor-parallel Linear records itself (`record`): the local matmul's input and output, inside
 its collectives, so B runs each collective once on the way to the input and W needs none. Under
@@ -87,11 +90,13 @@ def input_only() -> bool:
 
 
 def _by_hand(module: nn.Module | LinearParts, x: object) -> bool:
-    """Whether W computes this layer's weight gradients itself: a Linear with its input recorded,
-    or a self-recorded matmul (a bias alone needs no input)."""
+    """Whether W computes this layer's weight gradients itself: a Linear or a plain Embedding with
+    its input recorded, or a self-recorded matmul (a bias alone needs no input)."""
     if isinstance(module, LinearParts):
         return module.weight is None or isinstance(x, torch.Tensor)
-    return type(module) is nn.Linear and isinstance(x, torch.Tensor)
+    plain = type(module) is nn.Embedding and module.padding_idx is None and module.max_norm is None and not (
+        module.scale_grad_by_freq or module.sparse)
+    return (type(module) is nn.Linear or plain) and isinstance(x, torch.Tensor)
 
 
 def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torch.Tensor,
@@ -118,9 +123,8 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, inputs: torc
 def backward_weight(kept: Kept) -> None:
     """W: each layer's weight gradients from its kept output gradient, added to `.grad`; frees them.
 
-    A weight used twice (an embedding tied to the head) gets its contributions summed first, and
-    each sum goes through autograd's own accumulation, once per weight: so the hooks a wrapper put
-    there (DDP's buckets, ZeRO's and FSDP's reduce-scatters) fire as in a whole backward."""
+    The layers done by hand add up their contributions to each weight first (an embedding tied to
+    the head gets both), and then each weight's sum goes through autograd's accumulation once."""
     sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by the weight's id: it, and its sum
 
     def add(parameter: torch.Tensor | None, grad: torch.Tensor | None) -> None:
@@ -130,16 +134,17 @@ def backward_weight(kept: Kept) -> None:
 
     while kept:
         module, x, out, grad = kept.pop()
-        if _by_hand(module, x):
-            dy = grad.reshape(-1, grad.shape[-1])
-            if module.weight is not None and module.weight.requires_grad:
-                x = module.gather(x) if isinstance(module, LinearParts) and module.gather else x
-                add(module.weight, dy.T @ x.reshape(-1, x.shape[-1]))
-            add(module.bias, dy.sum(0) if module.bias is not None else None)
+        if not _by_hand(module, x):
+            parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            torch.autograd.backward(out, grad, inputs=parameters, retain_graph=True)
             continue
-        parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        for parameter, g in zip(parameters, torch.autograd.grad(out, parameters, grad, retain_graph=True,
-                                                                allow_unused=True), strict=True):
-            add(parameter, g)
+        dy = grad.reshape(-1, grad.shape[-1])
+        if isinstance(module, nn.Embedding):
+            add(module.weight, torch.zeros_like(module.weight).index_add_(0, x.reshape(-1), dy))
+            continue
+        if module.weight is not None and module.weight.requires_grad:
+            x = module.gather(x) if isinstance(module, LinearParts) and module.gather else x
+            add(module.weight, dy.T @ x.reshape(-1, x.shape[-1]))
+        add(module.bias, dy.sum(0) if module.bias is not None else None)
     for parameter, total in sums.values():
         torch.autograd.backward(parameter, total)

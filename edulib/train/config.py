@@ -14,6 +14,7 @@ from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
 
 PRECISIONS = ("fp32",)
+OPTIMIZERS = ("adamw", "sgd")
 ZERO = (None, 1, 2, 3)
 
 
@@ -34,6 +35,7 @@ class TrainConfig:
     recompute: bool = False
     precision: str = "fp32"
     algorithm: str = "builtin"
+    optimizer: str = "adamw"  # or "sgd", whose steps are linear in the gradients: no error hides
     hidden: int = 32
     heads: int = 4
     layers: int = 2
@@ -55,6 +57,7 @@ class TrainConfig:
         check_choice(self.precision, PRECISIONS, "precision")
         check_choice(self.algorithm, ("builtin", *ALGORITHMS), "all-reduce algorithm")
         check_choice(self.schedule, SCHEDULES, "schedule")
+        check_choice(self.optimizer, OPTIMIZERS, "optimizer")
         if not self.lr > 0:
             raise ValueError(f"lr must be more than 0; got {self.lr!r}")
         schedule = self.pipeline()  # the schedule's own checks: micro-batches, chunks
@@ -75,9 +78,10 @@ class TrainConfig:
         if self.sequence_parallel and (self.tokens // self.cp) % self.tp:
             raise ValueError(f"sequence parallelism splits each rank's {self.tokens // self.cp} tokens over "
                              f"tp={self.tp} ranks; use tokens that are a multiple of {self.cp * self.tp}")
-        if self.ep > 1:
-            raise ValueError(f"ep={self.ep}: the trainer runs experts whole on every rank for now (ep=1); "
-                             "edulib.ep's layer alone shards them")
+        if self.ep > 1 and (not self.experts or self.experts % self.ep or (self.dp * self.cp) % self.ep):
+            raise ValueError(f"ep={self.ep} shares each layer's experts out over ep of the dp x cp = "
+                             f"{self.dp * self.cp} ranks that hold a stage: it must divide both that and the "
+                             f"experts ({self.experts})")
         if self.tie and self.zero in (2, 3) and schedule.stages > 1:
             raise ValueError(f"tie=True with zero={self.zero} and {schedule.stages} pipeline stages: the "
                              "embedding and the head are copies on the first and last stage whose gradients "

@@ -8,7 +8,7 @@ them with `sequence_parallel`), attend round the cp group's ring when the sequen
 (`edulib.cp`), and may be recomputed in backward (`recompute`). Micro-batches flow through the
 one pipeline executor on any schedule. The ranks that hold the same stage split the batch (dp)
 and the sequence (cp), so their gradients are averaged over that dp x cp group: by
-`DistributedDataParallel` and AdamW, or by ZeRO (`zero`), which also takes the AdamW step.
+`DistributedDataParallel` and the optimizer, or by ZeRO (`zero`), which also takes the step.
 Weights that every tp rank holds whole but that saw only its part of the sequence (sequence
 parallelism's LayerNorms and biases) have their gradients summed over tp as they arrive; an
 embedding tied to a head on another stage has the two copies' gradients summed after backward.
@@ -16,10 +16,11 @@ embedding tied to a head on another stage has the two copies' gradients summed a
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import itertools
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ from edulib.comm.groups import Grid, subgroup
 from edulib.cp.layout import token_ranges
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel
+from edulib.ep.layer import ExpertParallelMoE
 from edulib.hybrid.grid import SequenceSplit
 from edulib.models import Block, split
 from edulib.pp.executor import Links, execute
@@ -52,16 +54,23 @@ def model_of(config: TrainConfig) -> nn.Sequential:
                config.seed)
 
 
+def optimizer_of(config: TrainConfig) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
+    """What builds the config's optimizer over some weights: AdamW, or plain SGD."""
+    if config.optimizer == "sgd":
+        return functools.partial(torch.optim.SGD, lr=config.lr)
+    return functools.partial(torch.optim.AdamW, lr=config.lr, eps=ADAMW_EPS)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy of the next token."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def reference(config: TrainConfig) -> dict:
-    """The same training in one process: AdamW on the whole batch; each step's loss and the final
-    weights by name."""
+    """The same training in one process, on the whole batch; each step's loss and the final weights
+    by name."""
     model = model_of(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, eps=ADAMW_EPS)
+    optimizer = optimizer_of(config)(model.parameters())
     losses = []
     for step in range(config.steps):
         inputs, targets = text_batch(step, config.batch, config.tokens, config.seed)
@@ -73,7 +82,7 @@ def reference(config: TrainConfig) -> dict:
     return {"losses": losses, "weights": {name: p.detach() for name, p in model.named_parameters()}}
 
 
-def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context,
+def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
            first_token: int) -> tuple[nn.Sequential, Sources]:
     """This rank's copy of one pipeline stage, and where each of its parameters comes from."""
     piece = copy.deepcopy(piece)  # a tied embedding and head in one stage stay one weight
@@ -81,7 +90,10 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
     before, blocks, after = [], [], []
     for index, layer in enumerate(piece, start=first_layer):
         if isinstance(layer, Block):
-            mlp = Experts(layer.mlp.moe) if config.experts else None
+            moe = layer.mlp.moe if config.experts else None
+            if moe is not None and config.ep > 1:
+                moe = ExpertParallelMoE(moe, expert_group, config.algorithm)
+            mlp = Experts(moe) if moe is not None else None
             made = ParallelBlock(layer, tensor_group, config.algorithm, config.sequence_parallel, mlp)
             made.attention.context = context
             sources |= {id(made.get_parameter(name)): (f"{index}.{full}", where)
@@ -108,6 +120,58 @@ def _sum_over(parameters: list[nn.Parameter], group, algorithm: str) -> None:
         parameter.register_hook(summed)
 
 
+class _Averaging:
+    """Gradients averaged over the ranks that hold the same weights, then a step: the dense weights
+    over the dp x cp group, by DistributedDataParallel or ZeRO (which also takes their step), and
+    each rank's own experts over the ranks that hold the same ones, their gradients divided by ep
+    first (each already sums the tokens of ep ranks)."""
+
+    def __init__(self, held: nn.ModuleList, config: TrainConfig, data_group, expert_data_group,
+                 tied: Callable[[], None]) -> None:
+        self.zero, self.tied = config.zero, tied
+        holders = nn.ModuleList(m.experts for m in held.modules() if isinstance(m, ExpertParallelMoE))
+        self.experts = list(holders.parameters())
+        for weight in self.experts:
+            weight.register_hook(lambda grad: grad / config.ep)
+        make = optimizer_of(config)
+        self.wrappers = []
+        if config.zero is None:
+            self.wrappers.append(DistributedDataParallel(held, algorithm=config.algorithm, group=data_group,
+                                                         overlap=False, ignored_params=self.experts))
+        else:
+            self.sharded = ZeroDataParallel(held, config.zero, make, precision="fp32",
+                                            algorithm=config.algorithm, group=data_group, units=_units(held),
+                                            ignored_params=self.experts)
+        if self.experts:
+            self.wrappers.append(DistributedDataParallel(holders, algorithm=config.algorithm,
+                                                         group=expert_data_group, overlap=False))
+        mine = list(held.parameters()) if config.zero is None else self.experts
+        self.optimizer = make(mine) if mine else None
+
+    def no_sync(self) -> contextlib.ExitStack:
+        """Micro-batches only accumulate gradients; `step` averages them once."""
+        stack = contextlib.ExitStack()
+        for wrapper in self.wrappers:
+            stack.enter_context(wrapper.no_sync())
+        return stack
+
+    def step(self) -> None:
+        """Average the step's gradients, sum a tied pair's, and update the weights."""
+        for wrapper in self.wrappers:
+            wrapper.finish_gradient_synchronization()
+        self.tied()
+        if self.zero is not None:
+            self.sharded.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def weights(self, held: nn.ModuleList) -> dict[int, torch.Tensor]:
+        """Every weight this rank holds, by id: ZeRO's gathered from the group, the rest its own."""
+        own = {id(w): w.detach() for w in held.parameters()}
+        return own if self.zero is None else own | self.sharded.gathered()
+
+
 def train(config: TrainConfig) -> dict:
     """Train on this rank's part of the layout; every rank returns each step's loss (the mean over
     the global batch), and rank 0 also every final weight, gathered, by the one-process model's names."""
@@ -120,29 +184,25 @@ def train(config: TrainConfig) -> dict:
     schedule = config.pipeline()
     tensor_group, data_group = grid.group("tp"), grid.group("dp", "cp")
     context = grid.group("cp") if config.cp > 1 else None
+    # experts: ep consecutive ranks of each dp x cp group share them out; every ep-th holds the same
+    alike = grid.groups("dp", "cp")
+    expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
+    expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
     [positions] = token_ranges(config.tokens, c, config.cp, "contiguous")
     full = model_of(config)
     pieces = split(full, schedule.stages)
     starts = list(itertools.accumulate(map(len, pieces), initial=0))
     stages, sources = {}, {}
     for s in schedule.stages_of(p):
-        stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, positions.start)
+        stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, expert_group,
+                                  positions.start)
         sources |= found
     held = nn.ModuleList(stages[s] for s in sorted(stages))
     if config.sequence_parallel:
         _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
                    for w in m.replicated()], tensor_group, config.algorithm)
-    tied = _tied(config, schedule, grid, held, sources)
-
-    if config.zero is None:
-        data_parallel = DistributedDataParallel(held, group=data_group, algorithm=config.algorithm,
-                                                overlap=False)
-        optimizer = torch.optim.AdamW(held.parameters(), lr=config.lr, eps=ADAMW_EPS)
-    else:
-        data_parallel = ZeroDataParallel(held, config.zero,
-                                         lambda ps: torch.optim.AdamW(ps, lr=config.lr, eps=ADAMW_EPS),
-                                         precision="fp32", algorithm=config.algorithm, group=data_group,
-                                         units=_units(held))
+    averaging = _Averaging(held, config, data_group, expert_data_group,
+                           _tied(config, schedule, grid, held, sources))
     m = config.microbatches
     neighbours = {q: grid.rank(d, q, t, c) for q in range(config.pp)}
     links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
@@ -159,26 +219,21 @@ def train(config: TrainConfig) -> dict:
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed))
         parts.clear()
-        with data_parallel.no_sync() if config.zero is None else nullcontext():
+        with averaging.no_sync():
             execute(schedule, p, stages, loss, inputs, targets, shape=shape, links=links)
-        if config.zero is None:
-            data_parallel.finish_gradient_synchronization()
-            tied()
-            optimizer.step()
-            optimizer.zero_grad()
-        else:
-            tied()
-            data_parallel.step()
+        averaging.step()
         mine = sum(parts) if t == 0 else 0.0  # only the last stage computed a loss; tp ranks agree
         total = comm.all_reduce(torch.tensor([mine], dtype=torch.float64))
         losses.append(total.item() / (config.dp * config.cp))
-    weights = data_parallel.gathered() if config.zero is not None else {
-        id(w): w.detach() for w in held.parameters()}
-    report = {"losses": losses}
-    gathered = _gather(full, sources, weights, owner=d == 0 and c == 0, whole_owner=t == 0)
-    if dist.get_rank() == 0:
-        report["weights"] = gathered
-    return report
+    position = d * config.cp + c  # in its dp x cp group
+    experts = {id(w) for w in averaging.experts}
+
+    def writes(key: int, index: Index) -> bool:
+        """Whether this rank is the first of those holding this slice of a weight."""
+        first = position < config.ep if key in experts else position == 0
+        return first and (t == 0 or index != WHOLE)
+    gathered = _gather(full, sources, averaging.weights(held), writes)
+    return {"losses": losses} | ({"weights": gathered} if dist.get_rank() == 0 else {})
 
 
 def _units(held: nn.ModuleList) -> list[nn.Module]:
@@ -218,17 +273,16 @@ def _tied(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleList, source
     return sum_copies
 
 
-def _gather(full: nn.Sequential, sources: Sources, weights: dict[int, torch.Tensor], owner: bool,
-            whole_owner: bool) -> dict[str, torch.Tensor]:
+def _gather(full: nn.Sequential, sources: Sources, weights: dict[int, torch.Tensor],
+            writes: Callable[[int, Index], bool]) -> dict[str, torch.Tensor]:
     """Every weight of the one-process model, assembled on rank 0 from the slices the ranks hold:
-    each slice is written by exactly one rank (the first of those holding it) and summed there."""
+    each slice is written by exactly one rank (`writes`) and summed there."""
     named = dict(full.named_parameters())
     offsets = dict(zip(named, itertools.accumulate((w.numel() for w in named.values()), initial=0),
                        strict=False))
     flat = torch.zeros(sum(w.numel() for w in named.values()))
     for key, (name, index) in sources.items():
-        writes = owner and (whole_owner or index != WHOLE) and name in named
-        if writes:
+        if name in named and writes(key, index):
             start = offsets[name]
             flat[start:start + named[name].numel()].view(named[name].shape)[index] = weights[key]
     comm.reduce(flat, root=0)
