@@ -25,7 +25,8 @@ def _config(values: tuple) -> TrainConfig | None:
     m = 2 * options["pp"] if options["schedule"] == "dualpipe_v" else 2
     try:
         return TrainConfig(**options, microbatches=m, batch=options["dp"] * m, hidden=16, heads=2, layers=2,
-                           tokens=8, steps=20, lr=0.3 if options["optimizer"] == "sgd" else 3e-3)
+                           tokens=8, steps=20, lr=0.3 if options["optimizer"] == "sgd" else 3e-3,
+                           eval_every=5)
     except ValueError:
         return None
 
@@ -67,10 +68,20 @@ def test_every_pair_of_options_trains_like_one_process(config, pools):
         assert report["losses"] == losses  # the global mean, the same on every rank
     for got, expected in zip(losses, want["losses"], strict=True):
         assert got == pytest.approx(expected, rel=1e-4)
+    assert reports[0]["validation"].keys() == want["validation"].keys() == {5, 10, 15, 20}
+    for step, expected in want["validation"].items():
+        assert reports[0]["validation"][step] == pytest.approx(expected, rel=1e-4)
     weights = reports[0]["weights"]
     assert weights.keys() == want["weights"].keys()
     for name, tensor in want["weights"].items():
         assert torch.allclose(weights[name], tensor, atol=1e-5, rtol=0), name
+    sizes = {"dp": config.dp * config.cp, "pp": config.pp, "tp": config.tp, "cp": config.cp, "ep": config.ep}
+    sent = {axis: sum(report["sent"][axis] for report in reports) > 0 for axis in sizes}
+    assert sent == {axis: size > 1 for axis, size in sizes.items()}
+    for report in reports:  # SGD keeps no state, ZeRO its master weights
+        assert report["memory"]["parameters"] > 0 and report["memory"]["gradients"] > 0, report["memory"]
+        assert (report["memory"]["optimizer"] > 0) == (config.optimizer == "adamw" or config.zero is not None)
+        assert (report["memory"]["activations"] is None) == config.recompute
     other = reference(TrainConfig(**{**config.__dict__, "seed": 1}))  # the comparison can fail
     assert not torch.allclose(weights["1.attention.qkv.weight"], other["weights"]["1.attention.qkv.weight"],
                               atol=1e-3)

@@ -44,7 +44,12 @@ def _run(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, ro
         sent = bytes_sent(schedule, nbytes, itemsize)[(dist.get_rank(group) - root) % n]
     else:
         sent = run_schedule(schedule, tensor, group, root)
-    return note(collective, sent, nbytes if handed is None else handed, algorithm)
+    return note(collective, sent, nbytes if handed is None else handed, algorithm, _members(group))
+
+
+def _members(group: Group) -> tuple[int, ...]:
+    """The global ranks of a group."""
+    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
 def _global(group: Group, group_rank: int) -> int:
@@ -200,7 +205,7 @@ def all_to_all(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
                                               _global(group, m.src), group=group))
             for work in pending:
                 work.wait()
-    note("all_to_all", sent, tensor.numel() * tensor.element_size(), algorithm)
+    note("all_to_all", sent, tensor.numel() * tensor.element_size(), algorithm, _members(group))
     return output
 
 
@@ -218,7 +223,7 @@ def recv(tensor: torch.Tensor, peer: int) -> torch.Tensor:
 def isend(tensor: torch.Tensor, peer: int) -> dist.Work:
     """Start sending `tensor` to global rank `peer`. Messages between two ranks match in order."""
     nbytes = _sizes(tensor)[0]
-    note("send", nbytes, nbytes, "p2p")
+    note("send", nbytes, nbytes, "p2p", (peer,))
     return dist.isend(tensor.contiguous(), peer)
 
 

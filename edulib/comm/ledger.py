@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Transfer:
-    """One call: the step's part, the operation, the algorithm, the bytes this rank sent, the size handed."""
+    """One call: the step's part, the operation, the algorithm, the bytes this rank sent, the size
+    handed, and the global ranks it was among (the group's; a message's receiver)."""
 
     direction: str
     operation: str
     nbytes: int
     size: int = 0
     algorithm: str = ""
+    ranks: tuple[int, ...] = ()
 
 
 # The open counters and the label belong to a context, so a call that `comm.submit` hands to the
@@ -52,9 +54,9 @@ def labelled(direction: str) -> Iterator[None]:
         _label.reset(token)
 
 
-def note(operation: str, nbytes: int, size: int, algorithm: str) -> int:
+def note(operation: str, nbytes: int, size: int, algorithm: str, ranks: tuple[int, ...] = ()) -> int:
     """Record a call in every open counter; return `nbytes`."""
-    transfer = Transfer(_label.get(), operation, nbytes, size, algorithm)
+    transfer = Transfer(_label.get(), operation, nbytes, size, algorithm, ranks)
     for record in _records.get():
         record.append(transfer)
     return nbytes

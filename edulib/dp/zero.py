@@ -36,9 +36,15 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
-def _bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes the tensors hold (None and empty ones hold nothing)."""
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """An optimizer's per-element state (Adam's moments; not its scalar step counter)."""
+    return [t for state in optimizer.state.values() for t in state.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0]
 
 
 class ZeroDataParallel(Sharding):
@@ -111,12 +117,13 @@ class ZeroDataParallel(Sharding):
         if self.stage >= 2:
             self._end_pass()
         for index, unit in enumerate(self.units):
-            if self.stage == 0:
-                grad = self._collective(comm.all_reduce, unit.flat_grad(), self.algorithm)
-            elif self.stage == 1:
-                grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
-            else:
-                grad = self.grad_shards[index]
+            with comm.labelled("gradients"):
+                if self.stage == 0:
+                    grad = self._collective(comm.all_reduce, unit.flat_grad(), self.algorithm)
+                elif self.stage == 1:
+                    grad = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
+                else:
+                    grad = self.grad_shards[index]
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
         if self.loss_scale != 1.0 and self._overflowed():
             self.loss_scale /= 2  # an overflow somewhere: skip this step, scale less
@@ -142,19 +149,19 @@ class ZeroDataParallel(Sharding):
     def _overflowed(self) -> bool:
         """Whether any rank's scaled fp16 gradients overflowed (every rank must agree to skip)."""
         finite = torch.tensor([float(all(torch.isfinite(m.grad).all() for m in self.master))])
-        return self._collective(comm.all_reduce, finite, "builtin").item() < self.ranks
+        with comm.labelled("gradients"):
+            return self._collective(comm.all_reduce, finite, "builtin").item() < self.ranks
 
     def held(self) -> dict[str, int]:
         """Bytes this rank holds now, counted from the tensors: 16-bit parameters, gradients, and
         the optimizer's (fp32 master weights and the optimizer's per-element state)."""
         parameters = [p for unit in self.units for p in unit.parameters]
-        state = [t for s in self.optimizer.state.values() for t in s.values()
-                 if isinstance(t, torch.Tensor) and t.dim() > 0]  # Adam's step counter is a scalar
+        state = optimizer_state(self.optimizer)
         early = [f.result() for f in self._coming.values() if f.done()]  # gathered ahead of use
-        return {"parameters": _bytes([p.data for p in parameters]) + _bytes(early)
-                + (_bytes(self.shards) if self.stage == 3 else 0),
-                "gradients": _bytes([p.grad for p in parameters]) + _bytes(self.grad_shards),
-                "optimizer": _bytes([m.data for m in self.master]) + _bytes(state)}
+        return {"parameters": tensor_bytes([p.data for p in parameters]) + tensor_bytes(early)
+                + (tensor_bytes(self.shards) if self.stage == 3 else 0),
+                "gradients": tensor_bytes([p.grad for p in parameters]) + tensor_bytes(self.grad_shards),
+                "optimizer": tensor_bytes([m.data for m in self.master]) + tensor_bytes(state)}
 
     def _measure(self) -> None:
         """Note the most bytes held at any moment so far."""

@@ -121,6 +121,13 @@ class Schedule:
         return any(action.is_message for row in self.actions for action in row)
 
     @property
+    def kinds(self) -> str:
+        """The kinds of action every stage runs for every micro-batch: "FBW" with a split backward,
+        "FB", or "F" for a forward-only schedule (inference, or a validation batch)."""
+        present = {part.kind for row in self.actions for step in row for part in step.parts}
+        return "FBW" if "W" in present else "FB" if "B" in present else "F"
+
+    @property
     def split_backward(self) -> bool:
         """Whether the backward pass is split into B (input gradient) and W (weight gradient)."""
         return any(action.kind == "W" for row in self.actions for action in row)

@@ -100,7 +100,7 @@ def _keys(schedule: Schedule) -> tuple[list[list[tuple[int, ...]]], list[list[St
                          f"got {p}, {m}, {schedule.chunks}")
     if len(schedule.actions) != p:
         raise ValueError(f"expected one action list per device ({p}); got {len(schedule.actions)}")
-    kinds = "FBW" if schedule.split_backward else "FB"
+    kinds = schedule.kinds
     count = bytearray(3 * stages * m)
     rows, steps = [], []
     for device, row in enumerate(schedule.actions):

@@ -12,6 +12,7 @@ from edulib.checks import check_choice
 from edulib.comm import ALGORITHMS
 from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
+from edulib.train.data import VOCAB
 
 PRECISIONS = ("fp32",)
 OPTIMIZERS = ("adamw", "sgd")
@@ -46,6 +47,8 @@ class TrainConfig:
     steps: int = 20
     lr: float = 1e-3
     seed: int = 0
+    eval_every: int = 0  # the validation loss after every this many steps (0: never)
+    peak_tflops: float | None = None  # each rank's peak, for the model FLOPs utilisation (None: not shown)
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "cp", "ep", "microbatches", "hidden", "heads", "layers", "tokens",
@@ -53,6 +56,10 @@ class TrainConfig:
             _whole(getattr(self, name), name, 1)
         _whole(self.experts, "experts", 0)
         _whole(self.seed, "seed", 0)
+        _whole(self.eval_every, "eval_every", 0)
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ValueError(f"peak_tflops must be more than 0 (None: no utilisation); "
+                             f"got {self.peak_tflops!r}")
         check_choice(self.zero, ZERO, "zero (ZeRO stage)")
         check_choice(self.precision, PRECISIONS, "precision")
         check_choice(self.algorithm, ("builtin", *ALGORITHMS), "all-reduce algorithm")
@@ -92,6 +99,16 @@ class TrainConfig:
     def world(self) -> int:
         """Ranks the run needs: dp x pp x tp x cp (experts are sharded over the dp x cp ranks)."""
         return self.dp * self.pp * self.tp * self.cp
+
+    def model_flops(self) -> float:
+        """Model FLOPs of one step (PaLM's count, recomputation not included): per token, 6 per weight
+        it meets outside the embeddings (one expert of an MoE layer) and attention's
+        12 x layers x hidden x tokens."""
+        h = self.hidden
+        mlp = 4 * h * h + self.experts * h if self.experts else 8 * h * h  # one expert, and the router
+        weights = self.layers * (4 * h * h + mlp) + h * VOCAB  # attention, the MLP; the head
+        per_token = 6 * weights + 12 * self.layers * self.hidden * self.tokens
+        return per_token * self.batch * self.tokens
 
     def pipeline(self) -> Schedule:
         """The pipeline schedule for pp devices."""

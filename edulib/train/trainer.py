@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import itertools
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -31,11 +33,12 @@ from edulib import comm
 from edulib.comm.groups import Grid, subgroup
 from edulib.cp.layout import token_ranges
 from edulib.dp.ddp import DistributedDataParallel
-from edulib.dp.zero import ZeroDataParallel
+from edulib.dp.zero import ZeroDataParallel, optimizer_state, tensor_bytes
 from edulib.ep.layer import ExpertParallelMoE
 from edulib.hybrid.grid import SequenceSplit
 from edulib.models import Block, split
 from edulib.pp.executor import Links, execute
+from edulib.pp.schedule import Schedule
 from edulib.recompute import Recomputed
 from edulib.tp.layers import Index, ParallelBlock
 from edulib.train.config import TrainConfig
@@ -67,11 +70,12 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def reference(config: TrainConfig) -> dict:
-    """The same training in one process, on the whole batch; each step's loss and the final weights
-    by name."""
+    """The same training in one process, on the whole batch: each step's loss, the validation
+    losses and the final weights by name."""
     model = model_of(config)
     optimizer = optimizer_of(config)(model.parameters())
-    losses = []
+    losses, validation = [], {}
+    held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     for step in range(config.steps):
         inputs, targets = text_batch(step, config.batch, config.tokens, config.seed)
         loss = lm_loss(model(inputs), targets)
@@ -79,7 +83,11 @@ def reference(config: TrainConfig) -> dict:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return {"losses": losses, "weights": {name: p.detach() for name, p in model.named_parameters()}}
+        if config.eval_every and (step + 1) % config.eval_every == 0:
+            with torch.no_grad():
+                validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
+    return {"losses": losses, "validation": validation,
+            "weights": {name: p.detach() for name, p in model.named_parameters()}}
 
 
 def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
@@ -128,7 +136,8 @@ class _Averaging:
 
     def __init__(self, held: nn.ModuleList, config: TrainConfig, data_group, expert_data_group,
                  tied: Callable[[], None]) -> None:
-        self.zero, self.tied = config.zero, tied
+        self.zero, self.tied, self.held = config.zero, tied, held
+        self.peak = {"parameters": 0, "gradients": 0, "optimizer": 0}
         holders = nn.ModuleList(m.experts for m in held.modules() if isinstance(m, ExpertParallelMoE))
         self.experts = list(holders.parameters())
         for weight in self.experts:
@@ -160,11 +169,24 @@ class _Averaging:
         for wrapper in self.wrappers:
             wrapper.finish_gradient_synchronization()
         self.tied()
+        self._measure()
         if self.zero is not None:
             self.sharded.step()
         if self.optimizer is not None:
             self.optimizer.step()
+            self._measure()
             self.optimizer.zero_grad()
+
+    def _measure(self) -> None:
+        """Note the most bytes this rank's weights, gradients and optimizer state have held, counted
+        from the tensors (ZeRO's shards, master weights and state by ZeRO)."""
+        own = list(self.held.parameters()) if self.zero is None else self.experts
+        now = {"parameters": tensor_bytes(w.data for w in own),
+               "gradients": tensor_bytes(w.grad for w in own),
+               "optimizer": tensor_bytes(optimizer_state(self.optimizer)) if self.optimizer else 0}
+        if self.zero is not None:
+            now = {kind: held + self.sharded.held()[kind] for kind, held in now.items()}
+        self.peak = {kind: max(self.peak[kind], now[kind]) for kind in now}
 
     def weights(self, held: nn.ModuleList) -> dict[int, torch.Tensor]:
         """Every weight this rank holds, by id: ZeRO's gathered from the group, the rest its own."""
@@ -208,23 +230,47 @@ def train(config: TrainConfig) -> dict:
     links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
     rows = config.batch // config.dp
     shape = (rows // m, len(positions), config.hidden)  # every message: a micro-batch's activations
-    losses, parts = [], []
+    parts: list[float] = []
 
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         value = lm_loss(logits, target) / m
         parts.append(value.item())
         return value
 
-    for step in range(config.steps):
+    def run(plan: Schedule, split: str, step: int, memory: list | None = None) -> float:
+        """One batch of the split through the pipeline; this rank's part of its mean loss."""
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
-                           for x in text_batch(step, config.batch, config.tokens, config.seed))
+                           for x in text_batch(step, config.batch, config.tokens, config.seed, split))
         parts.clear()
-        with averaging.no_sync():
-            execute(schedule, p, stages, loss, inputs, targets, shape=shape, links=links)
-        averaging.step()
-        mine = sum(parts) if t == 0 else 0.0  # only the last stage computed a loss; tp ranks agree
-        total = comm.all_reduce(torch.tensor([mine], dtype=torch.float64))
-        losses.append(total.item() / (config.dp * config.cp))
+        execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory)
+        return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
+
+    report: dict = {"seconds": [], "validation": {}}
+    mine, checks, activations = [], [], []
+    forwards = forward_only(schedule)
+    with comm.count_communication() as sent:
+        for step in range(config.steps):
+            began = time.perf_counter()
+            with averaging.no_sync():
+                counted = step == 0 and not config.recompute  # counting walks the graphs; it would recompute
+                mine.append(run(schedule, "train", step, activations if counted else None))
+            averaging.step()
+            report["seconds"].append(time.perf_counter() - began)
+            if config.eval_every and (step + 1) % config.eval_every == 0:
+                with torch.no_grad():
+                    checks.append(run(forwards, "validation", 0))
+    totals = comm.all_reduce(torch.tensor(mine + checks, dtype=torch.float64)) / (config.dp * config.cp)
+    report["losses"] = totals[:config.steps].tolist()
+    evaluated = range(config.eval_every, config.steps + 1, config.eval_every) if config.eval_every else []
+    report["validation"] = dict(zip(evaluated, totals[config.steps:].tolist(), strict=True))
+    report["tokens_per_second"] = [config.batch * config.tokens / s for s in report["seconds"]]
+    if config.peak_tflops is not None:
+        report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
+                         for s in report["seconds"]]
+    report["sent"] = by_axis(sent, set(neighbours.values()),
+                             set(dist.get_process_group_ranks(context)) if context else set())
+    report["memory"] = averaging.peak | {
+        "activations": None if config.recompute else max((held for _, held in activations), default=0)}
     position = d * config.cp + c  # in its dp x cp group
     experts = {id(w) for w in averaging.experts}
 
@@ -233,7 +279,37 @@ def train(config: TrainConfig) -> dict:
         first = position < config.ep if key in experts else position == 0
         return first and (t == 0 or index != WHOLE)
     gathered = _gather(full, sources, averaging.weights(held), writes)
-    return {"losses": losses} | ({"weights": gathered} if dist.get_rank() == 0 else {})
+    return report | ({"weights": gathered} if dist.get_rank() == 0 else {})
+
+
+def forward_only(schedule: Schedule) -> Schedule:
+    """The schedule's forward passes alone, in each device's order: a validation batch."""
+    rows = tuple(tuple(part for step in row for part in step.parts if part.kind == "F")
+                 for row in schedule.actions)
+    return dataclasses.replace(schedule, name=f"{schedule.name} (forward only)", actions=rows)
+
+
+AXES = ("dp", "pp", "tp", "cp", "ep")
+
+
+def by_axis(transfers: list[comm.Transfer], pipeline: set[int], context: set[int]) -> dict[str, int]:
+    """Bytes a rank sent, by the axis that sent them: messages to the pipeline's ranks and a tied
+    pair's sum (pp), the ring's steps and collectives (cp), the experts' all-to-alls (ep), the
+    gradients' and ZeRO's weights' collectives (dp), and the tensor-parallel layers' (tp)."""
+    sent = dict.fromkeys(AXES, 0)
+    for transfer in transfers:
+        if transfer.operation == "send":
+            axis = "pp" if set(transfer.ranks) <= pipeline else "cp"
+        elif transfer.direction == "tied":
+            axis = "pp"
+        elif transfer.operation == "all_to_all":
+            axis = "ep"
+        elif transfer.direction in ("gradients", "parameters"):
+            axis = "dp"
+        else:
+            axis = "cp" if len(context) > 1 and set(transfer.ranks) == context else "tp"
+        sent[axis] += transfer.nbytes
+    return sent
 
 
 def _units(held: nn.ModuleList) -> list[nn.Module]:
@@ -266,7 +342,7 @@ def _tied(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleList, source
             return
         total = sum(w.grad for w in copies)
         if dist.get_world_size(group) > 1:
-            with comm.labelled("gradients"):
+            with comm.labelled("tied"):
                 total = comm.all_reduce(total, config.algorithm, group)
         for w in copies:
             w.grad = total.clone()
