@@ -164,6 +164,44 @@ def _bench_command(options: argparse.Namespace) -> int:
     return 0
 
 
+def _train_command(options: argparse.Namespace) -> int:
+    """`edulib train`: train the language model on the layout asked for, on ranks started here or
+    as one rank of a torchrun job; print the losses, the speed and each rank's traffic and memory."""
+    import dataclasses
+
+    from edulib.train import TrainConfig, reference, train
+    from edulib.train.summary import summarize
+
+    config = TrainConfig(**{f.name: getattr(options, f.name) for f in dataclasses.fields(TrainConfig)})
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        report = run_under_torchrun(train, [config, not options.quiet], options.backend, options.timeout)
+        if os.environ["RANK"] == "0":  # the other ranks' traffic stays with them under torchrun
+            print(summarize(config, [report], reference(config) if options.compare else None))
+        return 0
+    reports = run(train, config.world, config, not options.quiet, backend=options.backend,
+                  timeout=options.timeout)
+    print(summarize(config, reports, reference(config) if options.compare else None))
+    return 0
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    """One option per TrainConfig field (--dp, --schedule, --sequence-parallel, ...), its default
+    the config's."""
+    import dataclasses
+    import typing
+
+    from edulib.train import TrainConfig
+
+    hints = typing.get_type_hints(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            continue
+        number = next((t for t in (int, float) if t is kind or t in typing.get_args(kind)), str)
+        parser.add_argument(flag, type=number, default=field.default, help=f"default {field.default}")
+
+
 MODELS = {"gpt": "gpt_graph", "moe": "moe_graph", "wide-resnet": "wide_resnet_graph", "mlp": "mlp_graph"}
 
 
@@ -281,6 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_argument("--figure", default=None, help="save a picture of the plan (PNG, SVG, PDF)")
     planner.add_argument("--quiet", action="store_true", help="no progress bar")
     planner.set_defaults(handler=_plan_command)
+    trainer = commands.add_parser("train", help="train the language model on a dp x pp x tp x cp layout")
+    _add_train_options(trainer)
+    trainer.add_argument("--compare", action="store_true", help="also train in one process and compare")
+    trainer.add_argument("--backend", choices=BACKENDS, default="auto")
+    trainer.add_argument("--timeout", type=_positive, default=600.0, help="seconds a rank may wait")
+    trainer.add_argument("--quiet", action="store_true", help="no progress bar")
+    trainer.set_defaults(handler=_train_command)
     grader = commands.add_parser(
         "grade", help="grade exercise files: one file, one student's folder, or a folder of student folders")
     grader.add_argument("path", type=_existing, help="a submission (lesson02_allreduce.py) or a folder")

@@ -59,6 +59,7 @@ from edulib.tp.workers import (
     tensor_layer_reference,
     tensor_layer_step,
 )
+from edulib.train import TrainConfig, reference, train
 
 
 class TourCheckFailed(Exception):
@@ -329,6 +330,33 @@ def _check_perseus(pool: Pool) -> str:
     return f"equal at all {len(found)} iteration times ({3 ** len(nodes)} assignments tried)"
 
 
+def _layout_for(ranks: int) -> TrainConfig:
+    """A small run on `ranks` ranks with as many axes above 1 as they allow: 2 along the pipeline,
+    data, tensor and context axes in turn, what is left to data parallelism, and the experts
+    shared over the data x context ranks."""
+    sizes, left = dict.fromkeys(("pp", "dp", "tp", "cp"), 1), ranks
+    for axis in sizes:
+        if left % 2 == 0:
+            sizes[axis], left = 2, left // 2
+    sizes["dp"] *= left
+    ep = 2 if (sizes["dp"] * sizes["cp"]) % 2 == 0 else 1
+    return TrainConfig(**sizes, ep=ep, experts=4, zero=1, microbatches=2, batch=2 * sizes["dp"], hidden=16,
+                       heads=2, tokens=8, steps=5, lr=3e-3)
+
+
+def _check_trainer(pool: Pool) -> str:
+    """The language model trained on the widest layout the ranks allow equals one process."""
+    config = _layout_for(pool.world_size)
+    got, want = pool.run(train, config)[0], reference(config)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
+    _require(worst < 1e-4, f"a loss differs from one process's by {worst:.1e} (relative)")
+    worst = max(float((got["weights"][name] - w).abs().max()) for name, w in want["weights"].items())
+    _require(worst < 1e-5, f"a final weight differs from one process's by {worst:.1e}")
+    axes = " x ".join(f"{axis} {getattr(config, axis)}" for axis in ("dp", "pp", "tp", "cp", "ep")
+                      if getattr(config, axis) > 1)
+    return f"{axes or 'one rank'}: equal after {config.steps} steps"
+
+
 STEPS: list[Step] = [
     Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
     Step("pool: a second call", "the pool's own process ids", _check_reuse),
@@ -360,6 +388,8 @@ STEPS: list[Step] = [
     Step("PipeDream: asynchronous 1F1B, weight stashing", "one-process replay with its staleness",
          _check_pipedream),
     Step("Perseus: time-energy frontier (1F1B)", "exhaustive search over frequencies", _check_perseus),
+    Step("trainer: the language model on every axis the ranks allow", "one process, step by step",
+         _check_trainer),
 ]
 
 

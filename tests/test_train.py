@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -132,3 +135,34 @@ def test_the_text_is_real_and_the_batches_fixed():
     assert torch.equal(inputs[:, 1:], targets[:, :-1])  # the targets are the next bytes
     assert b"def " in bytes(part("train").tolist()) and 0 < len(part("validation")) < len(part("train")) / 8
     assert 0 <= int(inputs.min()) and int(inputs.max()) < 256
+
+
+SMALL = ["--hidden", "16", "--heads", "2", "--tokens", "8", "--batch", "4", "--steps", "3", "--quiet",
+         "--compare"]
+
+
+def test_the_train_command_prints_the_run_beside_one_process(capsys):
+    from edulib.cli import main
+
+    assert main(["train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--eval-every", "3", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "dp 2 x pp 2 x tp 1 x cp 1 = 4 ranks" in out
+    assert "one process: every loss within 1e-4 relative and every final weight within 1e-5" in out
+    assert out.count("(dp ") == 4  # a row per rank: its traffic and memory
+
+
+def test_the_train_command_refuses_a_layout_by_name(capsys):
+    from edulib.cli import main
+
+    assert main(["train", "--zero", "4"]) == 1
+    assert "edulib: unknown zero (ZeRO stage) 4; choose one of None, 1, 2, 3" in capsys.readouterr().err
+
+
+def test_the_train_command_runs_as_ranks_of_a_torchrun_job():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", "-m", "edulib", "train", "--dp", "2", "--backend", "gloo", *SMALL],
+                          capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("one process: every loss within 1e-4 relative") == 1  # rank 0 prints

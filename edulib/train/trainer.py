@@ -39,6 +39,7 @@ from edulib.hybrid.grid import SequenceSplit
 from edulib.models import Block, split
 from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
+from edulib.progress import progress_bar
 from edulib.recompute import Recomputed
 from edulib.tp.layers import Index, ParallelBlock
 from edulib.train.config import TrainConfig
@@ -194,9 +195,10 @@ class _Averaging:
         return own if self.zero is None else own | self.sharded.gathered()
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainConfig, progress: bool = False) -> dict:
     """Train on this rank's part of the layout; every rank returns each step's loss (the mean over
-    the global batch), and rank 0 also every final weight, gathered, by the one-process model's names."""
+    the global batch), and rank 0 also every final weight, gathered, by the one-process model's
+    names. With `progress`, rank 0 draws a progress bar on stderr."""
     if dist.get_world_size() != config.world:
         raise ValueError(f"dp x pp x tp x cp = {config.world} ranks run this config; {dist.get_world_size()} "
                          "are running")
@@ -248,6 +250,7 @@ def train(config: TrainConfig) -> dict:
     report: dict = {"seconds": [], "validation": {}}
     mine, checks, activations = [], [], []
     forwards = forward_only(schedule)
+    bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
     with comm.count_communication() as sent:
         for step in range(config.steps):
             began = time.perf_counter()
@@ -256,9 +259,13 @@ def train(config: TrainConfig) -> dict:
                 mine.append(run(schedule, "train", step, activations if counted else None))
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
+            if bar is not None:
+                bar.update(1)
             if config.eval_every and (step + 1) % config.eval_every == 0:
                 with torch.no_grad():
                     checks.append(run(forwards, "validation", 0))
+    if bar is not None:
+        bar.close()
     totals = comm.all_reduce(torch.tensor(mine + checks, dtype=torch.float64)) / (config.dp * config.cp)
     report["losses"] = totals[:config.steps].tolist()
     evaluated = range(config.eval_every, config.steps + 1, config.eval_every) if config.eval_every else []

@@ -1,0 +1,72 @@
+"""What `edulib train` prints: the losses, the speed, and each rank's traffic and memory."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from edulib.comm.groups import Grid
+from edulib.table import format_bytes, format_rate, format_table
+from edulib.train.config import TrainConfig
+from edulib.train.trainer import AXES
+
+ROWS = 20  # steps shown at most; the others are left out evenly
+
+
+def describe(config: TrainConfig) -> str:
+    """The layout and the run in one line."""
+    zero = f"ZeRO-{config.zero}" if config.zero else "no ZeRO"
+    extras = [name.replace("_", " ") for name in ("sequence_parallel", "recompute", "tie")
+              if getattr(config, name)]
+    model = f"{config.layers} blocks of {config.hidden}" + (
+        f", {config.experts} experts" if config.experts else "")
+    return (f"dp {config.dp} x pp {config.pp} x tp {config.tp} x cp {config.cp} = {config.world} ranks"
+            f" (ep {config.ep}); {config.schedule}, {config.microbatches} micro-batches; {zero}"
+            f"{''.join(', ' + extra for extra in extras)}; {model}; {config.optimizer}, lr {config.lr}; "
+            f"{config.steps} steps of {config.batch} x {config.tokens} tokens")
+
+
+def summarize(config: TrainConfig, reports: list[dict], reference: dict | None = None) -> str:
+    """Every step's loss (beside one process's, if given), validation and speed; each rank's bytes
+    sent by axis and the most its weights, gradients, optimizer state and activations held."""
+    first = reports[0]
+    shown = sorted(set(range(0, config.steps, max(1, config.steps // ROWS))) | {config.steps - 1})
+    headers = ["step", "loss", *(["one process"] if reference else []), "validation", "tokens/s",
+               *(["MFU"] if "mfu" in first else [])]
+    rows = []
+    for step in shown:
+        row = [step + 1, f"{first['losses'][step]:.4f}"]
+        if reference:
+            row.append(f"{reference['losses'][step]:.4f}")
+        held_out = first["validation"].get(step + 1)
+        row += ["" if held_out is None else f"{held_out:.4f}", f"{first['tokens_per_second'][step]:.0f}"]
+        if "mfu" in first:
+            row.append(f"{100 * first['mfu'][step]:.2f} %")
+        rows.append(row)
+    lines = [describe(config), "", format_table(headers, rows)]
+    rate = statistics.median(first["tokens_per_second"])
+    lines += ["", f"median {format_rate(rate, 'tokens/s')} (the first step includes building and counting)"]
+    if reference:
+        lines.append(_agreement(first, reference))
+    grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
+    memory = ("parameters", "gradients", "optimizer", "activations")
+    rows = [[rank, "(" + ", ".join(f"{axis} {where}" for axis, where in grid.where(rank).items()
+                                   if axis != "ep") + ")",
+             *(format_bytes(report["sent"][axis]) for axis in AXES),
+             *("-" if report["memory"][kind] is None else format_bytes(report["memory"][kind])
+               for kind in memory)]
+            for rank, report in enumerate(reports)]
+    lines += ["", "bytes each rank sent, by axis, and the most it held:",
+              format_table(["rank", "place", *(f"sent {axis}" for axis in AXES), *memory], rows)]
+    return "\n".join(lines)
+
+
+def _agreement(got: dict, want: dict) -> str:
+    """How far the run is from one process: losses (relative) and final weights (absolute)."""
+    losses = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
+    weights = max((got["weights"][name] - w).abs().max().item() for name, w in want["weights"].items())
+    finite = all(torch.isfinite(w).all() for w in got["weights"].values())
+    same = losses <= 1e-4 and weights <= 1e-5 and finite
+    return (f"one process: every loss within {'1e-4' if same else f'{losses:.1e}'} relative and every final "
+            f"weight within {'1e-5' if same else f'{weights:.1e}'}" + ("" if same else "  (DISAGREES)"))
