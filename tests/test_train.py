@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import subprocess
@@ -166,3 +167,16 @@ def test_the_train_command_runs_as_ranks_of_a_torchrun_job():
                           env={**os.environ, "PYTHONPATH": root})
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("one process: every loss within 1e-4 relative") == 1  # rank 0 prints
+
+
+@pytest.mark.parametrize("kind, layout", [("ddp", {"dp": 2}), ("fsdp", {"dp": 2, "zero": 3}),
+                                          ("1f1b", {"pp": 2})])
+def test_the_benchmark_sets_the_trainer_beside_pytorchs_own_on_the_same_run(kind, layout, pools):
+    from edulib.bench.train import torch_train
+
+    config = TrainConfig(**layout, hidden=16, heads=2, tokens=8, batch=8, microbatches=2, steps=3)
+    ours, theirs = pools(2).run(train, config), pools(2).run(torch_train, config, kind)
+    # PyTorch's DDP and FSDP2 give each rank's loss on its half of the batch, its pipeline the last stage's
+    seen = [r["losses"] for r in theirs if not any(map(math.isnan, r["losses"]))]
+    mean = [sum(step) / len(seen) for step in zip(*seen, strict=True)]
+    assert mean == pytest.approx(ours[0]["losses"], rel=1e-5)

@@ -1,0 +1,103 @@
+"""`train`: the trainer's step against PyTorch's own on the same model, data and ranks: its
+DistributedDataParallel, FSDP2's `fully_shard` and torch.distributed.pipelining's Schedule1F1B."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from edulib.dp.zero import optimizer_state, tensor_bytes
+from edulib.launch import Pool
+from edulib.models import split
+from edulib.table import format_bytes, format_table
+from edulib.train import TrainConfig, train
+from edulib.train.data import text_batch
+from edulib.train.trainer import lm_loss, model_of, optimizer_of
+
+KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}
+
+
+def torch_train(config: TrainConfig, kind: str) -> dict:
+    """Train the config's model with PyTorch's own `kind` ("ddp", "fsdp" over dp ranks, or "1f1b"
+    over pp ranks) on the trainer's batches: each step's seconds and loss (on this rank's part
+    of the batch, or the last stage), and the bytes its weights, gradients and optimizer held."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model, m = model_of(config), config.microbatches
+    if kind == "1f1b":
+        stage = split(model, ranks)[rank]
+        pipeline = Schedule1F1B(PipelineStage(stage, rank, ranks, torch.device("cpu")), m, loss_fn=lm_loss)
+        weights = stage
+    elif kind == "ddp":
+        weights = model = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        for block in list(model)[1:-1]:
+            fully_shard(block, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+        weights = model = fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+    optimizer = optimizer_of(config)(weights.parameters())
+    rows = config.batch // (1 if kind == "1f1b" else ranks)
+    seconds, losses, held = [], [], 0
+    for step in range(config.steps):
+        inputs, targets = (x[rank * rows:(rank + 1) * rows] if kind != "1f1b" else x
+                           for x in text_batch(step, config.batch, config.tokens, config.seed))
+        began = time.perf_counter()
+        if kind == "1f1b":
+            parts: list[torch.Tensor] = []
+            first, last = rank == 0, rank == ranks - 1
+            pipeline.step(*([inputs] if first else []),
+                          **({"target": targets, "losses": parts} if last else {}))
+            loss = sum(parts).item() / m if last else float("nan")
+        else:
+            loss = 0.0
+            for index, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m), strict=True)):
+                last = index == m - 1  # DDP reduces once, after the last micro-batch, as the trainer does
+                with model.no_sync() if kind == "ddp" and not last else contextlib.nullcontext():
+                    value = lm_loss(model(x), y) / m
+                    value.backward()
+                loss += value.item()
+        held = max(held, tensor_bytes(_local(w.grad) for w in weights.parameters()))
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - began)
+        losses.append(loss)
+    return {"seconds": seconds, "losses": losses,
+            "memory": tensor_bytes(_local(w.data) for w in weights.parameters()) + held
+            + tensor_bytes(_local(t) for t in optimizer_state(optimizer))}
+
+
+def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """What this rank holds of a tensor: FSDP2's DTensor shard, or the tensor itself."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def bench_train(steps: int = 12, backend: str = "gloo") -> str:
+    """Median step time, tokens per second and bytes held of the trainer beside PyTorch's own, on
+    2 ranks: data parallelism against DDP, ZeRO-3 against FSDP2, a 1F1B pipeline against
+    torch.distributed.pipelining."""
+    base = dict(hidden=128, heads=4, layers=4, tokens=64, batch=16, microbatches=4, steps=steps, lr=1e-3)
+    layouts = [("ddp", TrainConfig(dp=2, **base)), ("fsdp", TrainConfig(dp=2, zero=3, **base)),
+               ("1f1b", TrainConfig(pp=2, schedule="1f1b", **base))]
+    rows = []
+    with Pool(2, backend, timeout=600) as pool:
+        for kind, config in layouts:
+            ours = pool.run(train, config)
+            theirs = pool.run(torch_train, config, kind)
+            mine = max(statistics.median(r["seconds"][1:]) for r in ours)  # the slowest rank, warm
+            baseline = max(statistics.median(r["seconds"][1:]) for r in theirs)
+            tokens = config.batch * config.tokens
+            held = max(sum(v for k, v in r["memory"].items() if k != "activations") for r in ours)
+            rows.append((KINDS[kind], f"{baseline * 1e3:.1f}", f"{mine * 1e3:.1f}", f"{mine / baseline:.2f}x",
+                         f"{tokens / mine:.0f}", format_bytes(held),
+                         format_bytes(max(r["memory"] for r in theirs))))
+    return (f"training step of the language model (hidden 128, 4 blocks, 64 tokens, batch 16 in 4 "
+            f"micro-batches, AdamW), 2 ranks, {backend} on {platform.node()}; median of {steps - 1} "
+            "steps, slowest rank; bytes: weights, gradients and optimizer state, the most a rank held\n\n"
+            + format_table(["PyTorch's own", "torch (ms)", "edulib (ms)", "edulib / torch", "tokens/s",
+                            "edulib bytes", "torch bytes"], rows))
