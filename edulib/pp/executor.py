@@ -97,7 +97,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
             shape: Sequence[int] = (), links: Links | None = None,
             weights: Weights | None = None, messages: Mapping[int, Message] | None = None,
-            memory: list[tuple[Action, int]] | None = None) -> list[Event]:
+            memory: list[tuple[Action, int]] | None = None,
+            last_backward: Callable[[int], None] | None = None) -> list[Event]:
     """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`,
     or go to `weights` where the weights change during the run (PipeDream).
 
@@ -109,6 +110,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     With `memory`, after each F, B and W the bytes this device then holds for passes to come
     (`edulib.pp.memory.device_bytes`: saved activations, recorded layer outputs, W's kept tensors)
     are appended to it with the action; counting walks the graphs, so time such a run apart.
+    `last_backward(stage)` is called just before the stage's last pass that adds to its weights'
+    gradients (its last B, or W with a split backward): where data parallelism may start reducing.
     """
     expected = _messages(schedule, shape, messages)
     program = lower(schedule)
@@ -118,6 +121,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
                          f"exactly those to modules, got stages {sorted(stages)}")
     links = links or Links()
     last, split = schedule.stages - 1, schedule.split_backward  # (a walk over every row: once)
+    final = {part.stage: part for step in program.actions[device] if not step.is_message
+             for part in step.parts if part.kind == ("W" if split else "B")}  # the last that adds to .grad
     mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # from a stage on this device
     arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}  # posted receives
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -174,6 +179,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
                 hand_on(action, y.detach())
             saved[stage, mb] = (x, y, layers)
         elif action.kind == "B":
+            if last_backward is not None and final[stage] == action:
+                last_backward(stage)
             x, y, layers = saved.pop((stage, mb))
             grad = None if stage == last else take("B", stage, mb)
             began = time.perf_counter()
@@ -187,6 +194,8 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             if weights is not None:
                 weights.backward_done(stage, mb)
         else:
+            if last_backward is not None and final[stage] == action:
+                last_backward(stage)
             began = time.perf_counter()
             backward_weight(kept.pop((stage, mb)))
         if memory is not None:

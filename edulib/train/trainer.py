@@ -133,41 +133,53 @@ class _Averaging:
     """Gradients averaged over the ranks that hold the same weights, then a step: the dense weights
     over the dp x cp group, by DistributedDataParallel or ZeRO (which also takes their step), and
     each rank's own experts over the ranks that hold the same ones, their gradients divided by ep
-    first (each already sums the tokens of ep ranks)."""
+    first (each already sums the tokens of ep ranks). DistributedDataParallel wraps each stage,
+    so a stage's buckets start reducing during its last backward pass while the others compute."""
 
-    def __init__(self, held: nn.ModuleList, config: TrainConfig, data_group, expert_data_group,
+    def __init__(self, stages: dict[int, nn.Module], config: TrainConfig, data_group, expert_data_group,
                  tied: Callable[[], None]) -> None:
+        held = nn.ModuleList(stages[s] for s in sorted(stages))
         self.zero, self.tied, self.held = config.zero, tied, held
         self.peak = {"parameters": 0, "gradients": 0, "optimizer": 0}
-        holders = nn.ModuleList(m.experts for m in held.modules() if isinstance(m, ExpertParallelMoE))
-        self.experts = list(holders.parameters())
+        holders = {s: nn.ModuleList(m.experts for m in stage.modules() if isinstance(m, ExpertParallelMoE))
+                   for s, stage in stages.items()}
+        self.experts = [w for s in sorted(holders) for w in holders[s].parameters()]
         for weight in self.experts:
             weight.register_hook(lambda grad: grad / config.ep)
         make = optimizer_of(config)
-        self.wrappers = []
-        if config.zero is None:
-            self.wrappers.append(DistributedDataParallel(held, algorithm=config.algorithm, group=data_group,
-                                                         overlap=False, ignored_params=self.experts))
-        else:
+        self.wrappers: dict[int, list[DistributedDataParallel]] = {s: [] for s in stages}
+        for s, stage in stages.items():
+            if config.zero is None:
+                self.wrappers[s].append(DistributedDataParallel(
+                    stage, algorithm=config.algorithm, group=data_group, ignored_params=self.experts))
+            if len(holders[s]):
+                self.wrappers[s].append(DistributedDataParallel(holders[s], algorithm=config.algorithm,
+                                                                group=expert_data_group))
+        if config.zero is not None:
             self.sharded = ZeroDataParallel(held, config.zero, make, precision="fp32",
                                             algorithm=config.algorithm, group=data_group, units=_units(held),
                                             ignored_params=self.experts)
-        if self.experts:
-            self.wrappers.append(DistributedDataParallel(holders, algorithm=config.algorithm,
-                                                         group=expert_data_group, overlap=False))
         mine = list(held.parameters()) if config.zero is None else self.experts
         self.optimizer = make(mine) if mine else None
+        self._waiting: dict[int, contextlib.ExitStack] = {}
 
-    def no_sync(self) -> contextlib.ExitStack:
-        """Micro-batches only accumulate gradients; `step` averages them once."""
-        stack = contextlib.ExitStack()
-        for wrapper in self.wrappers:
-            stack.enter_context(wrapper.no_sync())
-        return stack
+    def accumulate(self) -> None:
+        """From now on backward passes only accumulate gradients, until a stage's `last_backward`."""
+        for s, wrappers in self.wrappers.items():
+            self._waiting[s] = contextlib.ExitStack()
+            for wrapper in wrappers:
+                self._waiting[s].enter_context(wrapper.no_sync())
+
+    def last_backward(self, stage: int) -> None:
+        """The stage's last backward pass is next: its buckets reduce as their gradients are done."""
+        self._waiting.pop(stage).close()
 
     def step(self) -> None:
         """Average the step's gradients, sum a tied pair's, and update the weights."""
-        for wrapper in self.wrappers:
+        for stack in self._waiting.values():  # a stage that got no backward pass (none here)
+            stack.close()
+        self._waiting.clear()
+        for wrapper in (w for s in sorted(self.wrappers) for w in self.wrappers[s]):
             wrapper.finish_gradient_synchronization()
         self.tied()
         self._measure()
@@ -225,7 +237,7 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     if config.sequence_parallel:
         _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
                    for w in m.replicated()], tensor_group, config.algorithm)
-    averaging = _Averaging(held, config, data_group, expert_data_group,
+    averaging = _Averaging(stages, config, data_group, expert_data_group,
                            _tied(config, schedule, grid, held, sources))
     m = config.microbatches
     neighbours = {q: grid.rank(d, q, t, c) for q in range(config.pp)}
@@ -244,7 +256,8 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
         parts.clear()
-        execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory)
+        execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory,
+                last_backward=averaging.last_backward)
         return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
 
     report: dict = {"seconds": [], "validation": {}}
@@ -254,9 +267,9 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     with comm.count_communication() as sent:
         for step in range(config.steps):
             began = time.perf_counter()
-            with averaging.no_sync():
-                counted = step == 0 and not config.recompute  # counting walks the graphs; it would recompute
-                mine.append(run(schedule, "train", step, activations if counted else None))
+            averaging.accumulate()
+            counted = step == 0 and not config.recompute  # counting walks the graphs; it would recompute
+            mine.append(run(schedule, "train", step, activations if counted else None))
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
             if bar is not None:
