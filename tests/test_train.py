@@ -180,3 +180,14 @@ def test_the_benchmark_sets_the_trainer_beside_pytorchs_own_on_the_same_run(kind
     seen = [r["losses"] for r in theirs if not any(map(math.isnan, r["losses"]))]
     mean = [sum(step) / len(seen) for step in zip(*seen, strict=True)]
     assert mean == pytest.approx(ours[0]["losses"], rel=1e-5)
+
+
+def test_the_buckets_reduce_during_the_last_backward_pass(pools):
+    # 1F1B on two stages, two data-parallel replicas: each stage's first bucket starts reducing
+    # before its last backward pass has ended, and every bucket ends after its stage began it
+    config = TrainConfig(dp=2, pp=2, microbatches=4, batch=8, hidden=64, heads=2, tokens=16, steps=2)
+    for report in pools(4).run(train, config):
+        timeline = report["timeline"]
+        last = max(end for kind, _, end in timeline["compute"] if kind.startswith("B"))
+        assert timeline["reduce"] and all(began < ended for began, ended in timeline["reduce"])
+        assert min(began for began, _ in timeline["reduce"]) < last, timeline

@@ -162,6 +162,7 @@ class _Averaging:
         mine = list(held.parameters()) if config.zero is None else self.experts
         self.optimizer = make(mine) if mine else None
         self._waiting: dict[int, contextlib.ExitStack] = {}
+        self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
 
     def accumulate(self) -> None:
         """From now on backward passes only accumulate gradients, until a stage's `last_backward`."""
@@ -179,8 +180,8 @@ class _Averaging:
         for stack in self._waiting.values():  # a stage that got no backward pass (none here)
             stack.close()
         self._waiting.clear()
-        for wrapper in (w for s in sorted(self.wrappers) for w in self.wrappers[s]):
-            wrapper.finish_gradient_synchronization()
+        self.reduces = [times for s in sorted(self.wrappers) for wrapper in self.wrappers[s]
+                        for times in wrapper.finish_gradient_synchronization()[1].values()]
         self.tied()
         self._measure()
         if self.zero is not None:
@@ -256,12 +257,12 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
         parts.clear()
-        execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory,
-                last_backward=averaging.last_backward)
+        events[:] = execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory,
+                            last_backward=averaging.last_backward)
         return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
 
     report: dict = {"seconds": [], "validation": {}}
-    mine, checks, activations = [], [], []
+    mine, checks, activations, events = [], [], [], []
     forwards = forward_only(schedule)
     bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
     with comm.count_communication() as sent:
@@ -272,6 +273,9 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
             mine.append(run(schedule, "train", step, activations if counted else None))
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
+            report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
+                                  "compute": [(str(a), start, end) for a, start, end in events],
+                                  "reduce": [tuple(times) for times in averaging.reduces]}
             if bar is not None:
                 bar.update(1)
             if config.eval_every and (step + 1) % config.eval_every == 0:
