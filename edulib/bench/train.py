@@ -17,6 +17,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from edulib.dp.zero import optimizer_state, tensor_bytes
 from edulib.launch import Pool
 from edulib.models import split
+from edulib.rank import device
 from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
 from edulib.train.data import text_batch
@@ -33,14 +34,15 @@ def torch_train(config: TrainConfig, kind: str) -> dict:
     model, m = model_of(config), config.microbatches
     if kind == "1f1b":
         stage = split(model, ranks)[rank]
-        pipeline = Schedule1F1B(PipelineStage(stage, rank, ranks, torch.device("cpu")), m, loss_fn=lm_loss)
+        pipeline = Schedule1F1B(PipelineStage(stage, rank, ranks, device()), m, loss_fn=lm_loss)
         weights = stage
     elif kind == "ddp":
         weights = model = torch.nn.parallel.DistributedDataParallel(model)
     else:
+        mesh = DeviceMesh.from_group(dist.group.WORLD, device().type)
         for block in list(model)[1:-1]:
-            fully_shard(block, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
-        weights = model = fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+            fully_shard(block, mesh=mesh)
+        weights = model = fully_shard(model, mesh=mesh)
     optimizer = optimizer_of(config)(weights.parameters())
     rows = config.batch // (1 if kind == "1f1b" else ranks)
     seconds, losses, held = [], [], 0
