@@ -60,6 +60,7 @@ from edulib.tp.workers import (
     tensor_layer_step,
 )
 from edulib.train import TrainConfig, reference, train
+from edulib.train.trainer import disagreement
 
 
 class TourCheckFailed(Exception):
@@ -347,11 +348,9 @@ def _layout_for(ranks: int) -> TrainConfig:
 def _check_trainer(pool: Pool) -> str:
     """The language model trained on the widest layout the ranks allow equals one process."""
     config = _layout_for(pool.world_size)
-    got, want = pool.run(train, config)[0], reference(config)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
-    _require(worst < 1e-4, f"a loss differs from one process's by {worst:.1e} (relative)")
-    worst = max(float((got["weights"][name] - w).abs().max()) for name, w in want["weights"].items())
-    _require(worst < 1e-5, f"a final weight differs from one process's by {worst:.1e}")
+    losses, weights = disagreement(pool.run(train, config)[0], reference(config))
+    _require(losses < 1e-4, f"a loss differs from one process's by {losses:.1e} (relative)")
+    _require(weights < 1e-5, f"a final weight differs from one process's by {weights:.1e}")
     axes = " x ".join(f"{axis} {getattr(config, axis)}" for axis in ("dp", "pp", "tp", "cp", "ep")
                       if getattr(config, axis) > 1)
     return f"{axes or 'one rank'}: equal after {config.steps} steps"

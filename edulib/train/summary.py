@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 from edulib.comm.groups import Grid
 from edulib.table import format_bytes, format_rate, format_table
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import AXES
+from edulib.train.trainer import AXES, disagreement
 
 ROWS = 20  # steps shown at most; the others are left out evenly
 
@@ -64,9 +62,7 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
 
 def _agreement(got: dict, want: dict) -> str:
     """How far the run is from one process: losses (relative) and final weights (absolute)."""
-    losses = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
-    weights = max((got["weights"][name] - w).abs().max().item() for name, w in want["weights"].items())
-    finite = all(torch.isfinite(w).all() for w in got["weights"].values())
-    same = losses <= 1e-4 and weights <= 1e-5 and finite
+    losses, weights = disagreement(got, want)
+    same = losses <= 1e-4 and weights <= 1e-5  # (a NaN compares false: it disagrees)
     return (f"one process: every loss within {'1e-4' if same else f'{losses:.1e}'} relative and every final "
             f"weight within {'1e-5' if same else f'{weights:.1e}'}" + ("" if same else "  (DISAGREES)"))

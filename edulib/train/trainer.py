@@ -91,6 +91,14 @@ def reference(config: TrainConfig) -> dict:
             "weights": {name: p.detach() for name, p in model.named_parameters()}}
 
 
+def disagreement(got: dict, want: dict) -> tuple[float, float]:
+    """How far a run (rank 0's report) is from one process's: the largest relative difference of
+    a step's loss, and the largest absolute difference of a final weight."""
+    losses = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
+    weights = max(float((got["weights"][name] - w).abs().max()) for name, w in want["weights"].items())
+    return losses, weights
+
+
 def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
            first_token: int) -> tuple[nn.Sequential, Sources]:
     """This rank's copy of one pipeline stage, and where each of its parameters comes from."""
