@@ -175,14 +175,18 @@ def _train_command(options: argparse.Namespace) -> int:
     from edulib.train.summary import summarize
 
     config = TrainConfig(**{f.name: getattr(options, f.name) for f in dataclasses.fields(TrainConfig)})
+
+    def one_process() -> dict:
+        """The same run in one process, for the comparison (its checkpoints are not written)."""
+        return reference(dataclasses.replace(config, checkpoint=None, checkpoint_every=0))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         report = run_under_torchrun(train, [config, not options.quiet], options.backend, options.timeout)
         if os.environ["RANK"] == "0":  # the other ranks' traffic stays with them under torchrun
-            print(summarize(config, [report], reference(config) if options.compare else None))
+            print(summarize(config, [report], one_process() if options.compare else None))
         return 0
     reports = run(train, config.world, config, not options.quiet, backend=options.backend,
                   timeout=options.timeout)
-    print(summarize(config, reports, reference(config) if options.compare else None))
+    print(summarize(config, reports, one_process() if options.compare else None))
     return 0
 
 

@@ -142,14 +142,21 @@ SMALL = ["--hidden", "16", "--heads", "2", "--tokens", "8", "--batch", "4", "--s
          "--compare"]
 
 
-def test_the_train_command_prints_the_run_beside_one_process(capsys):
+def test_the_train_command_prints_the_run_beside_one_process(capsys, tmp_path):
     from edulib.cli import main
 
-    assert main(["train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--eval-every", "3", *SMALL]) == 0
+    assert main(["train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--eval-every", "3", *SMALL,
+                 "--checkpoint", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "dp 2 x pp 2 x tp 1 x cp 1 = 4 ranks" in out
     assert "one process: every loss within 1e-4 relative and every final weight within 1e-5" in out
     assert out.count("(dp ") == 4  # a row per rank: its traffic and memory
+    assert main(["train", "--tp", "2", *SMALL, "--steps", "5", "--resume", str(tmp_path / "step-3")]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {tmp_path / 'step-3'}, after step 3" in out
+    assert "one process: every loss within 1e-4 relative" in out
+    steps = out.split("median")[0].splitlines()  # the table of steps
+    assert [line.split()[0] for line in steps if line[:4].strip().isdigit()] == ["4", "5"]
 
 
 def test_the_train_command_refuses_a_layout_by_name(capsys):

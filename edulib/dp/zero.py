@@ -180,6 +180,29 @@ class ZeroDataParallel(Sharding):
     def gathered(self, gradients: bool = False) -> dict[int, torch.Tensor]:
         """Every parameter's fp32 master weight (or, with `gradients`, the averaged gradient of the
         last step), gathered from the ranks, by the parameter's id."""
-        flats = self._whole(self.last_gradients if gradients else [m.detach() for m in self.master])
-        return {id(parameter): piece for flat, unit in zip(flats, self.units, strict=True)
+        return self._by_parameter(self.last_gradients if gradients else [m.detach() for m in self.master])
+
+    def _by_parameter(self, chunks: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Each parameter's piece of the units' full vectors, gathered from these chunks, by its id."""
+        return {id(parameter): piece for flat, unit in zip(self._whole(chunks), self.units, strict=True)
                 for parameter, piece in zip(unit.parameters, unit.views(flat), strict=True)}
+
+    def optimizer_state(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every parameter's optimizer state (Adam's moments, gathered, and its step), by its id:
+        what a checkpoint keeps, in the parameter's own shape."""
+        states = [self.optimizer.state[m] for m in self.master]
+        scalars = {key: t for state in states for key, t in state.items() if t.dim() == 0}
+        moments = {key: self._by_parameter([state[key] for state in states])
+                   for key in sorted({key for state in states for key, t in state.items() if t.dim() > 0})}
+        return {id(p): scalars | {key: pieces[id(p)] for key, pieces in moments.items()}
+                for unit in self.units for p in unit.parameters}
+
+    def load_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Take up each parameter's optimizer state (as `optimizer_state` gives it): this rank keeps
+        its chunk of every unit's moments."""
+        for master, unit in zip(self.master, self.units, strict=True):
+            first = state[id(unit.parameters[0])]
+            self.optimizer.state[master] = {
+                key: t.clone() if t.dim() == 0 else
+                torch.cat([state[id(p)][key].reshape(-1) for p in unit.parameters])[unit.lo:unit.hi].clone()
+                for key, t in first.items()}

@@ -49,6 +49,9 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 0  # the validation loss after every this many steps (0: never)
     peak_tflops: float | None = None  # each rank's peak, for the model FLOPs utilisation (None: not shown)
+    checkpoint: str | None = None  # a directory: checkpoints go into <checkpoint>/step-<n>
+    checkpoint_every: int = 0  # a checkpoint after every this many steps (0: after the last one only)
+    resume: str | None = None  # a checkpoint to start from: any layout's, or one process's
 
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "cp", "ep", "microbatches", "hidden", "heads", "layers", "tokens",
@@ -57,6 +60,10 @@ class TrainConfig:
         _whole(self.experts, "experts", 0)
         _whole(self.seed, "seed", 0)
         _whole(self.eval_every, "eval_every", 0)
+        _whole(self.checkpoint_every, "checkpoint_every", 0)
+        if self.checkpoint_every and not self.checkpoint:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint directory "
+                             "(checkpoint=...)")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"peak_tflops must be more than 0 (None: no utilisation); "
                              f"got {self.peak_tflops!r}")
@@ -109,6 +116,11 @@ class TrainConfig:
         weights = self.layers * (4 * h * h + mlp) + h * VOCAB  # attention, the MLP; the head
         per_token = 6 * weights + 12 * self.layers * self.hidden * self.tokens
         return per_token * self.batch * self.tokens
+
+    def saves_after(self, step: int) -> bool:
+        """Whether the run writes a checkpoint after this many steps."""
+        every = self.checkpoint_every or self.steps
+        return bool(self.checkpoint) and (step % every == 0 or step == self.steps)
 
     def pipeline(self) -> Schedule:
         """The pipeline schedule for pp devices."""

@@ -29,20 +29,24 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     """Every step's loss (beside one process's, if given), validation and speed; each rank's bytes
     sent by axis and the most its weights, gradients, optimizer state and activations held."""
     first = reports[0]
-    shown = sorted(set(range(0, config.steps, max(1, config.steps // ROWS))) | {config.steps - 1})
+    start = first["start"]  # where a resumed run began
+    run = config.steps - start
+    shown = sorted(set(range(start, config.steps, max(1, run // ROWS))) | {config.steps - 1})
     headers = ["step", "loss", *(["one process"] if reference else []), "validation", "tokens/s",
                *(["MFU"] if "mfu" in first else [])]
     rows = []
     for step in shown:
-        row = [step + 1, f"{first['losses'][step]:.4f}"]
+        row = [step + 1, f"{first['losses'][step - start]:.4f}"]
         if reference:
-            row.append(f"{reference['losses'][step]:.4f}")
+            row.append(f"{reference['losses'][step - start]:.4f}")
         held_out = first["validation"].get(step + 1)
-        row += ["" if held_out is None else f"{held_out:.4f}", f"{first['tokens_per_second'][step]:.0f}"]
+        row += ["" if held_out is None else f"{held_out:.4f}",
+                f"{first['tokens_per_second'][step - start]:.0f}"]
         if "mfu" in first:
-            row.append(f"{100 * first['mfu'][step]:.2f} %")
+            row.append(f"{100 * first['mfu'][step - start]:.2f} %")
         rows.append(row)
-    lines = [describe(config), "", format_table(headers, rows)]
+    lines = [describe(config), *([f"resumed from {config.resume}, after step {start}"] if start else []), "",
+             format_table(headers, rows)]
     rate = statistics.median(first["tokens_per_second"])
     lines += ["", f"median {format_rate(rate, 'tokens/s')} (the first step includes building and counting)"]
     if reference:

@@ -42,6 +42,7 @@ from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
 from edulib.recompute import Recomputed
 from edulib.tp.layers import Index, ParallelBlock
+from edulib.train import checkpoint
 from edulib.train.config import TrainConfig
 from edulib.train.data import VOCAB, text_batch
 from edulib.train.model import Embedding, Experts, gpt
@@ -71,13 +72,14 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def reference(config: TrainConfig) -> dict:
-    """The same training in one process, on the whole batch: each step's loss, the validation
-    losses and the final weights by name."""
+    """The same training in one process, on the whole batch: the step it starts from, each step's
+    loss, the validation losses and the final weights by name."""
     model = model_of(config)
     optimizer = optimizer_of(config)(model.parameters())
+    start = _resume(config, model, optimizer)
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
-    for step in range(config.steps):
+    for step in range(start, config.steps):
         inputs, targets = text_batch(step, config.batch, config.tokens, config.seed)
         loss = lm_loss(model(inputs), targets)
         optimizer.zero_grad()
@@ -87,8 +89,22 @@ def reference(config: TrainConfig) -> dict:
         if config.eval_every and (step + 1) % config.eval_every == 0:
             with torch.no_grad():
                 validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
-    return {"losses": losses, "validation": validation,
+        if config.saves_after(step + 1):
+            checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1)
+    return {"start": start, "losses": losses, "validation": validation,
             "weights": {name: p.detach() for name, p in model.named_parameters()}}
+
+
+def _resume(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load the config's checkpoint into the one-process model and optimizer, if it names one;
+    the step to start from."""
+    if config.resume is None:
+        return 0
+    start = checkpoint.load(config.resume, model, optimizer)
+    if start >= config.steps:
+        raise ValueError(f"the checkpoint at {config.resume!r} was taken after {start} steps, and this run "
+                         f"ends after steps={config.steps}: ask for more steps")
+    return start
 
 
 def disagreement(got: dict, want: dict) -> tuple[float, float]:
@@ -167,8 +183,8 @@ class _Averaging:
             self.sharded = ZeroDataParallel(held, config.zero, make, precision="fp32",
                                             algorithm=config.algorithm, group=data_group, units=_units(held),
                                             ignored_params=self.experts)
-        mine = list(held.parameters()) if config.zero is None else self.experts
-        self.optimizer = make(mine) if mine else None
+        self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
+        self.optimizer = make(self.own) if self.own else None
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
 
@@ -202,18 +218,29 @@ class _Averaging:
     def _measure(self) -> None:
         """Note the most bytes this rank's weights, gradients and optimizer state have held, counted
         from the tensors (ZeRO's shards, master weights and state by ZeRO)."""
-        own = list(self.held.parameters()) if self.zero is None else self.experts
-        now = {"parameters": tensor_bytes(w.data for w in own),
-               "gradients": tensor_bytes(w.grad for w in own),
+        now = {"parameters": tensor_bytes(w.data for w in self.own),
+               "gradients": tensor_bytes(w.grad for w in self.own),
                "optimizer": tensor_bytes(optimizer_state(self.optimizer)) if self.optimizer else 0}
         if self.zero is not None:
             now = {kind: held + self.sharded.held()[kind] for kind, held in now.items()}
         self.peak = {kind: max(self.peak[kind], now[kind]) for kind in now}
 
-    def weights(self, held: nn.ModuleList) -> dict[int, torch.Tensor]:
+    def weights(self) -> dict[int, torch.Tensor]:
         """Every weight this rank holds, by id: ZeRO's gathered from the group, the rest its own."""
-        own = {id(w): w.detach() for w in held.parameters()}
+        own = {id(w): w.detach() for w in self.held.parameters()}
         return own if self.zero is None else own | self.sharded.gathered()
+
+    def optimizer_state(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every weight's optimizer state, by the weight's id: ZeRO's gathered from the group."""
+        own = {id(w): dict(self.optimizer.state.get(w, {})) for w in self.own}
+        return own if self.zero is None else own | self.sharded.optimizer_state()
+
+    def load_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Take up every weight's optimizer state (by the weight's id, in its shape here)."""
+        for w in self.own:
+            self.optimizer.state[w] = {key: t.clone() for key, t in state[id(w)].items()}
+        if self.zero is not None:
+            self.sharded.load_optimizer_state(state)
 
 
 def train(config: TrainConfig, progress: bool = False) -> dict:
@@ -235,6 +262,8 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
     [positions] = token_ranges(config.tokens, c, config.cp, "contiguous")
     full = model_of(config)
+    resumed = optimizer_of(config)(full.parameters()) if config.resume else None
+    start = _resume(config, full, resumed)
     pieces = split(full, schedule.stages)
     starts = list(itertools.accumulate(map(len, pieces), initial=0))
     stages, sources = {}, {}
@@ -248,6 +277,8 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
                    for w in m.replicated()], tensor_group, config.algorithm)
     averaging = _Averaging(stages, config, data_group, expert_data_group,
                            _tied(config, schedule, grid, held, sources))
+    if resumed is not None:
+        averaging.load_optimizer_state(_slices(full, resumed, sources))
     m = config.microbatches
     neighbours = {q: grid.rank(d, q, t, c) for q in range(config.pp)}
     links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
@@ -269,12 +300,20 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
                             last_backward=averaging.last_backward)
         return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
 
-    report: dict = {"seconds": [], "validation": {}}
+    position = d * config.cp + c  # in its dp x cp group
+    experts = {id(w) for w in averaging.experts}
+
+    def writes(key: int, index: Index) -> bool:
+        """Whether this rank is the first of those holding this slice of a weight."""
+        first = position < config.ep if key in experts else position == 0
+        return first and (t == 0 or index != WHOLE)
+
+    report: dict = {"start": start, "seconds": [], "validation": {}}
     mine, checks, activations, events = [], [], [], []
     forwards = forward_only(schedule)
     bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
     with comm.count_communication() as sent:
-        for step in range(config.steps):
+        for step in range(start, config.steps):
             began = time.perf_counter()
             averaging.accumulate()
             counted = step == 0 and not config.recompute  # counting walks the graphs; it would recompute
@@ -289,12 +328,15 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
             if config.eval_every and (step + 1) % config.eval_every == 0:
                 with torch.no_grad():
                     checks.append(run(forwards, "validation", 0))
+            if config.saves_after(step + 1):
+                _save(config, step + 1, full, sources, averaging, writes)
     if bar is not None:
         bar.close()
     totals = comm.all_reduce(torch.tensor(mine + checks, dtype=torch.float64)) / (config.dp * config.cp)
-    report["losses"] = totals[:config.steps].tolist()
-    evaluated = range(config.eval_every, config.steps + 1, config.eval_every) if config.eval_every else []
-    report["validation"] = dict(zip(evaluated, totals[config.steps:].tolist(), strict=True))
+    report["losses"] = totals[:len(mine)].tolist()
+    evaluated = [s for s in range(config.eval_every, config.steps + 1, config.eval_every or 1) if s > start]
+    report["validation"] = dict(zip(evaluated if config.eval_every else [], totals[len(mine):].tolist(),
+                                    strict=True))
     report["tokens_per_second"] = [config.batch * config.tokens / s for s in report["seconds"]]
     if config.peak_tflops is not None:
         report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
@@ -303,14 +345,7 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
                              set(dist.get_process_group_ranks(context)) if context else set())
     report["memory"] = averaging.peak | {
         "activations": None if config.recompute else max((held for _, held in activations), default=0)}
-    position = d * config.cp + c  # in its dp x cp group
-    experts = {id(w) for w in averaging.experts}
-
-    def writes(key: int, index: Index) -> bool:
-        """Whether this rank is the first of those holding this slice of a weight."""
-        first = position < config.ep if key in experts else position == 0
-        return first and (t == 0 or index != WHOLE)
-    gathered = _gather(full, sources, averaging.weights(held), writes)
+    gathered = _gather(full, sources, averaging.weights(), writes)
     return report | ({"weights": gathered} if dist.get_rank() == 0 else {})
 
 
@@ -382,9 +417,10 @@ def _tied(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleList, source
 
 
 def _gather(full: nn.Sequential, sources: Sources, weights: dict[int, torch.Tensor],
-            writes: Callable[[int, Index], bool]) -> dict[str, torch.Tensor]:
-    """Every weight of the one-process model, assembled on rank 0 from the slices the ranks hold:
-    each slice is written by exactly one rank (`writes`) and summed there."""
+            writes: Callable[[int, Index], bool], everywhere: bool = False) -> dict[str, torch.Tensor]:
+    """Every weight (or a tensor of each weight's shape) of the one-process model, assembled on rank
+    0 (or `everywhere`) from the slices the ranks hold: each slice is written by exactly one rank
+    (`writes`) and summed there."""
     named = dict(full.named_parameters())
     offsets = dict(zip(named, itertools.accumulate((w.numel() for w in named.values()), initial=0),
                        strict=False))
@@ -393,5 +429,37 @@ def _gather(full: nn.Sequential, sources: Sources, weights: dict[int, torch.Tens
         if name in named and writes(key, index):
             start = offsets[name]
             flat[start:start + named[name].numel()].view(named[name].shape)[index] = weights[key]
-    comm.reduce(flat, root=0)
+    if everywhere:
+        flat = comm.all_reduce(flat)
+    else:
+        comm.reduce(flat, root=0)
     return {name: flat[offsets[name]:offsets[name] + w.numel()].view(w.shape) for name, w in named.items()}
+
+
+def _slices(full: nn.Sequential, optimizer: torch.optim.Optimizer, sources: Sources
+            ) -> dict[int, dict[str, torch.Tensor]]:
+    """Each of this rank's weights' optimizer state, by the weight's id: its slice of the
+    one-process optimizer's."""
+    named = dict(full.named_parameters(remove_duplicate=False))
+    return {key: {k: v if v.dim() == 0 else v[index] for k, v in optimizer.state.get(named[name], {}).items()}
+            for key, (name, index) in sources.items()}
+
+
+def _save(config: TrainConfig, step: int, full: nn.Sequential, sources: Sources, averaging: _Averaging,
+          writes: Callable[[int, Index], bool]) -> None:
+    """Checkpoint the run after `step` steps: every rank assembles the one-process model and
+    optimizer from the slices the ranks hold, and `torch.distributed.checkpoint` writes them."""
+    state = averaging.optimizer_state()
+    scalars = next(({k: v for k, v in s.items() if v.dim() == 0} for s in state.values() if s), {})
+    moments = {key: _gather(full, sources, {i: s[key] for i, s in state.items()}, writes, everywhere=True)
+               for key in sorted({k for s in state.values() for k, v in s.items() if v.dim() > 0})}
+    model = model_of(config)
+    weights = _gather(full, sources, averaging.weights(), writes, everywhere=True)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            w.copy_(weights[name])
+    optimizer = optimizer_of(config)(model.parameters())
+    for name, w in model.named_parameters():
+        if moments:
+            optimizer.state[w] = scalars | {key: by_name[name].clone() for key, by_name in moments.items()}
+    checkpoint.save(checkpoint.directory(config.checkpoint, step), model, optimizer, step)

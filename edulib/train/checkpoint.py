@@ -1,0 +1,68 @@
+"""Checkpoints of a training run with `torch.distributed.checkpoint`, in the one-process model's
+names, so that a run on any layout, or one process, resumes from any other's.
+
+A checkpoint is what `torch.distributed.checkpoint.state_dict.get_state_dict` makes of the
+one-process model and its optimizer ({"model": ..., "optimizer": ...}), and the step it was taken
+after. Every rank hands the whole of it to `dcp.save`, which writes each tensor once, spreading
+the writes over the ranks; every rank loads the whole of it and keeps its own slices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+STEP = "step"  # the key of the number of steps taken
+
+
+def directory(root: str | os.PathLike, step: int) -> str:
+    """Where a run that checkpoints into `root` writes the checkpoint taken after `step` steps."""
+    return os.path.join(root, f"step-{step}")
+
+
+def save(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Write the one-process model's weights and its optimizer's state after `step` steps (on every
+    rank of a run together, or in one process)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    with _quiet():
+        dcp.save({"model": model_state, "optimizer": optimizer_state, STEP: step}, checkpoint_id=directory,
+                 no_dist=not dist.is_initialized())
+
+
+def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
+    optimizer's own hyperparameters (the run's config names them); the steps it was taken after."""
+    if not (os.path.isdir(directory) and os.path.exists(os.path.join(directory, ".metadata"))):
+        raise ValueError(f"no checkpoint at {os.fspath(directory)!r}: a checkpoint is a directory that "
+                         "torch.distributed.checkpoint wrote (it holds a .metadata file)")
+    hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
+    state = {"model": model_state, "optimizer": optimizer_state, STEP: 0}  # made by a step of lr 0)
+    try:
+        with _quiet():
+            dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    except (CheckpointException, RuntimeError) as error:  # a missing key, a wrong shape (DCP's exception
+        cause = str(error).strip().splitlines()[-1]  # holds the rank's whole traceback: its last line)
+        raise ValueError(f"the checkpoint at {os.fspath(directory)!r} does not fit this model and optimizer "
+                         f"(a different size, experts, tie or optimizer?): {cause}") from None
+    for group, kept in zip(optimizer.param_groups, hyperparameters, strict=True):
+        group.update(kept)
+    return int(state[STEP])
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without DCP's warning that one process saves or loads alone, which is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield

@@ -1,0 +1,91 @@
+"""Checkpoints: a run saves with torch.distributed.checkpoint and resumes, on its own layout or any
+other (or one process), with the losses and weights of a run that was never interrupted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from edulib.train import TrainConfig, reference, train
+from edulib.train.checkpoint import directory, load
+from edulib.train.trainer import model_of, optimizer_of
+
+MODEL = {"hidden": 16, "heads": 2, "layers": 2, "tokens": 8, "batch": 4, "steps": 6}
+ONE = {}  # one process: `reference`
+# (saved on, resumed on, the model's options): the issue's dp=2 -> tp=2, and every axis, ZeRO
+# stage, a split backward, a tied pair across stages, experts and SGD on one side or the other
+MOVES = [
+    ({"dp": 2}, {"tp": 2}, {}),
+    ({"pp": 2, "zero": 1, "microbatches": 2}, ONE, {"tie": True}),
+    (ONE, {"dp": 2, "pp": 2, "zero": 3}, {}),
+    ({"tp": 2, "sequence_parallel": True, "dp": 2, "ep": 2}, {"pp": 2, "schedule": "interleaved_1f1b",
+                                                              "microbatches": 2}, {"experts": 4}),
+    ({"dp": 2, "cp": 2, "zero": 3}, {"dp": 2, "zero": 2, "pp": 2, "schedule": "zero_bubble",
+                                     "microbatches": 2}, {}),
+    ({"pp": 2, "schedule": "zero_bubble", "microbatches": 2, "tp": 2}, {"dp": 4, "zero": 1},
+     {"optimizer": "sgd"}),
+]
+
+
+def _run(layout: dict, model: dict, pools, **run: object) -> dict:
+    """Rank 0's report of the run on this layout, or one process's."""
+    config = TrainConfig(**MODEL, **model, **layout, **run)
+    return pools(config.world).run(train, config)[0] if layout else reference(config)
+
+
+def _state(path: str, model: dict) -> tuple[dict, dict]:
+    """A checkpoint's weights and optimizer state, by the one-process model's names."""
+    made = model_of(TrainConfig(**MODEL, **model))
+    optimizer = optimizer_of(TrainConfig(**MODEL, **model))(made.parameters())
+    assert load(path, made, optimizer) == MODEL["steps"]
+    names = {id(w): name for name, w in made.named_parameters()}
+    return (dict(made.named_parameters()),
+            {names[id(w)]: state for w, state in optimizer.state.items()})
+
+
+@pytest.mark.parametrize("saved, resumed, model", MOVES, ids=lambda options: str(options))
+def test_a_run_resumes_from_a_checkpoint_on_any_layout_like_an_uninterrupted_one(saved, resumed, model, pools,
+                                                                                  tmp_path):
+    whole = reference(TrainConfig(**MODEL, **model, checkpoint=str(tmp_path / "whole")))
+    first = _run(saved, model, pools, checkpoint=str(tmp_path / "saved"), checkpoint_every=3)
+    assert first["losses"] == pytest.approx(whole["losses"], rel=1e-4)
+    # what the run wrote is what one process's run writes: every weight and optimizer moment
+    got = _state(directory(tmp_path / "saved", 6), model)
+    want = _state(directory(tmp_path / "whole", 6), model)
+    for name, weight in want[0].items():
+        assert torch.allclose(got[0][name], weight, atol=1e-5, rtol=0), name
+    assert got[1].keys() == want[1].keys()
+    for name, state in want[1].items():
+        for key, value in state.items():
+            assert torch.allclose(got[1][name][key], value, atol=1e-6, rtol=1e-4), (name, key)
+    then = _run(resumed, model, pools, resume=directory(tmp_path / "saved", 3))
+    assert then["start"] == 3
+    assert then["losses"] == pytest.approx(whole["losses"][3:], rel=1e-4)
+    for name, weight in whole["weights"].items():
+        assert torch.allclose(then["weights"][name], weight, atol=1e-5, rtol=0), name
+    again = _run(saved, model, pools, resume=directory(tmp_path / "saved", 3))  # its own layout: the same
+    assert again["losses"] == first["losses"][3:]  # numbers, to the last bit
+
+
+def test_a_checkpoint_is_refused_by_a_run_it_does_not_fit(tmp_path):
+    reference(TrainConfig(**MODEL, checkpoint=str(tmp_path)))
+    step = directory(tmp_path, MODEL["steps"])
+    for options, message in [({"hidden": 32}, "Size mismatch"), ({"experts": 2}, "router"),
+                             ({"optimizer": "sgd"}, "momentum"),
+                             ({}, "taken after 6 steps, and this run ends after steps=6: ask for more")]:
+        with pytest.raises(ValueError, match=message):
+            reference(TrainConfig(**{**MODEL, **options, "resume": step}))
+    with pytest.raises(ValueError, match="no checkpoint at '/nowhere'"):
+        reference(TrainConfig(resume="/nowhere"))
+    with pytest.raises(ValueError, match=r"checkpoint_every=2 needs a checkpoint directory"):
+        TrainConfig(checkpoint_every=2)
+
+
+def test_the_run_checkpoints_when_asked(tmp_path):
+    config = TrainConfig(**{**MODEL, "steps": 5}, checkpoint=str(tmp_path), checkpoint_every=2)
+    assert [step for step in range(1, 6) if config.saves_after(step)] == [2, 4, 5]
+    reference(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-4", "step-5"]
+    assert not dataclasses.replace(config, checkpoint=None, checkpoint_every=0).saves_after(5)
