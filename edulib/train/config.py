@@ -14,7 +14,7 @@ from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
 from edulib.train.data import VOCAB
 
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "bf16")  # bf16: computed under autocast, weights and reductions in fp32
 OPTIMIZERS = ("adamw", "sgd")
 ZERO = (None, 1, 2, 3)
 

@@ -67,8 +67,25 @@ def optimizer_of(config: TrainConfig) -> Callable[[Iterable[nn.Parameter]], torc
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of the next token."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    """The mean cross-entropy of the next token (in fp32, whatever the logits' precision)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def compute(config: TrainConfig) -> contextlib.AbstractContextManager:
+    """Where the model computes: in bf16 under PyTorch's autocast (the weights, their gradients and
+    the optimizer stay fp32), or in fp32."""
+    return torch.autocast(torch.get_default_device().type, torch.bfloat16, enabled=config.precision == "bf16")
+
+
+class Cast(nn.Module):
+    """A pipeline stage's edge: its output sent in the config's precision, its input taken up in fp32."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
 
 
 def reference(config: TrainConfig) -> dict:
@@ -81,13 +98,14 @@ def reference(config: TrainConfig) -> dict:
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     for step in range(start, config.steps):
         inputs, targets = text_batch(step, config.batch, config.tokens, config.seed)
-        loss = lm_loss(model(inputs), targets)
+        with compute(config):
+            loss = lm_loss(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
         if config.eval_every and (step + 1) % config.eval_every == 0:
-            with torch.no_grad():
+            with torch.no_grad(), compute(config):
                 validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
         if config.saves_after(step + 1):
             checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1)
@@ -141,7 +159,11 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
     middle = nn.Sequential(*blocks)
     if config.sequence_parallel and blocks:
         middle = SequenceSplit(middle, tensor_group, config.algorithm)
-    return nn.Sequential(*before, *([middle] if blocks else []), *after), sources
+    edges = ([Cast(torch.float32)] if first_layer > 0 else [],  # bf16: messages between stages in bf16
+             [Cast(torch.bfloat16)] if first_layer + len(piece) < config.layers + 2 else [])
+    if config.precision == "fp32":
+        edges = ([], [])
+    return nn.Sequential(*edges[0], *before, *([middle] if blocks else []), *after, *edges[1]), sources
 
 
 def _sum_over(parameters: list[nn.Parameter], group, algorithm: str) -> None:
@@ -243,10 +265,11 @@ class _Averaging:
             self.sharded.load_optimizer_state(state)
 
 
-def train(config: TrainConfig, progress: bool = False) -> dict:
+def train(config: TrainConfig, progress: bool = False, log: str | None = None) -> dict:
     """Train on this rank's part of the layout; every rank returns each step's loss (the mean over
     the global batch), and rank 0 also every final weight, gathered, by the one-process model's
-    names. With `progress`, rank 0 draws a progress bar on stderr."""
+    names. With `progress`, rank 0 draws a progress bar on stderr, the loss beside it; with `log`,
+    it appends each step's "step loss" line to that file as the step ends (a live plot reads it)."""
     if dist.get_world_size() != config.world:
         raise ValueError(f"dp x pp x tp x cp = {config.world} ranks run this config; {dist.get_world_size()} "
                          "are running")
@@ -284,6 +307,8 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
     rows = config.batch // config.dp
     shape = (rows // m, len(positions), config.hidden)  # every message: a micro-batch's activations
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    messages = dict.fromkeys(range(schedule.stages - 1), (shape, dtype))
     parts: list[float] = []
 
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -296,8 +321,9 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
         parts.clear()
-        events[:] = execute(plan, p, stages, loss, inputs, targets, shape=shape, links=links, memory=memory,
-                            last_backward=averaging.last_backward)
+        with compute(config):
+            events[:] = execute(plan, p, stages, loss, inputs, targets, links=links, messages=messages,
+                                memory=memory, last_backward=averaging.last_backward)
         return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
 
     position = d * config.cp + c  # in its dp x cp group
@@ -312,6 +338,8 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     mine, checks, activations, events = [], [], [], []
     forwards = forward_only(schedule)
     bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
+    if bar is not None:
+        bar.update(start)
     with comm.count_communication() as sent:
         for step in range(start, config.steps):
             began = time.perf_counter()
@@ -321,10 +349,10 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
-                                  "compute": [(str(a), start, end) for a, start, end in events],
+                                  "compute": [(str(a), first, last) for a, first, last in events],
                                   "reduce": [tuple(times) for times in averaging.reduces]}
-            if bar is not None:
-                bar.update(1)
+            if progress or log:
+                _show(step, mine[-1], config, bar, log)
             if config.eval_every and (step + 1) % config.eval_every == 0:
                 with torch.no_grad():
                     checks.append(run(forwards, "validation", 0))
@@ -349,6 +377,18 @@ def train(config: TrainConfig, progress: bool = False) -> dict:
     return report | ({"weights": gathered} if dist.get_rank() == 0 else {})
 
 
+def _show(step: int, part: float, config: TrainConfig, bar, log: str | None) -> None:
+    """The step's loss, summed over the ranks (every rank takes part), on rank 0's bar and log."""
+    with comm.labelled("loss"):  # no axis's traffic: `by_axis` leaves it out
+        loss = float(comm.all_reduce(torch.tensor([part], dtype=torch.float64))) / (config.dp * config.cp)
+    if bar is not None:
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        bar.update(1)
+    if log and dist.get_rank() == 0:
+        with open(log, "a") as file:
+            file.write(f"{step + 1} {loss!r}\n")
+
+
 def forward_only(schedule: Schedule) -> Schedule:
     """The schedule's forward passes alone, in each device's order: a validation batch."""
     rows = tuple(tuple(part for step in row for part in step.parts if part.kind == "F")
@@ -365,6 +405,8 @@ def by_axis(transfers: list[comm.Transfer], pipeline: set[int], context: set[int
     gradients' and ZeRO's weights' collectives (dp), and the tensor-parallel layers' (tp)."""
     sent = dict.fromkeys(AXES, 0)
     for transfer in transfers:
+        if transfer.direction == "loss":
+            continue
         if transfer.operation == "send":
             axis = "pp" if set(transfer.ranks) <= pipeline else "cp"
         elif transfer.direction == "tied":
@@ -386,7 +428,8 @@ def _units(held: nn.ModuleList) -> list[nn.Module]:
     for layer in layers:
         for parameter in layer.parameters():
             count[id(parameter)] = count.get(id(parameter), 0) + 1
-    alone = [layer for layer in layers if all(count[id(w)] == 1 for w in layer.parameters())]
+    alone = [layer for layer in layers if all(count[id(w)] == 1 for w in layer.parameters())
+             and any(True for _ in layer.parameters())]  # (a stage's edge holds none)
     return alone + [stage for stage in held if any(layer not in alone for layer in stage)]
 
 
