@@ -22,7 +22,8 @@ def describe(config: TrainConfig) -> str:
     return (f"dp {config.dp} x pp {config.pp} x tp {config.tp} x cp {config.cp} = {config.world} ranks"
             f" (ep {config.ep}); {config.schedule}, {config.microbatches} micro-batches; {zero}"
             f"{''.join(', ' + extra for extra in extras)}; {model} in {config.precision}; "
-            f"{config.optimizer}, lr {config.lr}; {config.steps} steps of {config.batch} x {config.tokens} tokens")
+            f"{config.optimizer}, lr {config.lr}; "
+            f"{config.steps} steps of {config.batch} x {config.tokens} tokens")
 
 
 def summarize(config: TrainConfig, reports: list[dict], reference: dict | None = None) -> str:
