@@ -61,3 +61,14 @@ def test_sequence_context_and_expert_parallelism_compute_on_the_gpu():
     [layer] = run(sequence_parallel_step, True, backend="nccl")
     assert layer["gradients"]["output"].is_cuda
     assert not disagreements([layer], sequence_parallel_reference()[0], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_trainer_trains_on_the_gpu_like_one_process(precision):
+    from edulib.train import TrainConfig, reference, train
+
+    config = TrainConfig(batch=4, steps=5, hidden=16, heads=2, tokens=8, precision=precision)
+    [report] = run(train, 1, config, backend="nccl")
+    assert report["weights"]["0.tokens.weight"].is_cuda and report["memory"]["allocator"] > 0
+    close = 1e-3 if precision == "fp32" else 5e-2  # CUDA's kernels round apart from the CPU's
+    assert report["losses"] == pytest.approx(reference(config)["losses"], rel=close)

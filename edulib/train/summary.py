@@ -53,7 +53,8 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     if reference:
         lines.append(_agreement(first, reference))
     grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
-    memory = ("parameters", "gradients", "optimizer", "activations")
+    memory = ("parameters", "gradients", "optimizer", "activations",
+              *(["allocator"] if "allocator" in first["memory"] else []))  # (CUDA's peak)
     rows = [[rank, "(" + ", ".join(f"{axis} {where}" for axis, where in grid.where(rank).items()
                                    if axis != "ep") + ")",
              *(format_bytes(report["sent"][axis]) for axis in AXES),

@@ -373,6 +373,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
                              set(dist.get_process_group_ranks(context)) if context else set())
     report["memory"] = averaging.peak | {
         "activations": None if config.recompute else max((held for _, held in activations), default=0)}
+    if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
+        report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
     gathered = _gather(full, sources, averaging.weights(), writes)
     return report | ({"weights": gathered} if dist.get_rank() == 0 else {})
 
