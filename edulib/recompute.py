@@ -14,6 +14,7 @@ the closed form `saved_bytes_formula`, derived from edulib's own layer.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
@@ -52,11 +53,19 @@ class Recomputed(nn.Module):
         super().__init__()
         self.layer, self.mode = layer, check_choice(mode, MODES, "recomputation mode")
         layer.attention.recompute = mode == "selective"
+        self._inputs: list[weakref.ref] = []  # what "full" keeps for backward: each pass's input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "full":
+            if torch.is_grad_enabled():  # (a pass without backward keeps nothing)
+                self._inputs = [weakref.ref(t) for t in (*self.kept_inputs(), x)]
             return checkpoint(self.layer, x, use_reentrant=False)
         return self.layer(x)
+
+    def kept_inputs(self) -> list[torch.Tensor]:
+        """The inputs that full recomputation keeps for backward passes still to come (each lives
+        as long as its pass's graph)."""
+        return [t for ref in self._inputs if (t := ref()) is not None]
 
 
 def saved_bytes_formula(batch: int, tokens: int, hidden: int, heads: int, mode: str,

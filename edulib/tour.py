@@ -35,7 +35,7 @@ from edulib.dp.workers import compressed_train, torch_powersgd_train
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
-from edulib.hybrid import hybrid_reference, hybrid_step, plan_step
+from edulib.hybrid import hybrid_reference, plan_step
 from edulib.hybrid.plan import layouts, local_cluster, tiny_gpt_graph
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
@@ -265,16 +265,15 @@ def _check_expert_parallel(pool: Pool) -> str:
 
 
 def _check_hybrid(pool: Pool) -> str:
-    """Data x pipeline x tensor parallelism on one grid of all the ranks trains like one process."""
+    """Data x pipeline x tensor parallelism on one grid of all the ranks, on the ring all-reduce,
+    trains the language model like one process."""
     ranks = pool.world_size
     tp = 2 if ranks % 2 == 0 else 1
     pp = 2 if (ranks // tp) % 2 == 0 else 1
     dp = ranks // (tp * pp)
-    batch, layers = 4 * dp, 2 * pp
-    reports = pool.run(hybrid_step, dp, pp, tp, batch=batch, layers=layers, algorithm="ring")
-    problems = disagreements(reports, hybrid_reference(batch=batch, layers=layers))
-    _agree(problems)
-    return f"equal on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
+    config = TrainConfig(dp=dp, pp=pp, tp=tp, microbatches=2, batch=2 * dp, hidden=16, heads=2, tokens=8,
+                         steps=3, algorithm="ring")
+    return f"{_trained_alike(pool, config)} on a {dp} x {pp} x {tp} grid (data x pipeline x tensor)"
 
 
 def planner_cluster(ranks: int) -> Cluster:
@@ -348,12 +347,17 @@ def _layout_for(ranks: int) -> TrainConfig:
 def _check_trainer(pool: Pool) -> str:
     """The language model trained on the widest layout the ranks allow equals one process."""
     config = _layout_for(pool.world_size)
+    axes = " x ".join(f"{axis} {getattr(config, axis)}" for axis in ("dp", "pp", "tp", "cp", "ep")
+                      if getattr(config, axis) > 1)
+    return f"{axes or 'one rank'}: {_trained_alike(pool, config)}"
+
+
+def _trained_alike(pool: Pool, config: TrainConfig) -> str:
+    """Train on the pool and in one process: every loss within 1e-4, every final weight within 1e-5."""
     losses, weights = disagreement(pool.run(train, config)[0], reference(config))
     _require(losses < 1e-4, f"a loss differs from one process's by {losses:.1e} (relative)")
     _require(weights < 1e-5, f"a final weight differs from one process's by {weights:.1e}")
-    axes = " x ".join(f"{axis} {getattr(config, axis)}" for axis in ("dp", "pp", "tp", "cp", "ep")
-                      if getattr(config, axis) > 1)
-    return f"{axes or 'one rank'}: equal after {config.steps} steps"
+    return f"equal after {config.steps} steps"
 
 
 STEPS: list[Step] = [
@@ -380,7 +384,7 @@ STEPS: list[Step] = [
          _check_ring_attention),
     Step("expert parallelism: MoE top-2 on all-to-all", "dense MoE; the routing's bytes",
          _check_expert_parallel),
-    Step("hybrid: data x pipeline x tensor (ring)", "unsplit model's gradients", _check_hybrid),
+    Step("hybrid: data x pipeline x tensor (ring)", "one process, step by step", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
     Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
          _check_compression),

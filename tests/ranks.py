@@ -282,10 +282,10 @@ def split_backward_work(sequence_parallel: bool) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from edulib import comm
-    from edulib.hybrid.grid import SequenceSplit
     from edulib.models import gpt_batch, tiny_gpt
     from edulib.pp.backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock
+    from edulib.tp.sequence import SequenceSplit
 
     blocks = torch.nn.Sequential(*[ParallelBlock(block, None, "builtin", sequence_parallel)
                                    for block in tiny_gpt(16, 4, 2, norm=sequence_parallel)])
@@ -478,3 +478,8 @@ def wrapper_ledger(algorithm: str) -> dict:
     return {"ddp": step(ddp, zero), "fsdp": step(fsdp, torch.optim.SGD(fsdp.parameters(), lr=0.1)),
             "buckets": [sum(p.numel() for p in bucket) for bucket in ddp.buckets.buckets],
             "share": zero.length, "units": [(unit.length, bool(unit.trainable)) for unit in fsdp.units]}
+
+
+def process_groups() -> int:
+    """How many process groups this rank has made so far."""
+    return dist.get_pg_count()

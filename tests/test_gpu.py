@@ -34,13 +34,8 @@ def test_tour_passes_on_nccl(capsys):
 
 
 def test_rank_code_computes_on_its_gpu_and_matches_one_process():
-    from edulib.compare import disagreements
     from edulib.dp import data_parallel_reference, data_parallel_train
-    from edulib.hybrid import hybrid_reference, hybrid_step
 
-    [report] = run(hybrid_step, 1, 1, 1, backend="nccl", algorithm="ring", schedule="zero_bubble")
-    assert all(grad.is_cuda for grad in report["gradients"].values())
-    assert not disagreements([report], hybrid_reference(), rtol=1e-3, atol=1e-5)
     [trained] = run(data_parallel_train, 1, 3, backend="nccl", algorithm="ring")
     assert trained["parameters"].is_cuda
     assert torch.allclose(trained["parameters"].cpu(), data_parallel_reference(3)[0], atol=1e-5)

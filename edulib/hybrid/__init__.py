@@ -1,8 +1,8 @@
-"""Parallelisms composed on real ranks: the 3D grid (data x pipeline x tensor, `grid`) and the
-execution of a plan that the Alpa planner searched (`plan`): stages on submeshes, sharded inside.
-The rank-side entry points and their reference are in `workers`.
+"""Parallelisms composed on real ranks: the execution of a plan that the Alpa planner searched
+(`plan`): stages on submeshes, sharded inside. The rank-side entry point and its reference are in
+`workers`; the data x pipeline x tensor grid is the trainer's (`edulib.train`).
 """
 
-from edulib.hybrid.workers import hybrid_adam_reference, hybrid_reference, hybrid_step, plan_step
+from edulib.hybrid.workers import hybrid_reference, plan_step
 
-__all__ = ["hybrid_adam_reference", "hybrid_reference", "hybrid_step", "plan_step"]
+__all__ = ["hybrid_reference", "plan_step"]

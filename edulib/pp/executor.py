@@ -28,6 +28,7 @@ from edulib.pp.backward import Kept, backward_input, backward_weight, recording
 from edulib.pp.lower import lower
 from edulib.pp.memory import device_bytes
 from edulib.pp.schedule import Action, Schedule, consumer
+from edulib.recompute import Recomputed
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -200,7 +201,9 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
             backward_weight(kept.pop((stage, mb)))
         if memory is not None:
             own = (p for module in stages.values() for p in module.parameters())
-            memory.append((action, device_bytes(saved.values(), kept.values(), own)))
+            recomputing = [x for module in stages.values() for layer in module.modules()
+                           if isinstance(layer, Recomputed) for x in layer.kept_inputs()]
+            memory.append((action, device_bytes(saved.values(), kept.values(), own, recomputing)))
         return began
 
     post()

@@ -22,7 +22,9 @@ from edulib.pp.schedule import Action
 
 
 def _graph_tensors(roots: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
-    """Every tensor that the autograd graphs behind `roots` saved for their backward."""
+    """Every tensor that the autograd graphs behind `roots` saved for their backward. A tensor
+    saved through hooks (recomputation's) is left out: it does not exist until backward makes
+    it again, and asking for it would."""
     seen, nodes = set(), [root.grad_fn for root in roots if isinstance(root, torch.Tensor)]
     while nodes:
         node = nodes.pop()
@@ -30,10 +32,11 @@ def _graph_tensors(roots: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
             continue
         seen.add(node)
         for name in dir(node):
-            if name.startswith("_saved_"):
-                value = getattr(node, name)
-                if isinstance(value, torch.Tensor):
-                    yield value
+            if name.startswith("_raw_saved_"):
+                raw = getattr(node, name)
+                for saved in raw if isinstance(raw, list) else [raw]:
+                    if isinstance(saved, torch._C._autograd.SavedTensor) and saved.unpack_hook is None:
+                        yield from [saved.data] if isinstance(saved.data, torch.Tensor) else []
         nodes += [following for following, _ in node.next_functions]
 
 
@@ -49,15 +52,18 @@ def held_bytes(roots: Iterable[torch.Tensor], kept: Iterable[torch.Tensor],
     return sum(counted.values())
 
 
-def device_bytes(saved: Iterable[tuple], kept: Iterable[Kept], weights: Iterable[torch.Tensor]) -> int:
+def device_bytes(saved: Iterable[tuple], kept: Iterable[Kept], weights: Iterable[torch.Tensor],
+                 recomputed: Iterable[torch.Tensor] = ()) -> int:
     """What a pipeline device holds for passes to come: its forwards awaiting B, as the executor
-    saves them ((input, output, recorded layers)), and the W state B kept; see `held_bytes`."""
+    saves them ((input, output, recorded layers)), the W state B kept, and the inputs that
+    recomputed layers keep; see `held_bytes`."""
     saved, kept = list(saved), list(kept)
     roots = [y for _, y, _ in saved]
     roots += [out for entries in kept for _, _, out, _ in entries if out is not None]
     recorded = [t for _, _, layers in saved for _, x, out in layers for t in (x, out)]
     state = [t for entries in kept for _, x, _, grad in entries for t in (x, grad)]
-    return held_bytes(roots, [t for t in recorded + state if isinstance(t, torch.Tensor)], weights)
+    return held_bytes(roots, [t for t in recorded + state + list(recomputed) if isinstance(t, torch.Tensor)],
+                      weights)
 
 
 def phase_bytes(stage: nn.Module, x: torch.Tensor) -> dict[str, int]:

@@ -15,10 +15,13 @@ the paper's closed form adapted to that layer, and `layer_traffic` its bytes per
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from edulib.checks import check_count
 from edulib.comm import formula
 from edulib.models import Block, built_on_host
+from edulib.tp.ops import gather
+from edulib.tp.ops import split as split_sequence
 
 
 @built_on_host
@@ -65,3 +68,15 @@ def layer_traffic(tokens: int, batch: int, hidden: int, tensor_parallel: int,
                for c in ("all_gather", "reduce_scatter"))
     return {"forward": 2 * pair, "backward": 2 * pair,
             "recompute": 2 * formula("ring", t, size, collective="all_gather").max_bytes_per_rank}
+
+
+class SequenceSplit(nn.Module):
+    """A stage's blocks run sequence-parallel: split the sequence on the way in, gather it on the way out."""
+
+    def __init__(self, blocks: nn.Sequential, group, algorithm: str) -> None:
+        super().__init__()
+        self.blocks, self.group, self.algorithm = blocks, group, algorithm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = split_sequence(x, -2, self.group, self.algorithm)
+        return gather(self.blocks(x), -2, self.group, self.algorithm)

@@ -58,8 +58,7 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     rows = [[rank, "(" + ", ".join(f"{axis} {where}" for axis, where in grid.where(rank).items()
                                    if axis != "ep") + ")",
              *(format_bytes(report["sent"][axis]) for axis in AXES),
-             *("-" if report["memory"][kind] is None else format_bytes(report["memory"][kind])
-               for kind in memory)]
+             *(format_bytes(report["memory"][kind]) for kind in memory)]
             for rank, report in enumerate(reports)]
     lines += ["", "bytes each rank sent, by axis, and the most it held:",
               format_table(["rank", "place", *(f"sent {axis}" for axis in AXES), *memory], rows)]

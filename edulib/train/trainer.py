@@ -35,13 +35,13 @@ from edulib.cp.layout import token_ranges
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel, optimizer_state, tensor_bytes
 from edulib.ep.layer import ExpertParallelMoE
-from edulib.hybrid.grid import SequenceSplit
 from edulib.models import Block, split
 from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
 from edulib.recompute import Recomputed
 from edulib.tp.layers import Index, ParallelBlock
+from edulib.tp.sequence import SequenceSplit
 from edulib.train import checkpoint
 from edulib.train.config import TrainConfig
 from edulib.train.data import VOCAB, text_batch
@@ -344,12 +344,12 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         for step in range(start, config.steps):
             began = time.perf_counter()
             averaging.accumulate()
-            counted = step == 0 and not config.recompute  # counting walks the graphs; it would recompute
-            mine.append(run(schedule, "train", step, activations if counted else None))
+            mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
+            # walks the graphs: once is enough)
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
-                                  "compute": [(str(a), first, last) for a, first, last in events],
+                                  "compute": list(events),
                                   "reduce": [tuple(times) for times in averaging.reduces]}
             if progress or log:
                 _show(step, mine[-1], config, bar, log)
@@ -372,7 +372,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     report["sent"] = by_axis(sent, set(neighbours.values()),
                              set(dist.get_process_group_ranks(context)) if context else set())
     report["memory"] = averaging.peak | {
-        "activations": None if config.recompute else max((held for _, held in activations), default=0)}
+        "activations": max(held for _, held in activations)}
     if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
         report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
     gathered = _gather(full, sources, averaging.weights(), writes)

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from edulib.comm.groups import Grid
+from edulib.train.config import TrainConfig
 from edulib.viz import shared_cores
 from edulib.viz.pipeline import KIND_COLOURS, KIND_NAMES
 
@@ -52,26 +53,32 @@ def grid_figure(grid: Grid) -> Figure:
     return figure
 
 
-def step_figure(reports: list[dict], title: str = "one training step on every rank") -> Figure:
-    """A row per rank: its pipeline actions (numbered by micro-batch) and then its share of the
-    data-parallel gradient all-reduce, in seconds from the step's first action."""
-    origin = min(start for report in reports for _, start, _ in report["events"])
+def step_figure(config: TrainConfig, reports: list[dict], title: str = "one training step on every rank"
+                ) -> Figure:
+    """A row per rank of the trainer's last step: its pipeline passes (numbered by micro-batch)
+    and its data-parallel buckets' all-reduces, in seconds from the step's first pass."""
+    origin = min(start for report in reports for _, start, _ in report["timeline"]["compute"])
     figure = Figure(figsize=(10, 0.38 * len(reports) + 1.4))
     axes = figure.subplots()
+    lanes = max(max(len(report["timeline"]["reduce"]) for report in reports), 1)
     for row, report in enumerate(reports):
-        for action, start, end in report["events"]:
+        for action, start, end in report["timeline"]["compute"]:
             axes.barh(row, end - start, left=start - origin, color=KIND_COLOURS[action.kind], height=0.8)
             axes.text((start + end) / 2 - origin, row, str(action.microbatch), ha="center", va="center",
                       fontsize=7, color="white")
-        start, end = report["reduce"]
-        axes.barh(row, end - start, left=start - origin, color=REDUCE_COLOUR, height=0.8)
-    axes.set_yticks(range(len(reports)), [f"rank {rank} {report['coordinates']}"
-                                          for rank, report in enumerate(reports)], fontsize=8)
+        for lane, (start, end) in enumerate(report["timeline"]["reduce"]):  # a thin lane per bucket
+            axes.barh(row + 0.4 + 0.3 * (lane + 0.5) / lanes, end - start, left=start - origin,
+                      color=REDUCE_COLOUR, height=0.3 / lanes)
+    grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
+    places = [", ".join(f"{axis} {where}" for axis, where in grid.where(rank).items()
+                        if axis != "ep" and getattr(config, axis) > 1) for rank in range(len(reports))]
+    axes.set_yticks(range(len(reports)), [f"rank {rank} ({place})" for rank, place in enumerate(places)],
+                    fontsize=8)
     axes.invert_yaxis()
-    axes.set_xlabel("seconds since the step's first action")
-    kinds = sorted({action.kind for report in reports for action, _, _ in report["events"]})
+    axes.set_xlabel("seconds since the step's first pass")
+    kinds = sorted({action.kind for report in reports for action, _, _ in report["timeline"]["compute"]})
     axes.legend(handles=[*(Patch(color=KIND_COLOURS[k], label=KIND_NAMES[k]) for k in kinds),
-                         Patch(color=REDUCE_COLOUR, label="gradient all-reduce (dp)")],
+                         Patch(color=REDUCE_COLOUR, label="gradient all-reduce, a bucket (dp)")],
                 loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
     caption = shared_cores(len(reports))
     axes.set_title(f"{title}\n({caption})" if caption else title, fontsize=10)
