@@ -483,3 +483,34 @@ def wrapper_ledger(algorithm: str) -> dict:
 def process_groups() -> int:
     """How many process groups this rank has made so far."""
     return dist.get_pg_count()
+
+
+def zero_backward_goes_on() -> dict[str, float]:
+    """ZeRO-2's backward with the communication thread held up for half a second: when backward
+    returned and when its reduce-scatters ended, in seconds from its start."""
+    from edulib import comm
+    from edulib.dp.zero import ZeroDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    zero = ZeroDataParallel(model, 2, precision="fp32")
+    loss = model(torch.randn(4, 8)).sum()
+    comm.submit(time.sleep, 0.5)
+    began = time.perf_counter()
+    zero.backward(loss)
+    returned = time.perf_counter() - began
+    zero.step()
+    ended = max(end for kind, _, end in zero.spans if kind == "reduce") - began
+    return {"returned": returned, "reduced": ended}
+
+
+def two_threads_one_group(algorithm: str) -> list[list[float]]:
+    """Ten all-reduces started on the communication thread and ten run at once on this one, on
+    the same group: each must come back as its own sum."""
+    from edulib import comm
+
+    rank = dist.get_rank()
+    started = [comm.all_reduce(torch.full((64,), float(rank + 10 * i)), algorithm, async_op=True)
+               for i in range(10)]
+    here = [comm.all_reduce(torch.full((64,), float(rank + 100 * i)), algorithm) for i in range(10)]
+    return [[float(t.result()[0]) for t in started], [float(t[0]) for t in here]]

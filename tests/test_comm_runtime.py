@@ -11,6 +11,7 @@ from edulib.comm.runtime import run_schedule
 from edulib.comm.verify import collective_disagreements
 from edulib.comm.workers import run_many
 from edulib.launch import Pool, RankError
+from tests import ranks
 
 LARGE_ODD = 10_007
 
@@ -63,3 +64,9 @@ def _unknown_algorithm() -> None:
 def test_bad_input_on_a_rank_is_a_clear_error(fn, message):
     with Pool(2, backend="gloo", timeout=10) as pool, pytest.raises(RankError, match=message):
         pool.run(fn)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_the_communication_thread_and_the_main_thread_share_a_group_safely(algorithm, pool4):
+    for started, here in pool4.run(ranks.two_threads_one_group, algorithm):
+        assert started == [6.0 + 40 * i for i in range(10)] and here == [6.0 + 400 * i for i in range(10)]

@@ -243,3 +243,13 @@ def test_full_recomputation_keeps_each_blocks_input_and_little_else(pools):
     kept = activations(3, True) - activations(2, True)
     assert 0 <= kept - 4 * 4 * 8 * 16 <= 64, kept
     assert activations(3, False) - activations(2, False) > 10 * kept  # q, k, v, scores, the MLP's, ...
+
+
+def test_zero3_gathers_ahead_and_reduce_scatters_each_unit_once_per_backward_pass(pools):
+    config = TrainConfig(dp=2, zero=3, microbatches=2, batch=4, hidden=16, heads=2, tokens=8, steps=2)
+    for report in pools(2).run(train, config):
+        spans = report["timeline"]["sharding"]
+        units = 3  # the embeddings, the blocks, the head
+        assert sum(kind == "reduce" for kind, _, _ in spans) == units * config.microbatches
+        assert sum(kind == "gather" for kind, _, _ in spans) >= 2 * units * config.microbatches
+        assert all(began <= ended for _, began, ended in spans)

@@ -145,3 +145,8 @@ def test_stage_3_equals_torchs_fsdp2_and_prefetching_changes_nothing_but_timing(
 
 def test_an_fp16_overflow_skips_the_step_and_halves_the_loss_scale(pool4):
     assert pool4.run(ranks.overflowing_fp16_step) == [(True, 2.0**39)] * 4
+
+
+def test_backward_goes_on_while_the_reduce_scatters_run(pool4):
+    for report in pool4.run(ranks.zero_backward_goes_on):
+        assert report["returned"] < 0.25 < 0.5 <= report["reduced"], report

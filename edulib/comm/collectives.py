@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from edulib.comm.algorithms import schedule_for
 from edulib.comm.cost import bytes_sent
+from edulib.comm.groups import twin
 from edulib.comm.ledger import note
 from edulib.comm.runtime import run_schedule
 from edulib.comm.schedule import chunk_bounds
@@ -70,7 +71,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
         return tensor
     if algorithm != "builtin":
         schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # a bad name fails here
-        return submit(all_reduce, tensor, algorithm, group)
+        return submit(all_reduce, tensor, algorithm, twin(group))  # apart from the main thread's calls
     done: Future = Future()
 
     def settle(finished: torch.futures.Future) -> None:

@@ -7,9 +7,11 @@ right after; the backward pass gathers them again before the unit's gradients ar
 once all of those are ready they are reduce-scattered, each rank keeping its chunk's sum. ZeRO's
 stage 2 uses only the reduce, stage 3 and FSDP both. With `prefetch` the next unit's gather starts
 while this one computes. Every collective runs on the communication thread (`comm.submit`), in
-the same order on every rank, on any of edulib's algorithms, counted in the ledger.
+the same order on every rank, on any of edulib's algorithms, counted in the ledger, its span in
+`spans`; a reduce-scatter runs there while backward goes on to the next unit.
 
-Each rank sums its chunks of the reduced gradients over the micro-batches in `grad_shards`. A
+Each rank sums its chunks of the reduced gradients over the micro-batches in `grad_shards`, as
+the reduce-scatters end (all of them by the end of the pass). A
 unit's full weights stay until every backward that gathered them has reduced its gradients: under
 a split backward (zero bubble) several micro-batches' weight gradients (W) come after their
 input gradients (B). The two differ only in where a unit's chunk lives between uses (`_chunk`)
@@ -19,6 +21,7 @@ and what a freed unit keeps (`_free`).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -94,11 +97,14 @@ class Sharding:
     def _shard_units(self, units: list[Unit], algorithm: str, group: Any, gather: bool, reduce: bool,
                      prefetch: bool) -> None:
         """Hook the units: gathered around their forward and backward when `gather`, their
-        gradients reduce-scattered as soon as all are ready when `reduce`."""
-        self.units, self.group, self.prefetch = units, group, prefetch
+        gradients reduce-scattered as soon as all are ready when `reduce`; every collective on the
+        communication thread, on a twin of `group`."""
+        self.units, self.group, self.prefetch = units, comm.twin(group), prefetch
         self.gather_with, self.reduce_with = (comm.algorithm_for(collective, algorithm)
                                               for collective in ("all_gather", "reduce_scatter"))
         self._coming: dict[int, Future] = {}  # unit -> its gather, started early
+        self._reducing: list[tuple[int, Future]] = []  # reduce-scatters in flight: unit, its chunk to come
+        self.spans: list[tuple[str, float, float]] = []  # each collective's kind, start and end
         for index, unit in enumerate(units):
             if gather:
                 unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
@@ -120,13 +126,23 @@ class Sharding:
 
     def _collective(self, fn: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
         """Run a collective on the communication thread, behind any gather started early, and wait."""
-        return comm.submit(fn, *args, group=self.group).result()
+        return self._submit("step", fn, *args, group=self.group).result()
+
+    def _submit(self, kind: str, fn: Callable[..., torch.Tensor], *args: object, **kwargs: object) -> Future:
+        """Start a collective on the communication thread, noting its span there in `spans`."""
+        def timed() -> torch.Tensor:
+            began = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.spans.append((kind, began, time.perf_counter()))
+            return out
+        return comm.submit(timed)
 
     def _all_gather(self, index: int, chunk: torch.Tensor | None = None) -> Future:
         """Unit `index`'s full flat vector from every rank's chunk of it (its `_chunk`), to come."""
         with comm.labelled("parameters"):
-            return comm.submit(comm.all_gather_chunks, self._chunk(index) if chunk is None else chunk,
-                               self.units[index].length, self.gather_with, self.group)
+            chunk = self._chunk(index) if chunk is None else chunk
+            return self._submit("gather", comm.all_gather_chunks, chunk, self.units[index].length,
+                                self.gather_with, self.group)
 
     def _gather(self, index: int, ahead: int) -> None:
         """Load a unit's full weights (gathered now, or earlier), and maybe start the next one's."""
@@ -156,14 +172,15 @@ class Sharding:
             self._reduce(index)
 
     def _reduce(self, index: int) -> None:
-        """Reduce-scatter unit `index`'s full gradients, add this rank's chunk to its gradient shard
-        and free them; free the weights too unless another backward still needs them."""
+        """Start reduce-scattering unit `index`'s full gradients (this rank's chunk is added to its
+        gradient shard when it ends) and free them; free the weights too unless another backward
+        still needs them."""
         unit = self.units[index]
         unit.ready = 0
         self._measure()
         with comm.labelled("gradients"):
-            chunk = self._collective(comm.reduce_scatter, unit.flat_grad(), self.reduce_with)
-        self.grad_shards[index] += chunk
+            self._reducing.append((index, self._submit("reduce", comm.reduce_scatter, unit.flat_grad(),
+                                                       self.reduce_with, group=self.group)))
         for parameter in unit.parameters:
             parameter.grad = None
         unit.pending = max(unit.pending - 1, 0)
@@ -172,11 +189,14 @@ class Sharding:
 
     def _end_pass(self) -> None:
         """After the step's backward passes: reduce the units some of whose gradients never came (a
-        parameter the pass did not use), drop gathers started for a use that never came (the
-        weights change in the step) and free every unit."""
+        parameter the pass did not use), add up every reduce-scatter's chunk, drop gathers started
+        for a use that never came (the weights change in the step) and free every unit."""
         for index, unit in enumerate(self.units):
             if unit.ready:
                 self._reduce(index)
+        for index, reducing in self._reducing:
+            self.grad_shards[index] += reducing.result()
+        self._reducing.clear()
         for coming in self._coming.values():
             coming.result()
         self._coming.clear()

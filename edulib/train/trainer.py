@@ -204,14 +204,17 @@ class _Averaging:
         if config.zero is not None:
             self.sharded = ZeroDataParallel(held, config.zero, make, precision="fp32",
                                             algorithm=config.algorithm, group=data_group, units=_units(held),
-                                            ignored_params=self.experts)
+                                            prefetch=config.zero == 3, ignored_params=self.experts)
         self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
         self.optimizer = make(self.own) if self.own else None
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
+        self.sharding: list[tuple[str, float, float]] = []  # and ZeRO's collectives: kind, start, end
 
     def accumulate(self) -> None:
         """From now on backward passes only accumulate gradients, until a stage's `last_backward`."""
+        if self.zero is not None:
+            self.sharded.spans.clear()
         for s, wrappers in self.wrappers.items():
             self._waiting[s] = contextlib.ExitStack()
             for wrapper in wrappers:
@@ -232,6 +235,7 @@ class _Averaging:
         self._measure()
         if self.zero is not None:
             self.sharded.step()
+            self.sharding = list(self.sharded.spans)
         if self.optimizer is not None:
             self.optimizer.step()
             self._measure()
@@ -349,8 +353,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
             averaging.step()
             report["seconds"].append(time.perf_counter() - began)
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
-                                  "compute": list(events),
-                                  "reduce": [tuple(times) for times in averaging.reduces]}
+                                  "compute": list(events),  # and ZeRO's gathers and reduce-scatters
+                                  "reduce": [tuple(times) for times in averaging.reduces],
+                                  "sharding": averaging.sharding}
             if progress or log:
                 _show(step, mine[-1], config, bar, log)
             if config.eval_every and (step + 1) % config.eval_every == 0:
