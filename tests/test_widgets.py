@@ -343,10 +343,11 @@ def test_a_measured_figure_says_when_its_ranks_outnumber_the_cores(monkeypatch):
     import os
 
     from edulib.pp.schedule import Action
+    from edulib.train import TrainConfig
     from edulib.viz.hybrid import step_figure
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    reports = [{"events": [(Action("F", 0, 0), 0.0, 1.0)], "reduce": (1.0, 2.0), "coordinates": (0, 0, rank)}
+    reports = [{"timeline": {"compute": [(Action("F", 0, 0), 0.0, 1.0)], "reduce": [(1.0, 2.0)]}}
                for rank in range(8)]
-    assert "8 ranks share 2 cores" in step_figure(reports).axes[0].get_title()
-    assert "cores" not in step_figure(reports[:2]).axes[0].get_title()
+    assert "8 ranks share 2 cores" in step_figure(TrainConfig(dp=8, batch=8), reports).axes[0].get_title()
+    assert "cores" not in step_figure(TrainConfig(dp=2), reports[:2]).axes[0].get_title()
