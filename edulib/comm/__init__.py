@@ -29,7 +29,7 @@ from edulib.comm.collectives import (
     submit,
 )
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, message_time, two_level_link
-from edulib.comm.groups import Grid, subgroup, twin
+from edulib.comm.groups import Grid, members_group, subgroup, twin
 from edulib.comm.ledger import Transfer, count_communication, labelled
 from edulib.comm.schedule import COLLECTIVES, Message, Schedule, chunk_bounds
 from edulib.comm.simulate import expected, simulate
@@ -38,5 +38,6 @@ __all__ = ["ALGORITHMS", "COLLECTIVES", "Cost", "FOR_COLLECTIVE", "FURTHER", "Gr
            "SCHEDULES", "Schedule", "Transfer", "algorithm_for", "all_gather", "all_gather_chunks",
            "all_reduce", "all_to_all", "barrier", "broadcast", "build_schedule", "bytes_sent",
            "chunk_bounds", "cost", "count_communication", "expected", "formula", "hierarchical",
-           "irecv", "isend", "labelled", "message_time", "recv", "reduce", "reduce_scatter",
-           "schedule_for", "send", "shift", "simulate", "subgroup", "submit", "twin", "two_level_link"]
+           "irecv", "isend", "labelled", "members_group", "message_time", "recv", "reduce",
+           "reduce_scatter", "schedule_for", "send", "shift", "simulate", "subgroup", "submit", "twin",
+           "two_level_link"]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from edulib.checks import check_choice
 
-_made: dict[tuple, dist.ProcessGroup] = {}  # by ranks (and "twin" before them)
+_made: dict[tuple, dist.ProcessGroup] = {}  # by ranks (and a purpose before them)
 _made_in: list[dist.ProcessGroup] = []  # the default group the cached ones were made in
 
 
@@ -43,17 +43,23 @@ def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
     return mine
 
 
-def twin(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
-    """A second process group of `group`'s ranks, made once and by those ranks alone: what the
-    communication thread runs goes on it, so its collectives never interleave with the main
-    thread's on `group` (a group pairs its collectives up across ranks by the order they start)."""
+def members_group(ranks: Sequence[int], purpose: str = "") -> dist.ProcessGroup:
+    """A process group of these ranks, made once (per `purpose`) and by them alone: the ranks
+    outside it need not take part, so each rank may make the groups it belongs to."""
     if not _made_in or _made_in[0] is not dist.group.WORLD:
         _made.clear()
         _made_in[:] = [dist.group.WORLD]
-    key = ("twin", *dist.get_process_group_ranks(group or dist.group.WORLD))
+    key = (purpose, *map(int, ranks))
     if key not in _made:
         _made[key] = dist.new_group(list(key[1:]), use_local_synchronization=True)
     return _made[key]
+
+
+def twin(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """A second process group of `group`'s ranks: what the communication thread runs goes on it,
+    so its collectives never interleave with the main thread's on `group` (a group pairs its
+    collectives up across ranks by the order they start)."""
+    return members_group(dist.get_process_group_ranks(group or dist.group.WORLD), "twin")
 
 
 AXES = ("dp", "pp", "cp", "ep", "tp")  # outermost first: tensor-parallel neighbours are adjacent ranks

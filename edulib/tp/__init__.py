@@ -1,6 +1,8 @@
 """Tensor parallelism (Megatron-LM): f and g, column- and row-parallel layers, MLP, attention, and
-sequence parallelism beside it (`sequence_parallel=True`, `edulib.tp.sequence`)."""
+sequence parallelism beside it (`sequence_parallel=True`, `edulib.tp.sequence`); and AxoNN's
+layers on a grid of ranks (`edulib.tp.grid`)."""
 
+from edulib.tp.grid import GridLinear, GridShape, TensorGrid, best_grid, grid_bytes
 from edulib.tp.layers import (
     ColumnParallelLinear,
     ParallelBlock,
@@ -12,6 +14,6 @@ from edulib.tp.layers import (
 )
 from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence, split, sync_gradients
 
-__all__ = ["ColumnParallelLinear", "ParallelBlock", "ParallelLayerNorm", "ParallelMLP", "ParallelModule",
-           "ParallelSelfAttention", "RowParallelLinear", "f", "g", "gather", "gathered_linear",
-           "reduce_scatter_sequence", "split", "sync_gradients"]
+__all__ = ["ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock", "ParallelLayerNorm", "ParallelMLP",
+           "ParallelModule", "ParallelSelfAttention", "RowParallelLinear", "TensorGrid", "best_grid", "f", "g",
+           "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence", "split", "sync_gradients"]

@@ -126,6 +126,17 @@ class _ReduceScatter(Function):
         return _all_gather(grad, "backward", ctx.group, ctx.dim, ctx.algorithm), None, None, None
 
 
+class _Shards(Function):
+    @staticmethod
+    def forward(ctx, x, group, dim, algorithm):
+        ctx.group, ctx.dim, ctx.algorithm = group, dim, algorithm
+        return _all_gather(x, "parameters", group, dim, algorithm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, "gradients", ctx.group, ctx.dim, ctx.algorithm), None, None, None
+
+
 class _GatheredLinear(Function):
     """y = all-gather(x) W^T + b, keeping only this rank's part of x for backward."""
 
@@ -171,6 +182,13 @@ def gather(x: torch.Tensor, dim: int = -1, group=None, algorithm: str = "builtin
 def split(x: torch.Tensor, dim: int = -1, group=None, algorithm: str = "builtin") -> torch.Tensor:
     """Keep this rank's slice of dimension `dim` forward; all-gather the gradient backward."""
     return _Split.apply(x, group, dim, algorithm)
+
+
+def gather_shards(x: torch.Tensor, dim: int = 0, group=None, algorithm: str = "builtin") -> torch.Tensor:
+    """A weight sharded over the group, whole: all-gather dimension `dim` forward, and
+    reduce-scatter the gradient backward (each rank keeps the sum of its shard's part), as ZeRO-3
+    and a grid's depth axis do."""
+    return _Shards.apply(x, group, dim, algorithm)
 
 
 def reduce_scatter_sequence(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Tensor parallelism's rank-side entry points, one place for the package, each beside the
 one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or attention layer),
 `sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
-`cnn_step` (data-parallel convolutions, a tensor-parallel classifier) and
-`data_parallel_linear_step` (the same layer data-parallel, for its bytes).
+`cnn_step` (data-parallel convolutions, a tensor-parallel classifier),
+`data_parallel_linear_step` (the same layer data-parallel, for its bytes) and `grid_step` (a
+Linear on a grid of ranks, `edulib.tp.grid`).
 
 A case is a full module, an input and a probe (the loss is sum(output x probe)), built the same
 way on every rank and in the caller from a seed, so the caller can compute the reference itself.
@@ -17,6 +18,7 @@ from torch import nn
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
 from edulib.recompute import saved_activation_bytes
+from edulib.tp.grid import GridLinear, GridShape, TensorGrid
 from edulib.tp.layers import (
     ColumnParallelLinear,
     ParallelBlock,
@@ -178,3 +180,45 @@ def sequence_parallel_reference(batch: int = 2, tokens: int = 8, hidden: int = 1
     (y * probe).sum().backward()
     gradients = {name: p.grad for name, p in full.named_parameters()}
     return {"output": y.detach(), "input": x.grad, **gradients}, kept
+
+
+@built_on_host
+def grid_case(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
+              ) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    """A full Linear, its input and the probe (the loss is sum(output x probe))."""
+    torch.manual_seed(seed)
+    full = nn.Linear(in_features, out_features, bias=bias)
+    return full, torch.randn(batch, in_features), torch.randn(batch, out_features)
+
+
+def grid_step(shape: GridShape, batch: int, in_features: int, out_features: int, transpose: bool = False,
+              bias: bool = True, seed: int = 0, algorithm: str = "builtin") -> dict:
+    """Forward and backward through this rank's part of a Linear on a grid of all the ranks,
+    recording every collective: its output part, its input part's gradient and its weights'
+    gradients, each with the slice of the full layer's it must equal (`grid_reference`)."""
+    full, x, probe = grid_case(batch, in_features, out_features, bias, seed)
+    grid = TensorGrid(shape)
+    layer = GridLinear(full, grid, transpose, algorithm)
+    along = {"rows": (grid.row, shape.rows), "columns": (grid.column, shape.columns)}
+    order = ("columns", "rows") if transpose else ("rows", "columns")  # what splits outputs, inputs
+    (o, outs), (i, ins) = (along[axis] for axis in order)
+    rows = _mine(batch, shape.depth, grid.level, 0)[0]
+    x_index, y_index = (rows, _mine(in_features, ins, i)[1]), (rows, _mine(out_features, outs, o)[1])
+    x = x[x_index].clone().requires_grad_()
+    with count_communication() as transfers:
+        y = layer(x)
+        (y * probe[y_index]).sum().backward()
+    return {"gradients": {"output": y.detach(), "input": x.grad,
+                          **{name: p.grad for name, p in layer.named_parameters()}},
+            "sources": {"output": ("output", y_index), "input": ("input", x_index), **layer.sources()},
+            "transfers": transfers}
+
+
+def grid_reference(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
+                   ) -> dict[str, torch.Tensor]:
+    """The full Linear's output, input gradient and weights' gradients."""
+    full, x, probe = grid_case(batch, in_features, out_features, bias, seed)
+    x.requires_grad_()
+    y = full(x)
+    (y * probe).sum().backward()
+    return {"output": y.detach(), "input": x.grad, **{name: p.grad for name, p in full.named_parameters()}}

@@ -1,0 +1,157 @@
+"""Tensor parallelism on a grid of ranks: AxoNN's intra-layer parallelism, a layer as a parallel
+matrix multiplication (after Agarwal et al.'s 3D algorithm).
+
+The ranks of a tensor-parallel group form a grid of rows x columns x depth. A Linear layer
+y = x W^T (W is out x in) keeps on rank (r, c, d) the block of W whose output features are part
+r of `rows` and whose input features are part c of `columns`; the block's rows are split once more
+over the depth, so every rank holds 1/(rows x columns x depth) of W. The batch is split over the
+depth too, and a rank's input is its batch part's input features c. One step:
+
+- forward: all-gather the block over the depth (`gather_shards`), multiply, and all-reduce the
+  partial outputs over the row's columns (g): y's part r, on every column;
+- backward: the input's gradient is all-reduced over the rows (f), and the block's gradient is
+  reduce-scattered over the depth (each rank keeps its shard's sum over the batch parts); a bias
+  (part r, on every rank of the column and depth) has its gradient all-reduced over the depth.
+
+`transpose` swaps the roles of rows and columns, so that a second layer reads the first one's
+output as it is laid out. On a grid of t x 1 x 1 a layer is Megatron's column-parallel one and,
+transposed, its row-parallel one: the two in turn are Megatron's MLP. `grid_bytes` is the
+closed form of what a rank sends per layer and step, `best_grid` the shape that sends least.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from edulib import comm
+from edulib.checks import check_count
+from edulib.tp.layers import ParallelModule
+from edulib.tp.ops import _all_reduce, f, g, gather_shards
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """How many ranks a layer's grid has along each axis."""
+
+    rows: int
+    columns: int
+    depth: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("rows", "columns", "depth"):
+            check_count(getattr(self, axis), f"grid {axis}")
+
+    @property
+    def size(self) -> int:
+        """Ranks in the grid."""
+        return self.rows * self.columns * self.depth
+
+    def where(self, index: int) -> tuple[int, int, int]:
+        """(row, column, depth) of the grid's rank `index`: columns vary fastest, then rows."""
+        return index // self.columns % self.rows, index % self.columns, index // (self.rows * self.columns)
+
+
+class TensorGrid:
+    """A tensor-parallel group's ranks as a grid, with a process group along each axis (each made
+    once, by its own ranks)."""
+
+    def __init__(self, shape: GridShape, group=None) -> None:
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        if len(ranks) != shape.size:
+            raise ValueError(f"a grid of {shape.rows} x {shape.columns} x {shape.depth} needs {shape.size} "
+                             f"ranks; the group has {len(ranks)}")
+        self.shape = shape
+        self.row, self.column, self.level = shape.where(ranks.index(dist.get_rank()))
+        places = {shape.where(i): rank for i, rank in enumerate(ranks)}
+        r, c, d = self.row, self.column, self.level
+        self.groups = {  # along each axis: the ranks that differ only there (made in this order)
+            "rows": comm.members_group([places[i, c, d] for i in range(shape.rows)], "grid"),
+            "columns": comm.members_group([places[r, j, d] for j in range(shape.columns)], "grid"),
+            "depth": comm.members_group([places[r, c, k] for k in range(shape.depth)], "grid")}
+
+
+def _part(size: int, parts: int, index: int, what: str) -> slice:
+    """Part `index` of `parts` equal parts of `size`, or an error if they are not equal."""
+    if size % parts:
+        raise ValueError(f"{what} ({size}) must divide evenly into {parts} parts; use a multiple of {parts}")
+    step = size // parts
+    return slice(index * step, (index + 1) * step)
+
+
+class GridLinear(ParallelModule):
+    """A Linear layer on a grid of ranks, cut from the full one; it takes this rank's input part
+    (its batch part over the depth, its input features over the columns) and returns its output
+    part (the batch part, output features over the rows, the same on every column)."""
+
+    def __init__(self, full: nn.Linear, grid: TensorGrid, transpose: bool = False,
+                 algorithm: str = "builtin") -> None:
+        super().__init__()
+        self.grid, self.algorithm = grid, algorithm
+        outs, ins = ("columns", "rows") if transpose else ("rows", "columns")  # what splits each
+        self.outs, self.ins = grid.groups[outs], grid.groups[ins]
+        shape = grid.shape
+        place = {"rows": grid.row, "columns": grid.column}
+        out = _part(full.out_features, getattr(shape, outs), place[outs], "the output features")
+        rows = _part(out.stop - out.start, shape.depth, grid.level, f"the {outs}' output features")
+        self._take("weight", full.weight, "weight",
+                   (slice(out.start + rows.start, out.start + rows.stop),
+                    _part(full.in_features, getattr(shape, ins), place[ins], "the input features")))
+        self._take("bias", full.bias, "bias", (out,))
+        if self.bias is not None and shape.depth > 1:  # each depth rank saw its batch part only
+            self.bias.register_hook(lambda grad: _all_reduce(grad, "gradients", grid.groups["depth"],
+                                                             algorithm))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        block = gather_shards(self.weight, 0, self.grid.groups["depth"], self.algorithm)
+        # the input's gradient sums over the ranks that split the outputs; the output over those
+        # that split the inputs
+        y = g(F.linear(f(x, self.outs, self.algorithm), block), self.ins, self.algorithm)
+        return y if self.bias is None else y + self.bias
+
+
+def grid_bytes(batch: int, in_features: int, out_features: int, shape: GridShape, transpose: bool = False,
+               bias: bool = False, itemsize: int = 4) -> float:
+    """Bytes one rank sends for one layer in one step (forward and backward), ring collectives:
+    the block's all-gather and its gradient's reduce-scatter over the depth, (D-1)/D of the block
+    each; the partial outputs' all-reduce over the columns (2(C-1)/C of the batch part's outputs)
+    and the input gradient's over the rows (2(R-1)/R of its inputs); a bias's gradient over the
+    depth. With `transpose` rows and columns swap roles."""
+    rows, columns, depth = shape.rows, shape.columns, shape.depth
+    if transpose:
+        rows, columns = columns, rows
+    block = out_features * in_features / (rows * columns)
+    values = (2 * (depth - 1) / depth * block
+              + 2 * (columns - 1) / columns * batch / depth * out_features / rows
+              + 2 * (rows - 1) / rows * batch / depth * in_features / columns
+              + (2 * (depth - 1) / depth * out_features / rows if bias else 0))
+    return values * itemsize
+
+
+def grid_shapes(ranks: int) -> list[GridShape]:
+    """Every rows x columns x depth shape of `ranks` ranks."""
+    return [GridShape(r, c, ranks // (r * c)) for r, c in itertools.product(range(1, ranks + 1), repeat=2)
+            if ranks % (r * c) == 0]
+
+
+def fits(shape: GridShape, batch: int, in_features: int, out_features: int) -> bool:
+    """Whether the layer splits evenly on the grid: output features over rows x depth, input
+    features over the columns, the batch over the depth."""
+    return (out_features % (shape.rows * shape.depth) == 0 and in_features % shape.columns == 0
+            and batch % shape.depth == 0)
+
+
+def best_grid(batch: int, in_features: int, out_features: int, ranks: int, bias: bool = False) -> GridShape:
+    """The grid shape of `ranks` ranks on which the layer sends the fewest bytes (`grid_bytes`);
+    of equals, the one with the fewest rows, then columns."""
+    shapes = [s for s in grid_shapes(ranks) if fits(s, batch, in_features, out_features)]
+    if not shapes:
+        raise ValueError(f"no grid of {ranks} ranks splits a {in_features} -> {out_features} layer on a "
+                         f"batch of {batch} evenly")
+    return min(shapes, key=lambda s: (grid_bytes(batch, in_features, out_features, s, bias=bias),
+                                      s.rows, s.columns))

@@ -1,0 +1,63 @@
+"""Tensor parallelism on a grid of ranks (AxoNN's): a Linear on rows x columns x depth equals the
+full layer, sends its closed form's bytes, is Megatron's on a line of ranks, and the grid that
+`best_grid` picks is the one that measures least."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from edulib.compare import disagreements
+from edulib.tp.grid import GridShape, best_grid, fits, grid_bytes, grid_shapes
+from edulib.tp.workers import grid_reference, grid_step, tensor_layer_step
+
+LAYER = {"batch": 8, "in_features": 16, "out_features": 32}
+SHAPES = [*grid_shapes(4), GridShape(2, 2, 2), GridShape(8, 1, 1), GridShape(1, 2, 4), GridShape(2, 4, 1)]
+
+
+def _sent(report: dict) -> int:
+    return sum(transfer.nbytes for transfer in report["transfers"])
+
+
+CASES = list(itertools.product(SHAPES, (False, True), (False, True)))  # shape, transpose, bias
+
+
+@pytest.mark.parametrize("shape, transpose, bias", CASES, ids=str)
+def test_a_linear_on_a_grid_equals_the_full_layer_and_sends_its_closed_form(shape, transpose, bias, pools):
+    reports = pools(shape.size).run(grid_step, shape, **LAYER, transpose=transpose, bias=bias)
+    assert not disagreements(reports, grid_reference(**LAYER, bias=bias))
+    assert disagreements(reports, grid_reference(**LAYER, bias=bias, seed=1))  # the comparison can fail
+    want = grid_bytes(LAYER["batch"], LAYER["in_features"], LAYER["out_features"], shape, transpose, bias)
+    assert [_sent(report) for report in reports] == [want] * shape.size
+
+
+def test_a_line_of_ranks_is_megatrons_column_and_row_layers(pool4):
+    for transpose, kind, (ins, outs) in ((False, "column_split", (16, 32)), (True, "row_split", (32, 16))):
+        grid = pool4.run(grid_step, GridShape(4, 1, 1), 8, ins, outs, transpose)
+        megatron = pool4.run(tensor_layer_step, kind, 8, 16)  # a 16 -> 32 column, a 32 -> 16 row layer
+        numbered = torch.arange(ins * outs).view(outs, ins)  # which elements each rank's weight holds
+        for ours, theirs in zip(grid, megatron, strict=True):
+            mine, megatrons = ours["sources"]["weight"][1], theirs["sources"]["weight"][1]
+            assert torch.equal(numbered[mine], numbered[megatrons])
+            assert _sent(ours) == _sent(theirs)
+
+
+LAYERS = [(8, 16, 32), (64, 8, 8), (2, 64, 64), (16, 32, 8)]  # batch, inputs, outputs: mixed, activations
+# heavy, weights heavy, one of each
+
+
+@pytest.mark.parametrize("batch, in_features, out_features", LAYERS)
+def test_the_grid_best_grid_picks_sends_least_of_every_grid_measured(batch, in_features, out_features, pool4):
+    measured = {shape: max(map(_sent, pool4.run(grid_step, shape, batch, in_features, out_features)))
+                for shape in grid_shapes(4) if fits(shape, batch, in_features, out_features)}
+    least = min(measured, key=lambda s: (measured[s], s.rows, s.columns))
+    assert best_grid(batch, in_features, out_features, 4, bias=True) == least
+
+
+def test_a_layer_that_does_not_split_is_refused_by_name():
+    with pytest.raises(ValueError, match="no grid of 4 ranks splits a 3 -> 5 layer on a batch of 3 evenly"):
+        best_grid(3, 3, 5, 4)
+    with pytest.raises(ValueError, match="grid rows must be"):
+        GridShape(0, 1)
