@@ -14,6 +14,7 @@ from edulib.tp.layers import (
 )
 from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence, split, sync_gradients
 
-__all__ = ["ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock", "ParallelLayerNorm", "ParallelMLP",
-           "ParallelModule", "ParallelSelfAttention", "RowParallelLinear", "TensorGrid", "best_grid", "f", "g",
-           "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence", "split", "sync_gradients"]
+__all__ = ["ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock", "ParallelLayerNorm",
+           "ParallelMLP", "ParallelModule", "ParallelSelfAttention", "RowParallelLinear", "TensorGrid",
+           "best_grid", "f", "g", "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence", "split",
+           "sync_gradients"]
