@@ -16,5 +16,5 @@ from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence
 
 __all__ = ["ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock", "ParallelLayerNorm",
            "ParallelMLP", "ParallelModule", "ParallelSelfAttention", "RowParallelLinear", "TensorGrid",
-           "best_grid", "f", "g", "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence", "split",
-           "sync_gradients"]
+           "best_grid", "f", "g", "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence",
+           "split", "sync_gradients"]
