@@ -514,3 +514,18 @@ def two_threads_one_group(algorithm: str) -> list[list[float]]:
                for i in range(10)]
     here = [comm.all_reduce(torch.full((64,), float(rank + 100 * i)), algorithm) for i in range(10)]
     return [[float(t.result()[0]) for t in started], [float(t[0]) for t in here]]
+
+
+def linear_restored_after_an_error() -> bool:
+    """Whether torch's own nn.Linear and nn.Sequential are back after auto_parallelize's block raised."""
+    from torch import nn
+
+    from edulib.tp.auto import Linear, Sequential, auto_parallelize
+
+    try:
+        with auto_parallelize():
+            nn.Linear(4, 4)
+            raise KeyError("the model failed")
+    except KeyError:
+        pass
+    return nn.Linear is Linear and nn.Sequential is Sequential

@@ -1,6 +1,7 @@
 """Tensor parallelism on a grid of ranks (AxoNN's): a Linear on rows x columns x depth equals the
 full layer, sends its closed form's bytes, is Megatron's on a line of ranks, and the grid that
-`best_grid` picks is the one that measures least."""
+`best_grid` picks is the one that measures least; `auto_parallelize` runs a model written for one
+process tensor-parallel, equal to it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import torch
 
 from edulib.compare import disagreements
 from edulib.tp.grid import GridShape, best_grid, fits, grid_bytes, grid_shapes
-from edulib.tp.workers import grid_reference, grid_step, tensor_layer_step
+from edulib.tp.workers import (
+    AUTO_MODELS,
+    auto_parallel_reference,
+    auto_parallel_step,
+    grid_reference,
+    grid_step,
+    tensor_layer_step,
+)
+from tests import ranks
 
 LAYER = {"batch": 8, "in_features": 16, "out_features": 32}
 SHAPES = [*grid_shapes(4), GridShape(2, 2, 2), GridShape(8, 1, 1), GridShape(1, 2, 4), GridShape(2, 4, 1)]
@@ -61,3 +70,20 @@ def test_a_layer_that_does_not_split_is_refused_by_name():
         best_grid(3, 3, 5, 4)
     with pytest.raises(ValueError, match="grid rows must be"):
         GridShape(0, 1)
+
+
+@pytest.mark.parametrize("kind, shape", list(itertools.product(AUTO_MODELS, (None, GridShape(2, 2, 1),
+                                                                               GridShape(1, 2, 2)))), ids=str)
+def test_auto_parallelize_runs_an_unmodified_model_tensor_parallel_and_equal(kind, shape, pool4):
+    reports = pool4.run(auto_parallel_step, kind, shape)
+    assert not disagreements(reports, auto_parallel_reference(kind))
+    assert disagreements(reports, auto_parallel_reference(kind, seed=1))
+    parallel, replicated = reports[0]["parallel"], reports[0]["replicated"]
+    assert sum("Megatron" in line for line in parallel) == (2 if kind == "mlp" else 4)  # the MLPs
+    whole = {"mlp": ["Linear 3 (12 -> 5)"], "gpt": [], "tied_gpt": ["Linear 0 (16 -> 256)"]}[kind]
+    assert [line.split(":")[0] for line in replicated] == whole  # the layer that cannot split; the tied head
+    assert len(parallel) + len(replicated) == (4 if kind == "mlp" else 9)
+
+
+def test_auto_parallelize_gives_torchs_linear_back_even_when_the_model_fails(pool4):
+    assert pool4.run(ranks.linear_restored_after_an_error) == [True] * 4

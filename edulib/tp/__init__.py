@@ -2,6 +2,7 @@
 sequence parallelism beside it (`sequence_parallel=True`, `edulib.tp.sequence`); and AxoNN's
 layers on a grid of ranks (`edulib.tp.grid`)."""
 
+from edulib.tp.auto import AutoParallel, auto_parallelize
 from edulib.tp.grid import GridLinear, GridShape, TensorGrid, best_grid, grid_bytes
 from edulib.tp.layers import (
     ColumnParallelLinear,
@@ -14,7 +15,7 @@ from edulib.tp.layers import (
 )
 from edulib.tp.ops import f, g, gather, gathered_linear, reduce_scatter_sequence, split, sync_gradients
 
-__all__ = ["ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock", "ParallelLayerNorm",
-           "ParallelMLP", "ParallelModule", "ParallelSelfAttention", "RowParallelLinear", "TensorGrid",
-           "best_grid", "f", "g", "gather", "gathered_linear", "grid_bytes", "reduce_scatter_sequence",
-           "split", "sync_gradients"]
+__all__ = ["AutoParallel", "ColumnParallelLinear", "GridLinear", "GridShape", "ParallelBlock",
+           "ParallelLayerNorm", "ParallelMLP", "ParallelModule", "ParallelSelfAttention", "RowParallelLinear",
+           "TensorGrid", "auto_parallelize", "best_grid", "f", "g", "gather", "gathered_linear", "grid_bytes",
+           "reduce_scatter_sequence", "split", "sync_gradients"]

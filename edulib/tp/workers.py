@@ -2,8 +2,9 @@
 one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or attention layer),
 `sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
 `cnn_step` (data-parallel convolutions, a tensor-parallel classifier),
-`data_parallel_linear_step` (the same layer data-parallel, for its bytes) and `grid_step` (a
-Linear on a grid of ranks, `edulib.tp.grid`).
+`data_parallel_linear_step` (the same layer data-parallel, for its bytes), `grid_step` (a
+Linear on a grid of ranks, `edulib.tp.grid`) and `auto_parallel_step` (a model built inside
+`auto_parallelize`).
 
 A case is a full module, an input and a probe (the loss is sum(output x probe)), built the same
 way on every rank and in the caller from a seed, so the caller can compute the reference itself.
@@ -11,13 +12,17 @@ way on every rank and in the caller from a seed, so the caller can compute the r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from edulib.checks import check_choice
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
 from edulib.recompute import saved_activation_bytes
+from edulib.tp.auto import auto_parallelize
 from edulib.tp.grid import GridLinear, GridShape, TensorGrid
 from edulib.tp.layers import (
     ColumnParallelLinear,
@@ -222,3 +227,47 @@ def grid_reference(batch: int, in_features: int, out_features: int, bias: bool =
     y = full(x)
     (y * probe).sum().backward()
     return {"output": y.detach(), "input": x.grad, **{name: p.grad for name, p in full.named_parameters()}}
+
+
+AUTO_MODELS = ("mlp", "gpt", "tied_gpt")
+
+
+@built_on_host
+def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """A model written for one process (an MLP with a layer that cannot split; the trainer's
+    language model, its head tied or not) and what computes its loss."""
+    from edulib.train.data import text_batch
+    from edulib.train.model import gpt
+    from edulib.train.trainer import lm_loss
+
+    check_choice(kind, AUTO_MODELS, "model")
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 12),
+                              nn.Linear(12, 5))  # a pair, one that splits on any grid, one that cannot
+        x, probe = torch.randn(8, 8), torch.randn(8, 5)
+        return model, lambda m: (m(x) * probe).sum()
+    model = gpt(256, 16, 2, 2, 8, tie=kind == "tied_gpt", seed=seed)
+    inputs, targets = text_batch(0, 4, 8, seed)
+    return model, lambda m: lm_loss(m(inputs), targets)
+
+
+def auto_parallel_step(kind: str, shape: GridShape | None = None, seed: int = 0, algorithm: str = "builtin"
+                       ) -> dict:
+    """Build the model inside `auto_parallelize` on every rank, then one forward and backward: the
+    loss, every gradient with the slice of the unmodified model's it must equal, and the plan."""
+    with auto_parallelize(grid=shape, algorithm=algorithm) as plan:
+        model, loss_of = auto_case(kind, seed)
+    loss = loss_of(model)
+    loss.backward()
+    return {"gradients": {"loss": loss.detach(), **{name: p.grad for name, p in model.named_parameters()}},
+            "sources": {"loss": ("loss", (...,)), **plan.sources(model)},
+            "parallel": plan.parallel, "replicated": plan.replicated}
+
+
+def auto_parallel_reference(kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The unmodified model's loss and gradients."""
+    model, loss_of = auto_case(kind, seed)
+    loss = loss_of(model)
+    loss.backward()
+    return {"loss": loss.detach(), **{name: p.grad for name, p in model.named_parameters()}}
