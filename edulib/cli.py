@@ -128,7 +128,7 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 def _bench_command(options: argparse.Namespace) -> int:
     """`edulib bench WHAT` (launch, allreduce, attention, compression, dp, energy, grade, memory, moe,
-    pipedream, pipeline, plan): against a baseline or the model; allreduce and pipeline also save
+    pipedream, pipeline, plan, tp, train): against a baseline or the model; allreduce and pipeline also save
     theirs for the explorers."""
     from edulib import bench
     from edulib.measured import results_path
@@ -160,6 +160,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_pipedream(tuple(options.world_sizes)))
     elif options.what == "train":
         print(bench.bench_train(backend=options.backend))
+    elif options.what == "tp":
+        print(bench.bench_tp(backend=options.backend))
     else:
         print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
                                     backend=options.backend, save_to=results_path()))
@@ -296,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.set_defaults(handler=_run_command)
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
     bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
-                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan", "train"])
+                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan", "tp",
+                                        "train"])
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],

@@ -3,8 +3,8 @@ one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or 
 `sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
 `cnn_step` (data-parallel convolutions, a tensor-parallel classifier),
 `data_parallel_linear_step` (the same layer data-parallel, for its bytes), `grid_step` (a
-Linear on a grid of ranks, `edulib.tp.grid`) and `auto_parallel_step` (a model built inside
-`auto_parallelize`).
+Linear on a grid of ranks, `edulib.tp.grid`; `time_grids` times it) and `auto_parallel_step` (a
+model built inside `auto_parallelize`).
 
 A case is a full module, an input and a probe (the loss is sum(output x probe)), built the same
 way on every rank and in the caller from a seed, so the caller can compute the reference itself.
@@ -12,6 +12,7 @@ way on every rank and in the caller from a seed, so the caller can compute the r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -217,6 +218,31 @@ def grid_step(shape: GridShape, batch: int, in_features: int, out_features: int,
                           **{name: p.grad for name, p in layer.named_parameters()}},
             "sources": {"output": ("output", y_index), "input": ("input", x_index), **layer.sources()},
             "transfers": transfers}
+
+
+def time_grids(shapes: list[GridShape], batch: int, in_features: int, out_features: int, repeats: int = 7
+               ) -> dict[GridShape, dict]:
+    """Each grid's forward and backward through this rank's part of the layer: the seconds of each
+    of `repeats` steps (after one to warm up) and the bytes one step sent."""
+    from edulib import comm
+
+    found = {}
+    for shape in shapes:
+        full, x, probe = grid_case(batch, in_features, out_features, False)
+        grid = TensorGrid(shape)
+        layer = GridLinear(full, grid, algorithm="builtin")
+        rows = _mine(batch, shape.depth, grid.level, 0)[0]
+        x = x[rows, _mine(in_features, shape.columns, grid.column)[1]].clone().requires_grad_()
+        probe = probe[rows, _mine(out_features, shape.rows, grid.row)[1]]
+        seconds = []
+        for _ in range(repeats + 1):
+            comm.barrier()
+            with count_communication() as transfers:
+                began = time.perf_counter()
+                (layer(x) * probe).sum().backward()
+                seconds.append(time.perf_counter() - began)
+        found[shape] = {"seconds": seconds[1:], "bytes": sum(t.nbytes for t in transfers)}
+    return found
 
 
 def grid_reference(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
