@@ -1,0 +1,185 @@
+"""JellyBean's two-stage solver: choose the models (beam search under the accuracy target), then
+place the operators on tiers (an ILP with scipy's `milp`, as the planner's intra-op pass).
+
+The placement's variables: x[o, t] = 1 when operator o runs on tier t (one tier each; a source on
+the first); y[e, a, b] for each edge e = (u, o) and tiers a <= b, tied to x by
+sum_b y[e, a, b] = x[u, a] and sum_a y[e, a, b] = x[o, b], so y is 1 exactly on the pair chosen
+and data only flows up. The cost: each operator's compute at its tier's price, each edge's bytes
+at the prices of the links from a to b, and the answers' bytes up to the last tier.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from edulib.planner.intra import _silenced
+from edulib.serving.workflow import Infrastructure, Workflow
+
+Selection = tuple[int, ...]  # per operator, the index of its model choice
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Each operator's model and tier, and what the plan costs and scores."""
+
+    models: dict[str, str]
+    tiers: dict[str, str]
+    compute: float
+    network: float
+    accuracy: float
+
+    @property
+    def cost(self) -> float:
+        """What a request costs: compute and network."""
+        return self.compute + self.network
+
+
+def accuracy_of(workflow: Workflow, selection: Selection) -> float:
+    """The workflow's estimated accuracy: the product of its chosen models' accuracies."""
+    return math.prod(op.choices[i].accuracy for op, i in zip(workflow.operators, selection, strict=True))
+
+
+def plan_of(workflow: Workflow, infra: Infrastructure, selection: Selection, tiers: tuple[int, ...]) -> Plan:
+    """The plan these choices and tiers make, and its cost."""
+    ops, last = workflow.operators, len(infra.tiers) - 1
+    chosen = {op.name: op.choices[i] for op, i in zip(ops, selection, strict=True)}
+    tier = dict(zip((op.name for op in ops), tiers, strict=True))
+    compute = sum(chosen[op.name].compute * (infra.tiers[tier[op.name]].price or 0.0) for op in ops)
+    network = sum(
+        chosen[u].output_bytes * infra.moving(tier[u], tier[op.name]) for op in ops for u in op.inputs
+    )
+    network += sum(chosen[op.name].output_bytes * infra.moving(tier[op.name], last) for op in workflow.sinks)
+    return Plan(
+        {name: choice.name for name, choice in chosen.items()},
+        {name: infra.tiers[t].name for name, t in tier.items()},
+        compute,
+        network,
+        accuracy_of(workflow, selection),
+    )
+
+
+def _allowed(workflow: Workflow, infra: Infrastructure, selection: Selection) -> np.ndarray:
+    """Which tier each operator may run on: a source on the first only; an operator that computes,
+    on tiers that can."""
+    allowed = np.ones((len(workflow.operators), len(infra.tiers)), dtype=bool)
+    for o, (op, i) in enumerate(zip(workflow.operators, selection, strict=True)):
+        if op.source:
+            allowed[o, 1:] = False
+        elif op.choices[i].compute > 0:
+            allowed[o] = [tier.price is not None for tier in infra.tiers]
+    return allowed
+
+
+def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Plan:
+    """The cheapest tiers for these model choices, from the ILP."""
+    ops, n_tiers = workflow.operators, len(infra.tiers)
+    index = {op.name: o for o, op in enumerate(ops)}
+    allowed = _allowed(workflow, infra, selection)
+    chosen = [op.choices[i] for op, i in zip(ops, selection, strict=True)]
+    edges = [(index[u], o) for o, op in enumerate(ops) for u in op.inputs]
+    pairs = [(a, b) for a in range(n_tiers) for b in range(a, n_tiers)]
+    n_x = len(ops) * n_tiers
+    count = n_x + len(edges) * len(pairs)
+    objective = np.zeros(count)
+    sinks = {index[op.name] for op in workflow.sinks}
+    for o, t in itertools.product(range(len(ops)), range(n_tiers)):
+        objective[o * n_tiers + t] = chosen[o].compute * (infra.tiers[t].price or 0.0) + (
+            chosen[o].output_bytes * infra.moving(t, n_tiers - 1) if o in sinks else 0.0
+        )
+    rows = []  # (coefficients by variable, lower, upper)
+    for o in range(len(ops)):
+        rows.append(({o * n_tiers + t: 1.0 for t in range(n_tiers)}, 1.0, 1.0))
+    for e, (u, o) in enumerate(edges):
+        first = n_x + e * len(pairs)
+        for p, (a, b) in enumerate(pairs):
+            objective[first + p] = chosen[u].output_bytes * infra.moving(a, b)
+        for t in range(n_tiers):
+            rows.append(
+                (
+                    {first + p: 1.0 for p, (a, _) in enumerate(pairs) if a == t} | {u * n_tiers + t: -1.0},
+                    0.0,
+                    0.0,
+                )
+            )
+            rows.append(
+                (
+                    {first + p: 1.0 for p, (_, b) in enumerate(pairs) if b == t} | {o * n_tiers + t: -1.0},
+                    0.0,
+                    0.0,
+                )
+            )
+    matrix = np.zeros((len(rows), count))
+    for r, (coefficients, _, _) in enumerate(rows):
+        for column, value in coefficients.items():
+            matrix[r, column] = value
+    upper = np.concatenate([allowed.ravel().astype(float), np.ones(count - n_x)])
+    integrality = np.concatenate([np.ones(n_x), np.zeros(count - n_x)])
+    with _silenced():
+        result = milp(
+            objective,
+            constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]),
+            integrality=integrality,
+            bounds=Bounds(0, upper),
+        )
+    if result.x is None:
+        raise ValueError(
+            "no placement runs these models: every operator that computes needs a tier at or "
+            "after its inputs' that can compute"
+        )
+    tiers = tuple(int(np.argmax(result.x[o * n_tiers : (o + 1) * n_tiers])) for o in range(len(ops)))
+    return plan_of(workflow, infra, selection, tiers)
+
+
+def solve(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int = 8) -> Plan:
+    """JellyBean's two stages: a beam search over the operators' model choices, keeping the `width`
+    cheapest partial choices (compute at the cheapest tier that can) that can still reach
+    `accuracy`; then the placement ILP for each choice left, and the cheapest plan."""
+    ops = workflow.operators
+    cheapest = min(tier.price for tier in infra.tiers if tier.price is not None)
+    best_after = [
+        math.prod(max(c.accuracy for c in op.choices) for op in ops[k:]) for k in range(len(ops) + 1)
+    ]
+    beam: list[tuple[float, float, Selection]] = [(0.0, 1.0, ())]
+    for k, op in enumerate(ops):
+        grown = [
+            (spent + choice.compute * cheapest, score * choice.accuracy, selection + (i,))
+            for spent, score, selection in beam
+            for i, choice in enumerate(op.choices)
+        ]
+        beam = sorted(
+            (s for s in grown if s[1] * best_after[k + 1] >= accuracy), key=lambda s: (s[0], -s[1])
+        )[:width]
+        if not beam:
+            best = best_after[0]
+            raise ValueError(
+                f"no choice of models reaches accuracy {accuracy}: the most accurate reaches {best:.4f}"
+            )
+    return min((place(workflow, infra, selection) for _, _, selection in beam), key=lambda plan: plan.cost)
+
+
+def exhaustive(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Plan:
+    """Every choice of models that reaches `accuracy` and every placement where data flows up:
+    the cheapest plan (what `solve` must find on small workflows)."""
+    ops = workflow.operators
+    best = None
+    for selection in itertools.product(*(range(len(op.choices)) for op in ops)):
+        if accuracy_of(workflow, selection) < accuracy:
+            continue
+        allowed = _allowed(workflow, infra, selection)
+        for tiers in itertools.product(range(len(infra.tiers)), repeat=len(ops)):
+            where = dict(zip((op.name for op in ops), tiers, strict=True))
+            if not all(allowed[o, t] for o, t in enumerate(tiers)) or any(
+                where[u] > where[op.name] for op in ops for u in op.inputs
+            ):
+                continue
+            plan = plan_of(workflow, infra, selection, tiers)
+            if best is None or plan.cost < best.cost:
+                best = plan
+    if best is None:
+        raise ValueError(f"no plan reaches accuracy {accuracy}")
+    return best
