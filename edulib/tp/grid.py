@@ -84,6 +84,20 @@ def _part(size: int, parts: int, index: int, what: str) -> slice:
     return slice(index * step, (index + 1) * step)
 
 
+def block_of(shape: GridShape, place: tuple[int, int, int], out_features: int, in_features: int,
+             transpose: bool = False) -> tuple[slice, slice, slice]:
+    """Where the grid's rank at (row, column, depth) sits in a weight (out x in): its part of the
+    outputs (of its row, or column with `transpose`; its bias), the rows of the weight it holds
+    (that part cut once more by its depth) and its columns (its part of the inputs)."""
+    row, column, level = place
+    (o, outs), (i, ins) = ((column, shape.columns), (row, shape.rows)) if transpose else (
+        (row, shape.rows), (column, shape.columns))
+    out = _part(out_features, outs, o, "the output features")
+    rows = _part(out.stop - out.start, shape.depth, level, "each part's output features, over the depth,")
+    columns = _part(in_features, ins, i, "the input features")
+    return out, slice(out.start + rows.start, out.start + rows.stop), columns
+
+
 class GridLinear(ParallelModule):
     """A Linear layer on a grid of ranks, cut from the full one; it takes this rank's input part
     (its batch part over the depth, its input features over the columns) and returns its output
@@ -95,15 +109,11 @@ class GridLinear(ParallelModule):
         self.grid, self.algorithm = grid, algorithm
         outs, ins = ("columns", "rows") if transpose else ("rows", "columns")  # what splits each
         self.outs, self.ins = grid.groups[outs], grid.groups[ins]
-        shape = grid.shape
-        place = {"rows": grid.row, "columns": grid.column}
-        out = _part(full.out_features, getattr(shape, outs), place[outs], "the output features")
-        rows = _part(out.stop - out.start, shape.depth, grid.level, f"the {outs}' output features")
-        self._take("weight", full.weight, "weight",
-                   (slice(out.start + rows.start, out.start + rows.stop),
-                    _part(full.in_features, getattr(shape, ins), place[ins], "the input features")))
+        out, rows, columns = block_of(grid.shape, (grid.row, grid.column, grid.level), full.out_features,
+                                      full.in_features, transpose)
+        self._take("weight", full.weight, "weight", (rows, columns))
         self._take("bias", full.bias, "bias", (out,))
-        if self.bias is not None and shape.depth > 1:  # each depth rank saw its batch part only
+        if self.bias is not None and grid.shape.depth > 1:  # each depth rank saw its batch part only
             self.bias.register_hook(lambda grad: _all_reduce(grad, "gradients", grid.groups["depth"],
                                                              algorithm))
 

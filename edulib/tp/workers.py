@@ -24,7 +24,7 @@ from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
 from edulib.recompute import saved_activation_bytes
 from edulib.tp.auto import auto_parallelize
-from edulib.tp.grid import GridLinear, GridShape, TensorGrid
+from edulib.tp.grid import GridLinear, GridShape, TensorGrid, block_of
 from edulib.tp.layers import (
     ColumnParallelLinear,
     ParallelBlock,
@@ -197,6 +197,16 @@ def grid_case(batch: int, in_features: int, out_features: int, bias: bool = True
     return full, torch.randn(batch, in_features), torch.randn(batch, out_features)
 
 
+def _grid_parts(grid: TensorGrid, batch: int, in_features: int, out_features: int, transpose: bool = False
+                ) -> tuple[tuple, tuple]:
+    """The index of this rank's part of a layer's input and of its output: its batch part (over
+    the depth) and its input features, its output features."""
+    out, _, columns = block_of(grid.shape, (grid.row, grid.column, grid.level), out_features, in_features,
+                               transpose)
+    rows = _mine(batch, grid.shape.depth, grid.level, 0)[0]
+    return (rows, columns), (rows, out)
+
+
 def grid_step(shape: GridShape, batch: int, in_features: int, out_features: int, transpose: bool = False,
               bias: bool = True, seed: int = 0, algorithm: str = "builtin") -> dict:
     """Forward and backward through this rank's part of a Linear on a grid of all the ranks,
@@ -205,11 +215,7 @@ def grid_step(shape: GridShape, batch: int, in_features: int, out_features: int,
     full, x, probe = grid_case(batch, in_features, out_features, bias, seed)
     grid = TensorGrid(shape)
     layer = GridLinear(full, grid, transpose, algorithm)
-    along = {"rows": (grid.row, shape.rows), "columns": (grid.column, shape.columns)}
-    order = ("columns", "rows") if transpose else ("rows", "columns")  # what splits outputs, inputs
-    (o, outs), (i, ins) = (along[axis] for axis in order)
-    rows = _mine(batch, shape.depth, grid.level, 0)[0]
-    x_index, y_index = (rows, _mine(in_features, ins, i)[1]), (rows, _mine(out_features, outs, o)[1])
+    x_index, y_index = _grid_parts(grid, batch, in_features, out_features, transpose)
     x = x[x_index].clone().requires_grad_()
     with count_communication() as transfers:
         y = layer(x)
@@ -231,9 +237,8 @@ def time_grids(shapes: list[GridShape], batch: int, in_features: int, out_featur
         full, x, probe = grid_case(batch, in_features, out_features, False)
         grid = TensorGrid(shape)
         layer = GridLinear(full, grid, algorithm="builtin")
-        rows = _mine(batch, shape.depth, grid.level, 0)[0]
-        x = x[rows, _mine(in_features, shape.columns, grid.column)[1]].clone().requires_grad_()
-        probe = probe[rows, _mine(out_features, shape.rows, grid.row)[1]]
+        x_index, y_index = _grid_parts(grid, batch, in_features, out_features)
+        x, probe = x[x_index].clone().requires_grad_(), probe[y_index]
         seconds = []
         for _ in range(repeats + 1):
             comm.barrier()
