@@ -351,3 +351,14 @@ def test_a_measured_figure_says_when_its_ranks_outnumber_the_cores(monkeypatch):
                for rank in range(8)]
     assert "8 ranks share 2 cores" in step_figure(TrainConfig(dp=8, batch=8), reports).axes[0].get_title()
     assert "cores" not in step_figure(TrainConfig(dp=2), reports[:2]).axes[0].get_title()
+
+
+def test_the_serving_explorer_draws_the_solvers_plan_on_the_tiers():
+    from edulib.widgets import serving_explorer
+    from edulib.widgets.serving import _describe
+
+    figure = serving_explorer(static=True)
+    boxes = {text.get_text() for text in figure.axes[0].texts}
+    assert {"cameras", "edge", "cloud"} <= boxes and "detect 1\nsmall detector" in boxes
+    assert "cost 9.42 per request" in figure.axes[0].get_title()
+    assert _describe(0.05, 0.8).count("on the cloud") == 3 and _describe(5.0, 0.8).count("on the edge") == 2
