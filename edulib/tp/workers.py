@@ -78,6 +78,20 @@ def _mine(size: int, parts: int, rank: int, dim: int = -1) -> tuple:
     return (..., part) if dim == -1 else (slice(None),) * dim + (part,)
 
 
+def _probed(layer: nn.Module, x: torch.Tensor, probe: torch.Tensor, x_index: tuple, y_index: tuple) -> dict:
+    """Forward and backward through a rank's part of a layer on its part of the input (the loss is
+    sum(output x probe)), recording every collective; its output, its input's gradient and its
+    parameters' gradients, each with the slice of the full layer's it must equal."""
+    x = x[x_index].clone().requires_grad_()
+    with count_communication() as transfers:
+        y = layer(x)
+        (y * probe[y_index]).sum().backward()
+    return {"gradients": {"output": y.detach(), "input": x.grad,
+                          **{name: p.grad for name, p in layer.named_parameters()}},
+            "sources": {"output": ("output", y_index), "input": ("input", x_index), **layer.sources()},
+            "transfers": transfers}
+
+
 def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0,
                       algorithm: str = "builtin") -> dict:
     """Forward and backward through this rank's shard, recording every collective it makes.
@@ -90,25 +104,21 @@ def tensor_layer_step(kind: str, batch: int, width: int, heads: int = 4, seed: i
     parts, rank = dist.get_world_size(), dist.get_rank()
     x_index = _mine(x.shape[-1], parts, rank) if kind == "row_split" else ...
     y_index = _mine(probe.shape[-1], parts, rank) if kind == "column_split" else ...
-    x = x[x_index].clone().requires_grad_()
-    with count_communication() as transfers:
-        y = layer(x)
-        (y * probe[y_index]).sum().backward()
-    return {"gradients": {"output": y.detach(), "input": x.grad,
-                          **{name: p.grad for name, p in layer.named_parameters()}},
-            "sources": {"output": ("output", y_index), "input": ("input", x_index), **layer.sources()},
-            "transfers": transfers}
+    return _probed(layer, x, probe, x_index, y_index)
 
 
 def tensor_layer_reference(kind: str, batch: int, width: int, heads: int = 4, seed: int = 0
                            ) -> dict[str, torch.Tensor]:
     """The full module's output, input gradient and parameter gradients: what the shards must equal."""
-    full, x, probe = case(kind, batch, width, heads, seed)
+    return _full_gradients(*case(kind, batch, width, heads, seed))
+
+
+def _full_gradients(full: nn.Module, x: torch.Tensor, probe: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The full module's output, input gradient and parameter gradients (the loss: sum(output x probe))."""
     x.requires_grad_()
     y = full(x)
     (y * probe).sum().backward()
-    return {"output": y.detach(), "input": x.grad,
-            **{name: p.grad for name, p in full.named_parameters()}}
+    return {"output": y.detach(), "input": x.grad, **{name: p.grad for name, p in full.named_parameters()}}
 
 
 def cnn_step(batch: int, seed: int = 0, hidden: int = 128) -> dict:
@@ -216,14 +226,7 @@ def grid_step(shape: GridShape, batch: int, in_features: int, out_features: int,
     grid = TensorGrid(shape)
     layer = GridLinear(full, grid, transpose, algorithm)
     x_index, y_index = _grid_parts(grid, batch, in_features, out_features, transpose)
-    x = x[x_index].clone().requires_grad_()
-    with count_communication() as transfers:
-        y = layer(x)
-        (y * probe[y_index]).sum().backward()
-    return {"gradients": {"output": y.detach(), "input": x.grad,
-                          **{name: p.grad for name, p in layer.named_parameters()}},
-            "sources": {"output": ("output", y_index), "input": ("input", x_index), **layer.sources()},
-            "transfers": transfers}
+    return _probed(layer, x, probe, x_index, y_index)
 
 
 def time_grids(shapes: list[GridShape], batch: int, in_features: int, out_features: int, repeats: int = 7
@@ -253,11 +256,7 @@ def time_grids(shapes: list[GridShape], batch: int, in_features: int, out_featur
 def grid_reference(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
                    ) -> dict[str, torch.Tensor]:
     """The full Linear's output, input gradient and weights' gradients."""
-    full, x, probe = grid_case(batch, in_features, out_features, bias, seed)
-    x.requires_grad_()
-    y = full(x)
-    (y * probe).sum().backward()
-    return {"output": y.detach(), "input": x.grad, **{name: p.grad for name, p in full.named_parameters()}}
+    return _full_gradients(*grid_case(batch, in_features, out_features, bias, seed))
 
 
 AUTO_MODELS = ("mlp", "gpt", "tied_gpt")
