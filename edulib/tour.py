@@ -50,10 +50,15 @@ from edulib.recompute import MODES as RECOMPUTE_MODES
 from edulib.recompute import recompute_step, saved_bytes_formula
 from edulib.table import format_table
 from edulib.tp import sequence
+from edulib.tp.grid import grid_bytes, grid_shapes
 from edulib.tp.workers import LAYERS as TENSOR_LAYERS
 from edulib.tp.workers import (
+    auto_parallel_reference,
+    auto_parallel_step,
     cnn_reference,
     cnn_step,
+    grid_reference,
+    grid_step,
     sequence_parallel_reference,
     sequence_parallel_step,
     tensor_layer_reference,
@@ -203,8 +208,8 @@ def _check_zero(stage: int) -> Callable[[Pool], str]:
         _require(worst < 1e-6, f"largest weight difference after {steps} AdamW steps: {worst:.2e}")
         mixed = pool.run(zero_train, stage, steps, batch=batch, precision="bf16")
         held = sum(sum(r["bytes_held"].values()) for r in mixed)  # shards add up to the whole
-        want = ranks * sharded_bytes(sum(mixed[0]["units"]), ranks, stage, "bf16").total
-        _require(held == want, f"the ranks hold {held} bytes in bf16, the formula says {want:.0f}")
+        want = round(ranks * sharded_bytes(sum(mixed[0]["units"]), ranks, stage, "bf16").total)  # (x/6*6
+        _require(held == want, f"the ranks hold {held} bytes in bf16, the formula says {want}")  # rounds)
         return f"equal after {steps} AdamW steps; {held / ranks:,.0f} B/rank in bf16, as the formula"
     return check
 
@@ -219,6 +224,27 @@ def _check_recomputation(pool: Pool) -> str:
         kept = step["saved_bytes"]
         _require(kept == formula, f"{mode} recomputation keeps {kept} B, the closed form {formula}")
     return ", ".join(f"{mode} {step['saved_bytes']:,} B" for mode, step in steps.items())
+
+
+def _check_grid(pool: Pool) -> str:
+    """AxoNN's grid: a Linear on rows x columns x depth (as many axes above 1 as the ranks allow)
+    equals the full layer and sends its closed form's bytes."""
+    ranks = pool.world_size
+    grid = max(grid_shapes(ranks), key=lambda s: (sum(n > 1 for n in (s.rows, s.columns, s.depth)), -s.rows))
+    layer = (2 * ranks, 4 * ranks, 4 * ranks)  # batch, inputs, outputs: every split even
+    reports = pool.run(grid_step, grid, *layer)
+    _agree(disagreements(reports, grid_reference(*layer)))
+    sent, formula = sum(t.nbytes for t in reports[0]["transfers"]), grid_bytes(*layer, grid, bias=True)
+    _require(sent == formula, f"sent {sent} B, the closed form says {formula:.0f}")
+    return f"equal on {grid.rows} x {grid.columns} x {grid.depth}; {sent:,} B per rank, as the closed form"
+
+
+def _check_auto_parallelize(pool: Pool) -> str:
+    """auto_parallelize: the language model, unmodified, tensor-parallel over the ranks."""
+    reports = pool.run(auto_parallel_step, "gpt")
+    _agree(disagreements(reports, auto_parallel_reference("gpt")))
+    return (f"equal; {len(reports[0]['parallel'])} Linears cut, {len(reports[0]['replicated'])} "
+            "left whole")
 
 
 def _check_sequence_parallel(pool: Pool) -> str:
@@ -308,7 +334,8 @@ def _check_compression(pool: Pool) -> str:
 def _check_pipedream(pool: Pool) -> str:
     """PipeDream's weight stashing on real ranks makes exactly the updates of a one-process replay
     with the staleness its schedule implies; stage s holds p - s weight versions."""
-    p, steps = pool.world_size, 6
+    p = pool.world_size
+    steps = max(6, 2 * p)  # enough mini-batches for the first stage to fill: p in flight, then p more
     reports = pool.run(pipedream_train, steps, "stashing", width=16, depth=2 * p, rows=8)
     reference = pipedream_reference(p, steps, "stashing", width=16, depth=2 * p, rows=8)
     worst = max(float((report["weights"][name] - reference[name]).abs().max())
@@ -384,6 +411,9 @@ STEPS: list[Step] = [
          _check_ring_attention),
     Step("expert parallelism: MoE top-2 on all-to-all", "dense MoE; the routing's bytes",
          _check_expert_parallel),
+    Step("tensor parallelism on a grid (AxoNN)", "unsplit layer; closed form", _check_grid),
+    Step("auto_parallelize: the language model unchanged", "unmodified model's gradients",
+         _check_auto_parallelize),
     Step("hybrid: data x pipeline x tensor (ring)", "one process, step by step", _check_hybrid),
     Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
     Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",

@@ -31,6 +31,14 @@ def test_tour_verifies_every_step_and_prints_the_table(capsys):
     assert out.rstrip().endswith(f"{len(STEPS)} of {len(STEPS)} checks ok")
 
 
+@pytest.mark.parametrize("world_size", [6, 8])
+def test_tour_passes_on_a_whole_node_and_on_a_rank_count_that_is_no_power_of_two(world_size, capsys):
+    """8 ranks are an instructor's GPU node; 6 divides nothing evenly by 4 (PipeDream needs enough
+    mini-batches to fill 8 stages, and ZeRO's bytes per rank x 6 must round back to the whole)."""
+    assert tour(world_size=world_size, backend="gloo") is True
+    assert capsys.readouterr().out.rstrip().endswith(f"{len(STEPS)} of {len(STEPS)} checks ok")
+
+
 def _wrong(pool) -> str:
     raise AssertionError("rank 1 holds 14, expected 18")
 
