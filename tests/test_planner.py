@@ -415,3 +415,9 @@ def test_stages_pay_for_the_messages_between_them_by_hand():
         alone = ilp(table).time
         assert stage.time == pytest.approx(alone + boundary_seconds(graph, cluster, stage.first, stage.last,
                                                                     stage.submesh))
+
+
+def test_a_stage_that_cannot_run_makes_the_pipeline_infinite_with_any_number_of_micro_batches():
+    for microbatches in (1, 2, 8):
+        assert latency([1.0, float("inf")], microbatches) == float("inf")
+    assert latency([1.0, 2.0], 1) == 3.0 and latency([1.0, 2.0], 3) == 7.0

@@ -198,8 +198,9 @@ def _stages(table: np.ndarray, choices: list, sizes: list[int], devices: int) ->
 
 
 def latency(times: Sequence[float], microbatches: int) -> float:
-    """A pipeline's iteration time: sum of stage times + (B - 1) x the slowest stage."""
-    return float(sum(times) + (microbatches - 1) * max(times))
+    """A pipeline's iteration time: sum of stage times + (B - 1) x the slowest stage (a stage that
+    cannot run, of infinite time, makes it infinite, with one micro-batch too: not 0 x inf)."""
+    return float(sum(times) + (microbatches - 1) * max(times) if microbatches > 1 else sum(times))
 
 
 def latency_table(table: StageTable, t_max: float, devices: int,
