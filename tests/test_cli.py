@@ -148,8 +148,9 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_p
         if row[2] != "builtin":  # the agreement column is the prediction over the measured time,
             # each printed to 0.001 ms and the ratio to 0.01: compare within what the rounding allows
             predicted, measured, half = float(row[7]), float(row[3]), 0.0005
-            low, high = (predicted - half) / (measured + half), (predicted + half) / (measured - half)
-            assert low - 0.005 <= float(row[8]) <= high + 0.005, row
+            ends = [(predicted + a) / (measured + b) for a in (-half, half) for b in (-half, half)]
+            assert min(ends) - 0.005 <= float(row[8]) <= max(ends) + 0.005, row  # (a noisy fit may
+            # predict below zero, which turns the ends around)
     assert "gamma = " in report and "o = " in report
     assert "with o (only a rank's first message of a round pays alpha): predicted" in report
     within = re.search(r"predicted within 25 % of measured from 64 KiB: (\d+) of (\d+)", report)
