@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from edulib.cp.ring import ring_attention
 
-TOKENS = 3  # sequence length of the tiny GPT's inputs: (batch, tokens, hidden)
+TOKENS = 3  # sequence length of the attention examples' inputs: (batch, tokens, hidden)
 HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
 Built = TypeVar("Built")
 
@@ -172,7 +172,7 @@ def image_batch(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tens
 
 
 class Block(nn.Module):
-    """A tiny GPT-like block: x + attention(x), then + MLP(that); with `norm`, each branch reads a
+    """A GPT-like block: x + attention(x), then + MLP(that); with `norm`, each branch reads a
     LayerNorm of its input first (GPT-2's pre-norm), the replicated part sequence parallelism splits."""
 
     def __init__(self, hidden: int, heads: int, seed: int = 0, norm: bool = False, causal: bool = False,
@@ -191,19 +191,3 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x) if self.normalized else x)
         return x + self.mlp(self.norm2(x) if self.normalized else x)
-
-
-@built_on_host
-def tiny_gpt(hidden: int = 16, heads: int = 4, layers: int = 4, seed: int = 0, norm: bool = False
-             ) -> nn.Sequential:
-    """`layers` Blocks (with LayerNorms if `norm`), each seeded differently, the same for the same seed."""
-    return nn.Sequential(*[Block(hidden, heads, seed + 10 * layer, norm) for layer in range(layers)])
-
-
-@built_on_host
-def gpt_batch(batch: int, hidden: int, seed: int = 0, tokens: int = TOKENS
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets of `batch` sequences of `tokens` vectors, the same for the same seed."""
-    generator = torch.Generator().manual_seed(seed + 5)
-    return (torch.randn(batch, tokens, hidden, generator=generator),
-            torch.randn(batch, tokens, hidden, generator=generator))

@@ -35,8 +35,8 @@ from edulib.dp.workers import compressed_train, torch_powersgd_train
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.footprint import sharded_bytes
-from edulib.hybrid import hybrid_reference, plan_step
-from edulib.hybrid.plan import layouts, local_cluster, tiny_gpt_graph
+from edulib.hybrid import plan_reference, plan_step
+from edulib.hybrid.plan import language_model_graph, layouts, local_cluster
 from edulib.launch import Pool, resolve_backend
 from edulib.models import mlp, reference_gradients, regression_batch
 from edulib.planner.cluster import Cluster
@@ -303,15 +303,16 @@ def _check_hybrid(pool: Pool) -> str:
 
 
 def planner_cluster(ranks: int) -> Cluster:
-    """The tour's cluster for the tiny GPT: memory per device shrinking with the rank count, so
-    larger pools get plans of several stages; on 1 to 8 ranks every plan is one the executor runs."""
-    return local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=480e3 / ranks)
+    """The tour's cluster for the language model: memory per device shrinking with the rank count,
+    so larger pools get plans of more stages (three on 7 and 8 ranks)."""
+    return local_cluster(ranks, flops=1e8, alpha=1e-5, beta=1e-9, memory=960e3 / ranks)
 
 
 def _check_planner(pool: Pool) -> str:
-    """Alpa's planner picks a plan for the tiny GPT on these ranks; run, it trains like one process."""
-    stages = layouts(plan(tiny_gpt_graph(), planner_cluster(pool.world_size)))
-    problems = disagreements(pool.run(plan_step, stages), hybrid_reference())
+    """Alpa's planner picks a plan for the language model on these ranks; run, it computes one
+    process's gradients."""
+    stages = layouts(plan(language_model_graph(), planner_cluster(pool.world_size)))
+    problems = disagreements(pool.run(plan_step, stages), plan_reference())
     _agree(problems)
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
     return f"equal; the plan's {len(stages)} stage(s) on meshes {meshes}"

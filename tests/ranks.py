@@ -277,20 +277,20 @@ def frozen_sequence_parallel_bytes(frozen: bool) -> dict[str, int]:
 
 
 def split_backward_work(sequence_parallel: bool) -> dict:
-    """Two tensor-parallel tiny-GPT blocks (sequence-parallel or not) on this group: the FLOPs and
+    """Two tensor-parallel GPT blocks (sequence-parallel or not) on this group: the FLOPs and
     collectives of one whole backward, of B and of W, and whether B + W gave the same gradients."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from edulib import comm
-    from edulib.models import gpt_batch, tiny_gpt
+    from edulib.models import Block
     from edulib.pp.backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock
     from edulib.tp.sequence import SequenceSplit
 
-    blocks = torch.nn.Sequential(*[ParallelBlock(block, None, "builtin", sequence_parallel)
-                                   for block in tiny_gpt(16, 4, 2, norm=sequence_parallel)])
+    blocks = torch.nn.Sequential(*[ParallelBlock(Block(16, 4, 10 * layer, sequence_parallel), None, "builtin",
+                                                 sequence_parallel) for layer in range(2)])
     stage = SequenceSplit(blocks, None, "builtin") if sequence_parallel else blocks
-    x, target = gpt_batch(2, 16, tokens=4)
+    x, target = torch.randn(2, 2, 4, 16, generator=torch.Generator().manual_seed(5)).unbind(0)
     x.requires_grad_()
 
     def counted(run) -> tuple[int, list[tuple[str, str, int]]]:

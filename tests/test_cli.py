@@ -274,14 +274,17 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
     assert rows[0][2] == "1.06 KiB" and rows[1][2] == "24 B" and rows[1][3] == f"{1088 / 24:.1f}x"
 
 
-def test_the_tours_planner_step_gets_a_plan_the_executor_runs_on_every_pool_size():
-    from edulib.hybrid.plan import layouts, tiny_gpt_graph
+def test_the_tours_planner_step_gets_a_plan_on_every_pool_size_and_more_stages_on_more_ranks():
+    from edulib.hybrid.plan import language_model_graph, layouts
     from edulib.planner.inter import plan
     from edulib.tour import planner_cluster
 
-    for ranks in range(1, 9):  # layouts refuses, by name, a plan the executor cannot run
-        stages = layouts(plan(tiny_gpt_graph(), planner_cluster(ranks)))
+    counts = []
+    for ranks in range(1, 9):
+        stages = layouts(plan(language_model_graph(), planner_cluster(ranks)))
         assert sum(stage.size for stage in stages) == ranks
+        counts.append(len(stages))
+    assert counts[0] == 1 and counts[-1] == 3
 
 
 def test_the_pipedream_benchmark_times_each_kind_of_weights_against_the_flush():

@@ -12,9 +12,16 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.compare import disagreements
-from edulib.hybrid import hybrid_reference, plan_step
-from edulib.hybrid.plan import StageLayout, layouts, local_cluster, tiny_gpt_graph
-from edulib.launch import Pool
+from edulib.hybrid import plan_reference, plan_step
+from edulib.hybrid.plan import (
+    StageLayout,
+    language_model_graph,
+    layouts,
+    local_cluster,
+    operator_names,
+    plan_model,
+)
+from edulib.launch import Pool, RankError
 from edulib.models import mlp, small_cnn
 from edulib.planner import intra
 from edulib.planner.baselines import (
@@ -230,12 +237,15 @@ def test_plans_read_as_the_lecture_writes_them():
     assert in_words(("t", "-")) == "Megatron tensor parallel on axis 0, replicated on axis 1"
     assert [format_rate(v, "FLOP/s") for v in (7.25e14, 3.75e8, 12)] == ["725 TFLOP/s", "375 MFLOP/s",
                                                                           "12 FLOP/s"]
-    tiny = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=70e3))
+    tiny = plan(language_model_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=240e3))
     text = describe(tiny)
     assert "0.0 TFLOP/s" not in text and re.search(r"\d+ MFLOP/s \(\d+% of peak\)", text)
     for name in {n for stage in tiny.stages for n in stage.strategies}:
         assert f"  {name} = {in_words(name)}" in text
-    assert layouts(tiny)[0].in_words().startswith("attention: ")
+    stage = layouts(tiny)[0]
+    assert stage.in_words(0) == f"embedding: {in_words(stage.loops[0][0])}"
+    assert stage.in_words(1).startswith("ln1: ") and "; fc2: " in stage.in_words(1)
+    assert str(stage).splitlines()[1] == f"  module 0: embedding {','.join(stage.loops[0][0])}"
 
 
 def test_a_manual_grid_is_a_uniform_megatron_split():
@@ -283,9 +293,10 @@ def test_a_traced_module_counts_the_flops_torch_counts(module, example):
 
 
 def test_no_strategy_splits_a_loop_unevenly():
-    # The tiny GPT has 4 rows a micro-batch, 4 heads and 16 features: none splits 3 ways, so on
+    # The model has 4 rows a micro-batch, 4 heads and 16 features: none splits 3 ways, so on
     # three devices its QKV projection can only be replicated, while 2 x 2 allows every split.
-    qkv = tiny_gpt_graph().operators[0]
+    qkv = language_model_graph().operators[2]
+    assert qkv.name == "1.qkv"
     three = Cluster(1, 3).logical_meshes((1, 3))
     assert {s.name for mesh in three for s in strategies(qkv, mesh)} == {"-,-"}
     two_by_two = Cluster(2, 2).logical_meshes((2, 2))[1]
@@ -294,10 +305,12 @@ def test_no_strategy_splits_a_loop_unevenly():
         f"{a},{b}" for a in "boi-" for b in "boi-"}
 
 
-def test_a_plan_for_three_ranks_runs_and_trains_like_one_process():
-    found = plan(tiny_gpt_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=100e3))
+def test_a_plan_for_three_ranks_runs_and_computes_one_process_gradients():
+    found = plan(language_model_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=160e3))
+    stages = layouts(found)
+    assert [stage.mesh for stage in stages] == [(1, 1), (2, 1)]  # a pipeline, sharded inside
     with Pool(3, backend="gloo", timeout=60) as pool:
-        assert not disagreements(pool.run(plan_step, layouts(found)), hybrid_reference(**MODEL))
+        assert not disagreements(pool.run(plan_step, stages), plan_reference())
 
 
 class _Residual(torch.nn.Module):
@@ -323,50 +336,106 @@ def test_a_traced_graph_with_a_skip_edge_is_planned_with_the_ilp():
     assert found.latency <= one_stage.latency * (1 + 1e-9)
 
 
-def test_the_executors_graph_is_the_tiny_gpt():
-    graph = tiny_gpt_graph(batch=8, microbatches=2, hidden=16, layers=4)
-    from edulib.models import tiny_gpt
+def test_the_executors_graph_is_the_language_model():
+    graph = language_model_graph(batch=8, microbatches=2, hidden=16, heads=4, layers=4, tokens=8)
+    model = plan_model(16, 4, 4, 8, seed=0)
+    assert graph.param_bytes == 2 * sum(p.numel() for p in model.parameters())
+    assert [op.name for op in graph.operators] == [n for m in range(6) for n in operator_names(m, 6)]
+    with FlopCounterMode(display=False) as counter:  # one micro-batch: 4 sequences of 8 tokens
+        model(torch.zeros(4, 8, dtype=torch.long))
+    assert sum(op.flops for op in graph.operators if op.kind in ("matmul", "attention")) == \
+        counter.get_total_flops()
 
-    assert graph.param_bytes == 2 * sum(p.numel() for p in tiny_gpt(16, 4, 4).parameters())
+
+def _ops(kind: str, *parts: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """A module's operator loops from one mode per part and axis ("t": Megatron's o, f, i)."""
+    sizes = {"embedding": (1,), "block": (1, 3, 1, 3), "head": (1, 1, 1)}[kind]
+    return tuple(tuple(("o", "f", "i")[op] if mode == "t" else mode for mode in part)
+                 for part, size in zip(parts, sizes, strict=True) for op in range(size))
 
 
+B, T, R = ("b", "b"), ("b", "t"), ("-", "-")
 HAND_MADE = {
-    "data x tensor on 2 x 2": [StageLayout(0, 3, (2, 2), ((("b", "t"), ("b", "t")),) * 4)],
-    "two stages, mixed halves": [
-        StageLayout(0, 1, (2, 1), ((("b", "-"), ("t", "-")), (("-", "-"), ("b", "-")))),
-        StageLayout(2, 3, (1, 2), ((("-", "t"), ("-", "b")), (("-", "b"), ("-", "t"))))],
-    "stages of 1 and 3 ranks": [StageLayout(0, 0, (1, 1), ((("-", "-"), ("-", "-")),)),
-                                StageLayout(1, 3, (1, 3), ((("-", "-"), ("-", "-")),) * 3)],
+    "data x tensor on 2 x 2": [StageLayout(0, 5, (2, 2), (
+        _ops("embedding", B), *[_ops("block", B, T, B, T)] * 4, _ops("head", B, ("b", "o"), B)))],
+    "two stages, mixed parts": [
+        StageLayout(0, 2, (2, 1), (_ops("embedding", ("b", "-")), _ops("block", R, ("t", "-"), ("b", "-"), R),
+                                   _ops("block", ("b", "-"), ("b", "-"), R, ("t", "-")))),
+        StageLayout(3, 5, (1, 2), (_ops("block", ("-", "b"), ("-", "t"), R, ("-", "b")),
+                                   _ops("block", R, R, ("-", "b"), ("-", "t")),
+                                   _ops("head", ("-", "b"), ("-", "i"), R)))],
+    "stages of 1 and 3 ranks": [StageLayout(0, 0, (1, 1), (_ops("embedding", R),)),
+                                StageLayout(1, 5, (1, 3), (*[_ops("block", R, R, R, R)] * 4,
+                                                           _ops("head", R, R, R)))],
 }
-MODEL = {"batch": 8, "hidden": 16, "heads": 4, "layers": 4, "seed": 0}
 
 
 @pytest.mark.parametrize("name", HAND_MADE)
-def test_hand_made_layouts_train_like_one_process(pool4, name):
-    reports = pool4.run(plan_step, HAND_MADE[name])
-    assert not disagreements(reports, hybrid_reference(**MODEL))
+def test_hand_made_layouts_compute_one_process_gradients(pool4, name):
+    assert not disagreements(pool4.run(plan_step, HAND_MADE[name]), plan_reference())
 
 
-@pytest.mark.parametrize("memory", [200e3, 120e3, 70e3, 60e3])
-def test_the_planners_plan_runs_on_four_ranks_and_trains_like_one_process(pool4, memory):
-    # Less memory per device moves the plan from data parallelism to pipelined data parallelism,
-    # then to Megatron in part of the model, then to Megatron along both axes of a 2 x 2 mesh.
-    found = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=memory))
+def _cycled(graph: Graph, mesh: Mesh, shift: int) -> tuple[StageLayout, set]:
+    """One stage of the whole model on `mesh` in which the operators of each kind take that kind's
+    strategies in turn (from the `shift`-th on): with a few shifts, every strategy is run."""
+    seen: dict[str, int] = {}
+    loops, used = [], set()
+    for op in graph.operators:
+        choices = sorted(s.name for s in strategies(op, mesh))
+        name = choices[(seen.get(op.kind, 0) + shift) % len(choices)]
+        seen[op.kind] = seen.get(op.kind, 0) + 1
+        loops.append(tuple(name.split(",")))
+        used.add((op.kind, name))
+    starts = np.cumsum([0, *(len(operator_names(m, 6)) for m in range(6))])
+    return StageLayout(0, 5, mesh.shape, tuple(tuple(loops[a:b]) for a, b in zip(starts, starts[1:],
+                                                                                 strict=False))), used
+
+
+def test_every_strategy_the_planner_may_choose_runs_and_computes_one_process_gradients(pool4):
+    # The ILP may pick any strategy for any operator, and any neighbours: a half of Megatron's recipe
+    # beside data parallelism, a head split by vocabulary on both axes, a reshard from heads to rows.
+    graph, mesh = language_model_graph(), Cluster(1, 4).logical_meshes((1, 4))[1]
+    assert mesh.shape == (2, 2)
+    every = {(op.kind, s.name) for op in graph.operators for s in strategies(op, mesh)}
+    covered = set()
+    reference = plan_reference()
+    for shift in (0, 4, 8):
+        stage, used = _cycled(graph, mesh, shift)
+        covered |= used
+        assert not disagreements(pool4.run(plan_step, [stage]), reference), stage
+    assert covered == every
+
+
+@pytest.mark.parametrize("memory, shape", [(360e3, "data"), (240e3, "sharded"), (160e3, "pipeline")])
+def test_the_planners_plan_runs_on_four_ranks_and_computes_one_process_gradients(pool4, memory, shape):
+    # Less memory per device moves the plan from data parallelism on a 2 x 2 mesh to sharding the
+    # weights on it (Megatron and its mixtures), then to a pipeline of two sharded stages.
+    found = plan(language_model_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=memory))
     stages = layouts(found)
-    assert sum(stage.size for stage in stages) == 4
+    loops = {loop for stage in stages for module in stage.loops for op in module for loop in op}
+    assert {"data": loops == {"b"}, "sharded": len(stages) == 1 and {"o", "i"} <= loops,
+            "pipeline": len(stages) == 2}[shape]
     reports = pool4.run(plan_step, stages)
-    assert not disagreements(reports, hybrid_reference(**MODEL))
-    assert disagreements(pool4.run(plan_step, stages, seed=1), hybrid_reference(**MODEL))  # seed 1 differs
+    assert not disagreements(reports, plan_reference())
+    assert disagreements(pool4.run(plan_step, stages, seed=1), plan_reference())  # seed 1 differs
 
 
-def test_a_plan_the_executor_cannot_run_is_refused_by_name():
-    found = plan(tiny_gpt_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9))
+def test_a_plan_or_layout_the_executor_cannot_run_is_refused_by_name(pool4):
+    found = plan(language_model_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9))
     stage = found.stages[0]
-    odd = stage.__class__(stage.first, stage.last, stage.submesh, stage.mesh,
-                          ("o,-", "-,-", *stage.strategies[2:]), stage.time, stage.memory)
-    with pytest.raises(ValueError, match="layer 0, attention: loops"):
-        layouts(found.__class__(found.graph, found.cluster, found.microbatches, (odd, *found.stages[1:]),
+    cut = stage.__class__(stage.first + 2, stage.last, stage.submesh, stage.mesh, stage.strategies[2:],
+                          stage.time, stage.memory)
+    with pytest.raises(ValueError, match="stage 0 cuts a module"):
+        layouts(found.__class__(found.graph, found.cluster, found.microbatches, (cut, *found.stages[1:]),
                                 found.latency, 0.0))
+    with pytest.raises(ValueError, match="runs plans of language_model_graph"):
+        layouts(plan(gpt_graph(2, 64, 4, 8, 2, vocab=0), Cluster(1, 2)))
+    half = HAND_MADE["two stages, mixed parts"][:1]
+    with pytest.raises(RankError, match="the plan's stages need 2 ranks; 4 are running"):
+        pool4.run(plan_step, half)
+    one = HAND_MADE["stages of 1 and 3 ranks"]
+    with pytest.raises(RankError, match=r"the stages hold modules \[0, 1, 2, 3, 4, 5\]; a model of 5 blocks"):
+        pool4.run(plan_step, one, layers=5)
 
 
 def test_every_grid_tiles_the_cluster():

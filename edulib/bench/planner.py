@@ -8,8 +8,8 @@ import platform
 from edulib.comm.cost import fit_alpha_beta
 from edulib.comm.workers import ping_pong
 from edulib.compare import disagreements
-from edulib.hybrid.plan import layouts, local_cluster, tiny_gpt_graph, unsplit_seconds
-from edulib.hybrid.workers import hybrid_reference, plan_step
+from edulib.hybrid.plan import language_model_graph, layouts, local_cluster, unsplit_seconds
+from edulib.hybrid.workers import plan_reference, plan_step
 from edulib.launch import Pool
 from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
 from edulib.planner.baselines import compare
@@ -38,7 +38,7 @@ def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16, rank
 
 
 def bench_executed_plan(ranks: int = 4, trials: int = 3) -> str:
-    """The tiny GPT planned with this machine's speeds (fitted afresh in each trial), run on
+    """The language model planned with this machine's speeds (fitted afresh in each trial), run on
     `ranks` gloo ranks: its measured step against the planner's predicted latency."""
     rows = []
     with Pool(ranks, "gloo", timeout=300) as pool:
@@ -48,17 +48,17 @@ def bench_executed_plan(ranks: int = 4, trials: int = 3) -> str:
             rows.append((str(trial + 1), stages, f"{found['predicted'] * 1e3:.2f}",
                          f"{found['measured'] * 1e3:.2f}", f"{found['measured'] / found['predicted']:.2f}",
                          "yes" if not found["problems"] else "NO"))
-    return (f"the tiny GPT's plan on {ranks} gloo ranks ({os.cpu_count()} cores), speeds fitted here in "
-            f"each trial, each rank computing at {found['share']:.2g} of a core's speed (the ranks share "
+    return (f"the language model's plan on {ranks} gloo ranks ({os.cpu_count()} cores), speeds fitted here "
+            f"in each trial, each rank computing at {found['share']:.2g} of a core's speed (the ranks share "
             "the cores); stages pay for their messages\n\n"
             + format_table(["trial", "stages (logical meshes)", "predicted (ms)", "measured (ms)",
                             "measured / predicted", "gradients equal one process's"], rows))
 
 
 def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microbatches: int = 2,
-                               hidden: int = 16, heads: int = 4, layers: int = 4,
+                               hidden: int = 16, heads: int = 4, layers: int = 4, tokens: int = 8,
                                cores: int | None = None) -> dict:
-    """Plan the tiny GPT for the pool's ranks with speeds measured here, run the plan, and compare.
+    """Plan the language model for the pool's ranks with speeds measured here, run the plan, and compare.
 
     FLOP/s come from the unsplit model on one core, shared out as the ranks share the machine's
     `cores` (all of them by default): 4 ranks on 2 cores each compute at half a core's speed when
@@ -66,15 +66,15 @@ def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microb
     alpha and beta come from ranks swapping messages.
     """
     cores = cores or os.cpu_count() or 1
-    graph = tiny_gpt_graph(batch, microbatches, hidden, heads, layers)
+    graph = language_model_graph(batch, microbatches, hidden, heads, layers, tokens)
     share = min(1.0, cores / pool.world_size)
-    flops = share * 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers)
+    flops = share * 3 * graph.flops / unsplit_seconds(batch, microbatches, hidden, heads, layers, tokens)
     sizes = [2**k for k in range(8, 17, 2)]
     alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
     found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
     reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
-                       heads=heads, layers=layers, repeats=20)
-    reference = hybrid_reference(batch=batch, hidden=hidden, heads=heads, layers=layers)
+                       heads=heads, layers=layers, tokens=tokens, repeats=20)
+    reference = plan_reference(batch=batch, hidden=hidden, heads=heads, layers=layers, tokens=tokens)
     return {"plan": found, "problems": disagreements(reports, reference),
             "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
             "flops": flops, "alpha": alpha, "beta": beta, "share": share}

@@ -3,6 +3,6 @@
 `workers`; the data x pipeline x tensor grid is the trainer's (`edulib.train`).
 """
 
-from edulib.hybrid.workers import hybrid_reference, plan_step
+from edulib.hybrid.workers import plan_reference, plan_step
 
-__all__ = ["hybrid_reference", "plan_step"]
+__all__ = ["plan_reference", "plan_step"]

@@ -1,15 +1,23 @@
-"""Run a plan for the tiny GPT on real ranks: pipeline stages on submeshes, sharded inside.
+"""Run a plan for the language model on real ranks: pipeline stages on submeshes, sharded inside.
 
-Each stage takes consecutive ranks and views them as its logical mesh (a, b). Inside a layer,
-each half (attention, MLP) uses, per mesh axis, one mode read from the plan's strategies:
-  "b"  data parallel: the micro-batch is split along the axis, gradients summed over it;
-  "t"  Megatron tensor parallel (column, heads, row: edulib.tp) over the axis;
+The model is `edulib.train.model.gpt`, an nn.Sequential [embedding, blocks..., head]; the planner's
+graph of it (`language_model_graph`) has one layer per module, so every stage the planner cuts is
+a run of whole modules. Each stage takes consecutive ranks and views them as its logical mesh
+(a, b), and runs every operator exactly as its strategy says: one loop per mesh axis, with the
+layouts the planner priced (`edulib.planner.intra.INPUT` and `OUTPUT`):
+  "b"  the batch split along the axis, the weights' gradients summed over it;
+  "o"  a Linear's output features split (Megatron's column layer): its input's gradient summed;
+  "i"  its input features split (Megatron's row layer): its partial outputs summed;
+  "f"  element-wise or per-head work on features already split;
   "-"  replicated: every rank of the axis computes the same thing.
-Between halves whose batch layouts differ, the activation is resharded (edulib.tp's gather and
-split, which carry gradients back the other way). A stage hands its output on whole: rank j of
-the next stage receives from rank j mod (this stage's size), Alpa's cross-mesh resharding at its
-simplest. Every stage runs its row of edulib.pp's 1F1B schedule on the one pipeline executor,
-and every collective goes through edulib.comm, on process groups made once per process.
+Where a producer's output layout differs from its consumer's input layout, the activation is
+resharded (edulib.tp's gather and split, which carry gradients back the other way); a residual
+branch adds the stream back in its output's batch layout. The fused QKV projection's outputs are
+kept head by head ([q, k, v] of head 0, then of head 1, ...), so a split of its features is a split
+of the heads. A stage hands its output on whole: rank j of the next stage receives from rank j mod
+(this stage's size), Alpa's cross-mesh resharding at its simplest. Every stage runs its row of
+edulib.pp's 1F1B schedule on the one pipeline executor, and every collective goes through
+edulib.comm, on process groups made once per process.
 """
 
 from __future__ import annotations
@@ -19,122 +27,245 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from edulib import comm
-from edulib.models import TOKENS, gpt_batch, tiny_gpt
+from edulib.models import attend
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, gpt_graph, in_words
 from edulib.planner.inter import Plan
+from edulib.planner.intra import INPUT, OUTPUT
 from edulib.pp.executor import Links
-from edulib.tp.layers import ParallelMLP, ParallelSelfAttention
-from edulib.tp.ops import gather, split
+from edulib.tp.layers import head_slices
+from edulib.tp.ops import f, g, gather, split
+from edulib.train.data import VOCAB, text_batch
+from edulib.train.model import gpt
+from edulib.train.trainer import lm_loss
 
-HALVES = (("attention", ParallelSelfAttention), ("mlp", ParallelMLP))
-MEGATRON = ("o", "f", "i")  # column-parallel, per-head (or per-feature), row-parallel
-OPS_PER_LAYER = 6  # qkv, attention, projection; fc1, gelu, fc2
+# a block's operators, as the graph names them, and the submodule of the Block each one runs
+BLOCK_OPS = {"ln1": "norm1", "qkv": "attention.qkv", "attention": "attention", "proj": "attention.out",
+             "ln2": "norm2", "fc1": "mlp.0", "gelu": "mlp.1", "fc2": "mlp.2"}
+DIMS = {"b": 0, "f": -1}  # the dimension a layout splits: the batch, or the features
+Loops = tuple[str, str]  # one loop per mesh axis
+
+
+def operator_names(module: int, modules: int) -> list[str]:
+    """The graph's names of the operators that module `module` of the model's `modules` runs."""
+    if module == 0:
+        return ["embedding"]
+    if module == modules - 1:
+        return ["norm", "head", "loss"]
+    return [f"{module}.{op}" for op in BLOCK_OPS]
 
 
 @dataclass(frozen=True)
 class StageLayout:
-    """One stage as ranks run it: its layers, logical mesh, and per layer the modes of each half."""
+    """One stage as ranks run it: its modules (0 the embedding, 1..L the blocks, L + 1 the head),
+    its logical mesh, and per module the loops of each of its operators (`operator_names`)."""
 
     first_layer: int
     last_layer: int
     mesh: tuple[int, int]
-    modes: tuple[tuple[tuple[str, str], tuple[str, str]], ...]  # per layer: attention, MLP
+    loops: tuple[tuple[Loops, ...], ...]
 
     @property
     def size(self) -> int:
         """Ranks the stage runs on."""
         return self.mesh[0] * self.mesh[1]
 
+    def operators(self, layer: int = 0) -> list[str]:
+        """The names of its `layer`-th module's operators: ["ln1", "qkv", ...] for a block."""
+        return {1: ["embedding"], 3: ["norm", "head", "loss"]}.get(len(self.loops[layer]), list(BLOCK_OPS))
+
     def in_words(self, layer: int = 0) -> str:
-        """How one of its layers runs, as the lecture says it: "attention: data parallel on axis 0, ..."."""
-        attention, mlp = self.modes[layer]
-        return f"attention: {in_words(attention)}; MLP: {in_words(mlp)}"
+        """How its `layer`-th module runs, operator by operator, as the lecture says it."""
+        return "; ".join(f"{name}: {in_words(loops)}"
+                         for name, loops in zip(self.operators(layer), self.loops[layer], strict=True))
 
-    @property
-    def half_modes(self) -> list[tuple[str, str]]:
-        """The modes of every half in order: layer 0's attention, its MLP, layer 1's attention..."""
-        return [mode for modes in self.modes for mode in modes]
-
-
-def tiny_gpt_graph(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
-                   layers: int = 4) -> Graph:
-    """The planner's view of one micro-batch of `edulib.models.tiny_gpt`."""
-    return gpt_graph(layers, hidden, heads, seq=TOKENS, batch=batch // microbatches, vocab=0, norm=False)
+    def __str__(self) -> str:
+        """Its mesh, then a line per module: each operator with its loops on axes 0 and 1."""
+        lines = [f"a {self.mesh[0]} x {self.mesh[1]} mesh; loops on mesh axes 0,1:"]
+        for layer, loops in enumerate(self.loops):
+            lines.append(f"  module {self.first_layer + layer}: " + "  ".join(
+                f"{name} {','.join(loop)}" for name, loop in zip(self.operators(layer), loops, strict=True)))
+        return "\n".join(lines)
 
 
-def _mode(stage: int, layer: int, half: str, loops: tuple[str, ...]) -> str:
-    if set(loops) <= {"b"} or set(loops) <= {"-"}:
-        return loops[0]
-    if loops == MEGATRON:
-        return "t"
-    raise ValueError(f"stage {stage}, layer {layer}, {half}: loops {loops} along one mesh axis cannot run; "
-                     "the executor runs all 'b' (data), all '-' (replicated) or o, f, i (Megatron)")
+def language_model_graph(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
+                         layers: int = 4, tokens: int = 8) -> Graph:
+    """The planner's view of one micro-batch of `edulib.train.model.gpt` on bytes."""
+    return gpt_graph(layers, hidden, heads, seq=tokens, batch=batch // microbatches, vocab=VOCAB,
+                     embedding=True, bias=False)
+
+
+def _module_starts(graph: Graph) -> list[int]:
+    """The index of each module's first operator, and one past the last."""
+    ops = graph.operators
+    return [0, *(v for v in range(1, len(ops)) if ops[v].layer != ops[v - 1].layer), len(ops)]
 
 
 def layouts(plan: Plan) -> list[StageLayout]:
-    """Read a plan of the tiny GPT as stage layouts; a clear error where it cannot run."""
+    """Read a plan of the language model as stage layouts; a clear error where it cannot run."""
+    starts = _module_starts(plan.graph)
+    modules = len(starts) - 1
+    expected = [name for m in range(modules) for name in operator_names(m, modules)]
+    if modules < 3 or [op.name for op in plan.graph.operators] != expected:
+        raise ValueError(f"the executor runs plans of language_model_graph (an embedding, blocks of "
+                         f"{', '.join(BLOCK_OPS)}, then norm, head and loss); {plan.graph.name} is not one")
     found = []
     for number, stage in enumerate(plan.stages):
-        if stage.first % OPS_PER_LAYER or (stage.last + 1) % OPS_PER_LAYER:
-            raise ValueError(f"stage {number} cuts a layer (operators {stage.first}..{stage.last}); "
-                             "the executor runs whole layers")
-        loops = [name.split(",") for name in stage.strategies]
-        modes = []
-        for layer in range(stage.first // OPS_PER_LAYER, (stage.last + 1) // OPS_PER_LAYER):
-            halves = []
-            for h, (half, _) in enumerate(HALVES):
-                start = layer * OPS_PER_LAYER - stage.first + 3 * h
-                per_axis = tuple(_mode(number, layer, half, tuple(ls[axis] for ls in loops[start:start + 3]))
-                                 for axis in (0, 1))
-                halves.append(per_axis)
-            modes.append(tuple(halves))
-        found.append(StageLayout(stage.first // OPS_PER_LAYER, (stage.last + 1) // OPS_PER_LAYER - 1,
-                                 stage.mesh.shape, tuple(modes)))
+        if stage.first not in starts or stage.last + 1 not in starts:
+            raise ValueError(f"stage {number} cuts a module (operators {stage.first}..{stage.last}); "
+                             "the executor runs whole modules")
+        first, last = starts.index(stage.first), starts.index(stage.last + 1) - 1
+        loops = [tuple(name.split(",")) for name in stage.strategies]
+        per_module = (tuple(loops[starts[m] - stage.first:starts[m + 1] - stage.first])
+                      for m in range(first, last + 1))
+        found.append(StageLayout(first, last, stage.mesh.shape, tuple(per_module)))
     return found
 
 
-def _reshard(x: torch.Tensor, have: tuple[str, str], want: tuple[str, str], groups) -> torch.Tensor:
-    """Change the batch layout: gather every split axis (last first), then split as wanted."""
+def _reshard(x: torch.Tensor, have: Loops, want: Loops, groups) -> torch.Tensor:
+    """Change the layout: gather every split axis (last first), then split as wanted (first first)."""
     if have == want:
         return x
     for axis in (1, 0):
-        if have[axis] == "b":
-            x = gather(x, 0, groups[axis])
+        if have[axis] != "-":
+            x = gather(x, DIMS[have[axis]], groups[axis])
     for axis in (0, 1):
-        if want[axis] == "b":
-            x = split(x, 0, groups[axis])
+        if want[axis] != "-":
+            x = split(x, DIMS[want[axis]], groups[axis])
     return x
 
 
-def _tensor_group(mode: tuple[str, str]) -> int:
-    """The group a tensor-parallel half runs on: its mesh axis, or (2) the whole stage when it
-    is split along both axes (the loop cut a x b ways is one Megatron split over a x b ranks)."""
-    return 2 if mode == ("t", "t") else mode.index("t")
+def _share(size: int, loops: Loops, loop: str, groups) -> slice:
+    """This rank's contiguous part of `size` where the axes whose loop is `loop` split it (both
+    axes: row-major, as `_reshard` splits), or all of it."""
+    part, parts = 0, 1
+    for axis in (0, 1):
+        if loops[axis] == loop:
+            part, parts = part * dist.get_world_size(groups[axis]) + dist.get_rank(groups[axis]), \
+                parts * dist.get_world_size(groups[axis])
+    step = size // parts
+    return slice(part * step, (part + 1) * step)
+
+
+def head_major(hidden: int, heads: int) -> list[int]:
+    """The fused QKV weight's rows head by head: [q, k, v] of head 0, then of head 1, ..."""
+    return [row for head in range(heads) for row in head_slices(hidden, heads, range(head, head + 1))[1]]
+
+
+class PlanLinear(nn.Module):
+    """A Linear (no bias) under per-axis loops: its block of the full weight; Megatron's f where its
+    outputs are split, g where its inputs are."""
+
+    def __init__(self, full: nn.Linear, loops: Loops, groups, rows: list[int] | None = None) -> None:
+        super().__init__()
+        if full.bias is not None:
+            raise ValueError("the plan executor runs Linears without a bias, as the language model has")
+        self.loops, self.groups = loops, groups
+        rows = list(range(full.out_features)) if rows is None else rows
+        self.rows = rows[_share(len(rows), loops, "o", groups)]
+        self.columns = _share(full.in_features, loops, "i", groups)
+        self.weight = nn.Parameter(full.weight.detach()[self.rows, self.columns].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for axis in (0, 1):
+            if self.loops[axis] == "o":
+                x = f(x, self.groups[axis])
+        y = F.linear(x, self.weight)
+        for axis in (0, 1):
+            if self.loops[axis] == "i":
+                y = g(y, self.groups[axis])
+        return y
+
+    def sources(self) -> dict[str, tuple[str, tuple]]:
+        """The weight is rows x columns of the full one."""
+        return {"weight": ("weight", (self.rows, self.columns))}
+
+
+class PlanAttention(nn.Module):
+    """Causal attention of the heads whose [q, k, v] features (head-major) this rank holds."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = qkv.shape
+        heads = width // (3 * self.head_dim)
+        q, k, v = (t.reshape(batch, tokens, heads * self.head_dim)
+                   for t in qkv.view(batch, tokens, heads, 3, self.head_dim).unbind(3))
+        return attend(q, k, v, heads, causal=True)
+
+
+def _path(name: str, modules: int) -> str:
+    """Where operator `name` is in the one-process model: "3.attention.qkv." ("" for the loss)."""
+    top = {"embedding": "0.", "norm": f"{modules - 1}.norm.", "head": f"{modules - 1}.out.", "loss": ""}
+    if name in top:
+        return top[name]
+    module, op = name.split(".")
+    return f"{module}.{BLOCK_OPS[op]}."
+
+
+def _operator(name: str, model: nn.Sequential, loops: Loops, groups) -> nn.Module:
+    """The module that runs operator `name` of the model under `loops` on this rank."""
+    if name == "loss":  # `PlanStage.loss` computes it
+        return nn.Identity()
+    full = model.get_submodule(_path(name, len(model)).rstrip("."))
+    if name.endswith(".attention"):
+        return PlanAttention(full.out.in_features // full.heads)
+    if isinstance(full, nn.Linear):
+        qkv = name.endswith(".qkv")
+        rows = head_major(full.in_features, model[int(name.split(".")[0])].attention.heads) if qkv else None
+        return PlanLinear(full, loops, groups, rows)
+    return full
 
 
 class PlanStage(nn.Module):
-    """The layers of one stage, each half built for its modes, with reshards between halves."""
+    """The operators of one stage, each run under its loops, with reshards between them."""
 
-    def __init__(self, layout: StageLayout, model: nn.Sequential, groups) -> None:
+    def __init__(self, layout: StageLayout, model: nn.Sequential, groups, scale: float) -> None:
         super().__init__()
-        self.layout, self.groups = layout, groups
-        self.halves = nn.ModuleList()
-        for layer, modes in zip(range(layout.first_layer, layout.last_layer + 1), layout.modes, strict=True):
-            for (name, parallel), mode in zip(HALVES, modes, strict=True):
-                full = getattr(model[layer], name)
-                self.halves.append(parallel(full, groups[_tensor_group(mode)]) if "t" in mode else full)
+        self.groups, self.scale = groups, scale
+        self.last = layout.last_layer == len(model) - 1
+        names = [name for m in range(layout.first_layer, layout.last_layer + 1)
+                 for name in operator_names(m, len(model))]
+        self.loops = [loops for module in layout.loops for loops in module]
+        if len(self.loops) != len(names):
+            raise ValueError(f"modules {layout.first_layer}..{layout.last_layer} run {len(names)} operators; "
+                             f"the layout gives loops for {len(self.loops)}")
+        self.names, self.paths = names, [_path(name, len(model)) for name in names]
+        self.operators = nn.ModuleList(_operator(name, model, loops, groups)
+                                       for name, loops in zip(names, self.loops, strict=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        have = ("-", "-")
-        for half, mode in zip(self.halves, self.layout.half_modes, strict=True):
-            want = tuple("b" if m == "b" else "-" for m in mode)
-            x = _reshard(x, have, want, self.groups)
-            x, have = x + half(x), want
-        return _reshard(x, have, ("-", "-"), self.groups)
+        have = ("-", "-")  # token ids or the previous stage's output: whole
+        for name, op, loops in zip(self.names, self.operators, self.loops, strict=True):
+            if name == "loss":
+                break
+            if name.endswith(("ln1", "ln2")):  # a residual branch begins here
+                stream, stream_layout = x, have
+            x, have = op(_reshard(x, have, tuple(INPUT[loop] for loop in loops), self.groups)), \
+                tuple(OUTPUT[loop] for loop in loops)
+            if name.endswith(("proj", "fc2")):  # and ends: add the stream in the branch's batch layout
+                sum_layout = tuple("b" if d == "b" else "-" for d in have)
+                x = _reshard(stream, stream_layout, sum_layout, self.groups) + \
+                    _reshard(x, have, sum_layout, self.groups)
+                have = sum_layout
+        return _reshard(x, have, self._loss_layout if self.last else ("-", "-"), self.groups)
+
+    @property
+    def _loss_layout(self) -> Loops:
+        """Where the loss reads the logits and the targets: split by batch, or whole."""
+        return tuple(INPUT[loop] for loop in self.loops[-1])
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of the whole batch's mean loss, on the rows the loss holds here."""
+        targets = _reshard(targets, ("-", "-"), self._loss_layout, self.groups)
+        return lm_loss(logits, targets) * (targets.numel() * self.scale)
 
 
 def plan_links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Links:
@@ -149,19 +280,19 @@ def plan_links(p: int, local: int, sizes: list[int], offsets: np.ndarray) -> Lin
 
 
 def synchronised_gradients(stage: PlanStage) -> tuple[dict, dict]:
-    """Sum each data-parallel half's gradients over its batch axes; name every gradient as in
-    the full model, with the slice of the full parameter it is."""
+    """Sum the gradients of operators split by batch over those axes; name every gradient as in
+    the one-process model, with the block of the full parameter it is."""
     gradients, sources = {}, {}
-    for index, (half, mode) in enumerate(zip(stage.halves, stage.layout.half_modes, strict=True)):
-        layer, name = stage.layout.first_layer + index // 2, HALVES[index % 2][0]
-        shards = half.sources() if "t" in mode else {n: (n, ...) for n, _ in half.named_parameters()}
-        for param, (full, where) in shards.items():
-            grad = half.get_parameter(param).grad
+    for op, path, loops in zip(stage.operators, stage.paths, stage.loops, strict=True):
+        whole = {n: (n, ...) for n, _ in op.named_parameters()}
+        blocks = op.sources() if isinstance(op, PlanLinear) else whole
+        for param, (full, where) in blocks.items():
+            grad = op.get_parameter(param).grad
             for axis in (0, 1):
-                if mode[axis] == "b":  # data parallel along this axis: add up the batch's parts
+                if loops[axis] == "b":  # data parallel along this axis: add up the batch's parts
                     comm.all_reduce(grad, group=stage.groups[axis])
-            gradients[f"{layer}.{name}.{param}"] = grad
-            sources[f"{layer}.{name}.{param}"] = (f"{layer}.{name}.{full}", where)
+            gradients[path + param] = grad
+            sources[path + param] = (path + full, where)
     return gradients, sources
 
 
@@ -170,14 +301,24 @@ def local_cluster(devices: int, flops: float, alpha: float, beta: float, memory:
     return Cluster(1, devices, flops=flops, memory=memory, intra=(alpha, beta), inter=(alpha, beta))
 
 
+def plan_batch(batch: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one batch of text a plan's step trains on: token ids and the next token of each."""
+    return text_batch(0, batch, tokens, seed)
+
+
+def plan_model(hidden: int, heads: int, layers: int, tokens: int, seed: int) -> nn.Sequential:
+    """The one-process language model a plan splits."""
+    return gpt(VOCAB, hidden, heads, layers, tokens, seed=seed)
+
+
 def unsplit_seconds(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
-                    layers: int = 4, repeats: int = 20) -> float:
-    """Fastest forward and backward of one micro-batch through the whole tiny GPT, here."""
-    model = tiny_gpt(hidden, heads, layers)
-    x, y = (t.chunk(microbatches)[0] for t in gpt_batch(batch, hidden))
+                    layers: int = 4, tokens: int = 8, repeats: int = 20) -> float:
+    """Fastest forward and backward of one micro-batch through the whole language model, here."""
+    model = plan_model(hidden, heads, layers, tokens, 0)
+    ids, targets = (t.chunk(microbatches)[0] for t in plan_batch(batch, tokens, 0))
     samples = []
     for _ in range(repeats):
         began = time.perf_counter()
-        nn.functional.mse_loss(model(x), y).backward()
+        lm_loss(model(ids), targets).backward()
         samples.append(time.perf_counter() - began)
     return min(samples)

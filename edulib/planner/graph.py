@@ -109,10 +109,10 @@ def chain(name: str, operators: list[Operator]) -> Graph:
 
 
 def _linear(name: str, tokens: int, fan_in: int, fan_out: int, layer: int, manual: str, rows: int,
-            outs: int | None = None, ins: int | None = None) -> Operator:
+            outs: int | None = None, ins: int | None = None, bias: bool = True) -> Operator:
     """A Linear on `tokens` vectors; `rows` is what the batch loop splits (sequences), `outs` and
     `ins` what the output and input loops split (features, or heads for attention)."""
-    return Operator(name, "matmul", 2.0 * tokens * fan_in * fan_out, BYTES * (fan_in + 1) * fan_out,
+    return Operator(name, "matmul", 2.0 * tokens * fan_in * fan_out, BYTES * (fan_in + bias) * fan_out,
                     BYTES * tokens * fan_in, BYTES * tokens * fan_out, layer, manual,
                     (("b", rows), ("o", outs or fan_out), ("i", ins or fan_in)))
 
@@ -136,7 +136,7 @@ def mlp_graph(layers: int = 2, hidden: int = 1024, batch: int = 1024) -> Graph:
 
 
 def _attention_ops(prefix: str, batch: int, seq: int, hidden: int, heads: int, layer: int,
-                   norm: bool) -> list[Operator]:
+                   norm: bool, bias: bool) -> list[Operator]:
     """QKV (split by heads), attention per head, the output projection (its input split by heads)."""
     tokens = batch * seq
     norm_op = _pointwise(f"{prefix}ln1", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden)
@@ -144,35 +144,48 @@ def _attention_ops(prefix: str, batch: int, seq: int, hidden: int, heads: int, l
     core = Operator(f"{prefix}attention", "attention", 4.0 * tokens * seq * hidden, 0,
                     BYTES * tokens * 3 * hidden, BYTES * tokens * hidden, layer, "f",
                     (("b", batch), ("f", heads)))
-    return ops + [_linear(f"{prefix}qkv", tokens, hidden, 3 * hidden, layer, "o", batch, outs=heads), core,
-                  _linear(f"{prefix}proj", tokens, hidden, hidden, layer, "i", batch, ins=heads)]
+    qkv = _linear(f"{prefix}qkv", tokens, hidden, 3 * hidden, layer, "o", batch, outs=heads, bias=bias)
+    return [*ops, qkv, core, _linear(f"{prefix}proj", tokens, hidden, hidden, layer, "i", batch, ins=heads,
+                                     bias=bias)]
 
 
-def _mlp_ops(prefix: str, batch: int, seq: int, hidden: int, layer: int, norm: bool) -> list[Operator]:
+def _mlp_ops(prefix: str, batch: int, seq: int, hidden: int, layer: int, norm: bool, bias: bool
+             ) -> list[Operator]:
     tokens = batch * seq
     norm_op = _pointwise(f"{prefix}ln2", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden)
     ops = [norm_op] if norm else []
-    return ops + [_linear(f"{prefix}fc1", tokens, hidden, 4 * hidden, layer, "o", batch),
+    return ops + [_linear(f"{prefix}fc1", tokens, hidden, 4 * hidden, layer, "o", batch, bias=bias),
                   _pointwise(f"{prefix}gelu", "elementwise", tokens, 4 * hidden, layer, "f", batch),
-                  _linear(f"{prefix}fc2", tokens, 4 * hidden, hidden, layer, "i", batch)]
+                  _linear(f"{prefix}fc2", tokens, 4 * hidden, hidden, layer, "i", batch, bias=bias)]
 
 
 def gpt_graph(layers: int = 24, hidden: int = 1024, heads: int = 16, seq: int = 1024,
-              batch: int = 8, vocab: int = 51200, norm: bool = True) -> Graph:
+              batch: int = 8, vocab: int = 51200, norm: bool = True, embedding: bool = False,
+              bias: bool = True) -> Graph:
     """A GPT-like stack: per layer attention (QKV, attention, projection) and an MLP, then the head.
 
-    With norm=False and vocab=0 it is exactly `edulib.models.tiny_gpt`, which the plans execute.
+    With `embedding` (and `bias=False`) it is exactly `edulib.train.model.gpt`, which the plans
+    execute: the token and position embeddings first, a final norm before the head, and each
+    module of that nn.Sequential one layer of the graph (0 the embedding, 1..layers the blocks).
     """
     if hidden % heads:
         raise ValueError(f"hidden size {hidden} must be a multiple of the head count {heads}")
-    tokens = batch * seq
+    if embedding and not (norm and vocab):
+        raise ValueError("a graph with the embedding is the whole language model: it needs norm=True "
+                         f"and a vocabulary, got norm={norm}, vocab={vocab}")
+    tokens, first = batch * seq, int(embedding)
     ops = []
-    for layer in range(layers):
-        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, norm)
-        ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, norm)
+    if embedding:
+        ops.append(_pointwise("embedding", "rowwise", tokens, hidden, 0, "-", batch, (vocab + seq) * hidden))
+    for layer in range(first, first + layers):
+        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, norm, bias)
+        ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, norm, bias)
+    last = first + layers
+    if embedding:
+        ops.append(_pointwise("norm", "rowwise", tokens, hidden, last, "-", batch, 2 * hidden))
     if vocab:
-        ops.append(_linear("head", tokens, hidden, vocab, layers, "o", batch))
-        ops.append(_pointwise("loss", "rowwise", tokens, vocab, layers, "-", batch))
+        ops.append(_linear("head", tokens, hidden, vocab, last, "o", batch, bias=bias))
+        ops.append(_pointwise("loss", "rowwise", tokens, vocab, last, "-", batch))
     return chain(f"gpt-{layers}", ops)
 
 
@@ -182,9 +195,9 @@ def moe_graph(layers: int = 16, hidden: int = 1024, experts: int = 16, seq: int 
     tokens = batch * seq
     ops = []
     for layer in range(layers):
-        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, True)
+        ops += _attention_ops(f"{layer}.", batch, seq, hidden, heads, layer, True, True)
         if layer % 2 == 0:
-            ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, True)
+            ops += _mlp_ops(f"{layer}.", batch, seq, hidden, layer, True, True)
             continue
         ops.append(_pointwise(f"{layer}.ln2", "rowwise", tokens, hidden, layer, "-", batch, 2 * hidden))
         ops.append(_linear(f"{layer}.gate", tokens, hidden, experts, layer, "-", batch))
