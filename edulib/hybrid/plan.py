@@ -47,6 +47,7 @@ from edulib.train.trainer import lm_loss
 # a block's operators, as the graph names them, and the submodule of the Block each one runs
 BLOCK_OPS = {"ln1": "norm1", "qkv": "attention.qkv", "attention": "attention", "proj": "attention.out",
              "ln2": "norm2", "fc1": "mlp.0", "gelu": "mlp.1", "fc2": "mlp.2"}
+HEAD_OPS = ["norm", "head", "loss"]  # the head module's operators: the final norm, the Linear, the loss
 DIMS = {"b": 0, "f": -1}  # the dimension a layout splits: the batch, or the features
 Loops = tuple[str, str]  # one loop per mesh axis
 
@@ -56,7 +57,7 @@ def operator_names(module: int, modules: int) -> list[str]:
     if module == 0:
         return ["embedding"]
     if module == modules - 1:
-        return ["norm", "head", "loss"]
+        return list(HEAD_OPS)
     return [f"{module}.{op}" for op in BLOCK_OPS]
 
 
@@ -77,7 +78,7 @@ class StageLayout:
 
     def operators(self, layer: int = 0) -> list[str]:
         """The names of its `layer`-th module's operators: ["ln1", "qkv", ...] for a block."""
-        return {1: ["embedding"], 3: ["norm", "head", "loss"]}.get(len(self.loops[layer]), list(BLOCK_OPS))
+        return {1: ["embedding"], len(HEAD_OPS): HEAD_OPS}.get(len(self.loops[layer]), list(BLOCK_OPS))
 
     def in_words(self, layer: int = 0) -> str:
         """How its `layer`-th module runs, operator by operator, as the lecture says it."""
