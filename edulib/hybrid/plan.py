@@ -141,14 +141,19 @@ def _reshard(x: torch.Tensor, have: Loops, want: Loops, groups) -> torch.Tensor:
     return x
 
 
-def _share(size: int, loops: Loops, loop: str, groups) -> slice:
+def _layouts(loops: Loops) -> tuple[Loops, Loops]:
+    """The layouts an operator under `loops` reads and writes, as the planner priced them."""
+    return tuple(INPUT[loop] for loop in loops), tuple(OUTPUT[loop] for loop in loops)
+
+
+def _own_part(size: int, loops: Loops, loop: str, groups) -> slice:
     """This rank's contiguous part of `size` where the axes whose loop is `loop` split it (both
     axes: row-major, as `_reshard` splits), or all of it."""
     part, parts = 0, 1
     for axis in (0, 1):
         if loops[axis] == loop:
-            part, parts = part * dist.get_world_size(groups[axis]) + dist.get_rank(groups[axis]), \
-                parts * dist.get_world_size(groups[axis])
+            count = dist.get_world_size(groups[axis])
+            part, parts = part * count + dist.get_rank(groups[axis]), parts * count
     step = size // parts
     return slice(part * step, (part + 1) * step)
 
@@ -168,8 +173,8 @@ class PlanLinear(nn.Module):
             raise ValueError("the plan executor runs Linears without a bias, as the language model has")
         self.loops, self.groups = loops, groups
         rows = list(range(full.out_features)) if rows is None else rows
-        self.rows = rows[_share(len(rows), loops, "o", groups)]
-        self.columns = _share(full.in_features, loops, "i", groups)
+        self.rows = rows[_own_part(len(rows), loops, "o", groups)]
+        self.columns = _own_part(full.in_features, loops, "i", groups)
         self.weight = nn.Parameter(full.weight.detach()[self.rows, self.columns].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,8 +254,8 @@ class PlanStage(nn.Module):
                 break
             if name.endswith(("ln1", "ln2")):  # a residual branch begins here
                 stream, stream_layout = x, have
-            x, have = op(_reshard(x, have, tuple(INPUT[loop] for loop in loops), self.groups)), \
-                tuple(OUTPUT[loop] for loop in loops)
+            reads, writes = _layouts(loops)
+            x, have = op(_reshard(x, have, reads, self.groups)), writes
             if name.endswith(("proj", "fc2")):  # and ends: add the stream in the branch's batch layout
                 sum_layout = tuple("b" if d == "b" else "-" for d in have)
                 x = _reshard(stream, stream_layout, sum_layout, self.groups) + \
@@ -261,7 +266,7 @@ class PlanStage(nn.Module):
     @property
     def _loss_layout(self) -> Loops:
         """Where the loss reads the logits and the targets: split by batch, or whole."""
-        return tuple(INPUT[loop] for loop in self.loops[-1])
+        return _layouts(self.loops[-1])[0]
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the whole batch's mean loss, on the rows the loss holds here."""

@@ -29,8 +29,8 @@ def plan_reference(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int
                    seed: int = 0) -> dict[str, torch.Tensor]:
     """The unsplit model's gradients of its mean loss on the whole batch, by parameter name: what
     `plan_step` equals."""
-    model = plan_model(hidden, heads, layers, tokens, seed)
-    lm_loss(model(plan_batch(batch, tokens, seed)[0]), plan_batch(batch, tokens, seed)[1]).backward()
+    model, (ids, targets) = plan_model(hidden, heads, layers, tokens, seed), plan_batch(batch, tokens, seed)
+    lm_loss(model(ids), targets).backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
 

@@ -219,7 +219,7 @@ def exhaustive(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Shar
 
 
 @contextmanager
-def _silenced() -> Iterator[None]:
+def silenced() -> Iterator[None]:
     """Drop what the solver writes straight to file descriptor 1 (some HiGHS builds print debug
     lines there, which would flood a terminal)."""
     sys.stdout.flush()
@@ -270,7 +270,7 @@ def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | 
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), count)).tocsr()
     integrality = np.zeros(count)
     integrality[:x_start[-1]] = 1
-    with _silenced():
+    with silenced():
         result = milp(objective, constraints=LinearConstraint(matrix, lower, upper),
                       integrality=integrality, bounds=Bounds(0, 1))
     if result.x is None:

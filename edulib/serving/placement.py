@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from edulib.planner.intra import _silenced
+from edulib.planner.intra import silenced
 from edulib.serving.workflow import Infrastructure, Workflow
 
 Selection = tuple[int, ...]  # per operator, the index of its model choice
@@ -119,7 +119,7 @@ def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Pl
             matrix[r, column] = value
     upper = np.concatenate([allowed.ravel().astype(float), np.ones(count - n_x)])
     integrality = np.concatenate([np.ones(n_x), np.zeros(count - n_x)])
-    with _silenced():
+    with silenced():
         result = milp(
             objective,
             constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]),
