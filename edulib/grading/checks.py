@@ -87,8 +87,9 @@ def _tensors(rng: random.Random, *shapes: tuple[int, ...], integers: bool = Fals
     return [torch.randn(shape, generator=generator) for shape in shapes]
 
 
-def _tensor(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5) -> None:
-    """Check that `got` is a tensor of `want`'s shape whose values are within `atol` of it."""
+def _tensor(got: Any, want: torch.Tensor, what: str, atol: float | None = None) -> None:
+    """Check that `got` is a tensor of `want`'s shape whose values are within `atol` of it: by default
+    1e-5 of the largest of 1 and `want`'s magnitude, as float32's rounding grows with the values."""
     if type(got) is not torch.Tensor:
         raise Wrong(f"{what} is a {type(got).__name__}, expected a tensor", f"{what} is not a tensor")
     if tuple(got.shape) != tuple(want.shape):
@@ -98,6 +99,8 @@ def _tensor(got: Any, want: torch.Tensor, what: str, atol: float = 1e-5) -> None
         raise Wrong(f"{what} has dtype {got.dtype}, expected {want.dtype}", f"{what} has the wrong dtype")
     if want.numel() == 0:
         return
+    if atol is None:
+        atol = 1e-5 * max(1.0, float(want.abs().max()))
     error = (got.double() - want.double()).abs()
     if not bool((error <= atol).all()):
         index = int(error.flatten().nan_to_num(float("inf")).argmax())
@@ -480,7 +483,7 @@ def _attention_block_judge(case: Case, answer: Any) -> None:
             what = "the input's gradient" if name == "x" else f"the gradient of {name}'s shard"
             if found[name] is None:
                 raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
-            _tensor(found[name], want, f"rank {rank}: {what}", atol=1e-5 * max(1.0, float(want.abs().max())))
+            _tensor(found[name], want, f"rank {rank}: {what}")
 
 
 def _sequence_cases(rng: random.Random) -> list[Case]:
