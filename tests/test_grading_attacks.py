@@ -106,6 +106,20 @@ def test_copying_the_solutions_is_out_of_sight_in_the_sandbox(tmp_path, sandbox)
     assert {r.sandbox for r in results if r.submission} == {"bubblewrap"}
 
 
+def test_a_solutions_folder_on_the_graders_path_is_out_of_sight(tmp_path, monkeypatch):
+    """A grading script kept in solutions/ puts that folder first on the grader's sys.path; only what
+    `python -I` imports from is bound into the sandbox, so the copier still finds nothing."""
+    monkeypatch.syspath_prepend(str(ROOT / "solutions"))
+    body = f"""
+        namespace = {{}}
+        exec(open({str(ROOT / "solutions" / f"{EXERCISE}.py")!r}).read(), namespace)
+        grid_groups = namespace["grid_groups"]
+    """
+    points, results, _ = _class(tmp_path, {"copier": body, "honest": SOLUTION})
+    assert points == {"copier": 0, "honest": FULL}
+    assert "FileNotFoundError" in next(r for r in results if r.student == "copier").feedback
+
+
 def test_without_the_sandbox_every_row_says_it_was_not_contained(tmp_path):
     points, results, warnings = _class(tmp_path, {"honest": SOLUTION}, sandbox=False)
     assert points == {"honest": FULL}

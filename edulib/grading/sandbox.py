@@ -16,6 +16,7 @@ read stays readable. That mode is recorded as not contained.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -59,12 +60,21 @@ def available() -> bool:
     return probe.returncode == 0
 
 
+@functools.cache
+def isolated_path() -> list[str]:
+    """The folders that `python -I`, as the submission's process runs, imports from: not this
+    process's script folder nor PYTHONPATH, where a grading script beside the solutions puts them."""
+    probe = subprocess.run([sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                           capture_output=True, text=True, timeout=60, check=True, cwd="/")
+    return json.loads(probe.stdout)
+
+
 def installed() -> list[Path]:
     """What a submission's process reads besides the system: Python, its packages and edulib, without
     any folder that holds edulib (an editable install's checkout holds the solutions and .git)."""
     package = Path(edulib.__file__).resolve().parent
     found = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)} | {package}
-    for entry in sys.path:
+    for entry in isolated_path():
         path = Path(entry or ".").resolve()
         if entry and path.is_dir() and path not in package.parents:
             found.add(path)
