@@ -54,6 +54,11 @@ class Layout:
 
 def check_layout(model: Transformer, cluster: Cluster, layout: Layout) -> None:
     """Refuse a layout that does not split this model on this cluster, saying what is wrong."""
+    degrees = {name: getattr(layout, name) for name in ("dp", "pp", "tp", "microbatches")}
+    odd = {name: value for name, value in degrees.items() if type(value) is not int or value < 1}
+    if odd:
+        raise ValueError(f"{layout} is not a layout: {', '.join(f'{k} = {v!r}' for k, v in odd.items())}; "
+                         "each degree and the micro-batch count is a whole number from 1 up")
     problems = []
     if layout.dp * layout.pp * layout.tp != cluster.size:
         problems.append(f"dp x pp x tp = {layout.dp * layout.pp * layout.tp}, the cluster has {cluster.size} "
@@ -66,7 +71,7 @@ def check_layout(model: Transformer, cluster: Cluster, layout: Layout) -> None:
     if layout.microbatches < 1 or model.batch % (layout.dp * layout.microbatches):
         problems.append(f"dp x micro-batches = {layout.dp} x {layout.microbatches} must divide the batch of "
                         f"{model.batch} sequences")
-    if layout.zero not in ZERO_STAGES or layout.recompute not in MODES:
+    if type(layout.zero) is not int or layout.zero not in ZERO_STAGES or layout.recompute not in MODES:
         problems.append(f"ZeRO stage {layout.zero!r} and recompute {layout.recompute!r}: stages are "
                         f"{ZERO_STAGES}, recomputation one of {MODES}")
     if problems:

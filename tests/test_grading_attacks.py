@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -622,3 +623,61 @@ def test_the_network_is_out_of_reach_in_the_sandbox(tmp_path):
         socket.create_connection(("1.1.1.1", 53), timeout=2)
     """ + STUB})
     assert points == {"caller": 0} and "Network is unreachable" in results[0].feedback
+
+
+# -- the fourth round: implausible answers, answers that broke the grader, answers that filled it --
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_tensor_shaped_dict_costs_its_sender_and_the_class_is_graded(tmp_path, sandbox):
+    """It raised an uncaught TypeError in the grader's decoding: every later student went ungraded."""
+    points, results, _ = _class(tmp_path, {"breaker": """
+        def grid_groups(dp, pp, tp):
+            return {"tensor": [1], "shape": [], "data": ""}
+    """ + STUB.replace("grid_groups", "_unused"), "honest": HONEST}, sandbox=sandbox)
+    assert points == {"breaker": 0, "honest": FULL}
+    assert "wrong kind" in next(r.feedback for r in results if r.student == "breaker")
+    _report_survives(tmp_path, results)
+
+
+def test_nan_and_impossible_layouts_score_nothing(tmp_path):
+    """NaN passed `abs(nan - x) > tol`; a layout with negative pp and tp passed check_layout."""
+    points, _, _ = _class(tmp_path, {"nan": """
+        def best_slicing(costs, stages, microbatches):
+            return float("nan")
+
+        def inter_op(times, sizes, devices, microbatches):
+            return float("nan"), float("nan")
+    """}, name="lesson08_alpa")
+    assert points == {"nan": 0}
+    points, results, _ = _class(tmp_path / "07", {"negative": """
+        from edulib.layout import Layout
+
+        def grid_groups(dp, pp, tp):
+            return {"dp": [], "pp": [], "tp": []}
+
+        def choose_layout(model, cluster, memory):
+            return Layout(dp=cluster.size, pp=-1, tp=-1, microbatches=1, zero=0, recompute="none")
+    """})
+    assert points == {"negative": 0}
+    assert any("whole number from 1 up" in r.feedback for r in results if r.check == "layout choice")
+
+
+def test_sixteen_mib_answers_leave_the_grader_under_a_gib(tmp_path):
+    """16 MiB answers on every in-process case drove the grader to 3.4 GiB: answers are kept as the
+    bytes they came as (at most 128 MiB a tree) and decoded one at a time under the judge's cap."""
+    course = tmp_path / "course" / "hoarder"
+    course.mkdir(parents=True)
+    (course / f"{EXERCISE}.py").write_text(textwrap.dedent("""
+        def grid_groups(dp, pp, tp):
+            return [1] * (8 * 2**20 - 16)
+
+        def choose_layout(model, cluster, memory):
+            return [[0.5] * 100] * 30_000
+    """))
+    probe = (f"import resource; from pathlib import Path; from edulib.grading import grade; "
+             f"rows = grade(Path({str(course.parent)!r}), progress=False); "
+             f"print(sum(r.points for r in rows), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    points, peak = map(int, done.stdout.split()[-2:])
+    assert points == 0 and peak < 2**20, (points, f"{peak / 2**10:.0f} MiB", done.stderr[-2000:])

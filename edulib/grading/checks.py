@@ -108,6 +108,31 @@ def _tensor(got: Any, want: torch.Tensor, what: str, atol: float | None = None) 
                     f"{want.flatten()[index]:.6g}", f"{what} holds wrong values")
 
 
+def _number(got: Any, what: str, *, whole: bool = False, least: float = -math.inf,
+            infinite: bool = False) -> float:
+    """`got` if it is a plausible number: an int, or a finite float unless `whole` (an infinity only
+    where `infinite` allows it), never a bool, NaN or a value below `least`; Wrong naming it otherwise."""
+    kinds = (int,) if whole else (int, float)
+    odd = type(got) is float and (math.isnan(got) or math.isinf(got) and not infinite)
+    if type(got) not in kinds or odd:
+        raise Wrong(f"{what} is {got!r}; expected {'a whole number' if whole else 'a finite number'}",
+                    f"{what} is not {'a whole number' if whole else 'a finite number'}")
+    if not got >= least:
+        raise Wrong(f"{what} is {got!r}, below {least:g}", f"{what} is out of range")
+    return got
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Plain data equal to `want` value for value and type for type (True is not 1, 1.0 is not 1)."""
+    if type(got) is not type(want):
+        return False
+    if type(want) in (list, tuple):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    if type(want) is dict:
+        return got.keys() == want.keys() and all(_same(got[key], want[key]) for key in want)
+    return bool(got == want)
+
+
 def _per_rank(answer: Any, ranks: int) -> list:
     """The list of per-rank answers, or Wrong if it is not one per rank."""
     if type(answer) is not list or len(answer) != ranks:
@@ -559,7 +584,7 @@ def _bubble_judge(case: Case, answer: Any) -> None:
 
     p, m, v = (case.inputs[name] for name in ("p", "m", "v"))
     want = simulate(build_schedule("interleaved_1f1b" if v > 1 else "1f1b", p, m, v), 1, 2).bubble_fraction
-    if type(answer) not in (int, float) or abs(answer - want) > 1e-9:
+    if not abs(_number(answer, "bubble_fraction's result", least=0) - want) <= 1e-9:
         raise Wrong(f"returned {answer!r}, the simulator measures {want}", "differs from the simulator")
 
 
@@ -618,7 +643,7 @@ def _bounds_cases(rng: random.Random) -> list[Case]:
 
 def _bounds_judge(case: Case, answer: Any) -> None:
     want = chunk_bounds(case.inputs["length"], case.inputs["ranks"])
-    if answer != want or not all(type(bound) is int for bound in answer):
+    if not _same(answer, want):
         raise Wrong(f"returned {answer}, expected {want}", "wrong bounds")
 
 
@@ -697,7 +722,7 @@ def _adamw_judge(case: Case, answer: Any) -> None:
             _tensor(got, want[shard], f"rank {rank}: {name} after {len(weights)} steps (this rank's shard)",
                     atol=1e-5)
         formula = 12 * (bounds[rank + 1] - bounds[rank])
-        if found["held"] > formula:
+        if _number(found["held"], f"rank {rank}: the bytes held", whole=True, least=0) > formula:
             raise Wrong(f"rank {rank}: ShardedAdamW's tensors hold {found['held']} bytes; ZeRO's formula for "
                         f"its shard of {bounds[rank + 1] - bounds[rank]} elements is K x {formula // 12} = "
                         f"{formula} bytes", "the optimizer holds more than its shard's 12 bytes per element")
@@ -726,11 +751,12 @@ def _zero3_judge(case: Case, answer: Any) -> None:
             raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
         x, grad_y = inputs["xs"][rank], inputs["grad_ys"][rank]
         _tensor(found["y"], x @ weight.t() + bias, f"rank {rank}'s output")
-        if found["kept"] != 4 * (bounds[rank + 1] - bounds[rank]):
+        kept = _number(found["kept"], f"rank {rank}: the bytes kept", whole=True, least=0)
+        if kept != 4 * (bounds[rank + 1] - bounds[rank]):
             raise Wrong(f"rank {rank}: the module's tensors hold {found['kept']} bytes; its shard of the "
                         f"unit's {unit} parameters is {bounds[rank + 1] - bounds[rank]} floats",
                         "the module keeps more (or less) than its shard")
-        if found["held"] >= 4 * unit:
+        if _number(found["held"], f"rank {rank}: the bytes held", whole=True, least=0) >= 4 * unit:
             raise Wrong(f"rank {rank}: between the forward and the backward, {found['held']} bytes of "
                         f"the full weights stay alive (saved for backward or kept); ZeRO-3 frees them "
                         "after the forward and gathers them again", "the full weights outlive the forward")
@@ -898,7 +924,7 @@ def _slicing_judge(case: Case, answer: Any) -> None:
     best = min(sum(costs) + (batches - 1) * max(sum(costs[a:b]) for a, b in
                                                 zip((0, *cuts), (*cuts, len(costs)), strict=True))
                for cuts in itertools.combinations(range(1, len(costs)), stages - 1))
-    if type(answer) not in (int, float) or abs(answer - best) > 1e-9:
+    if not abs(_number(answer, "best_slicing's result", least=0) - best) <= 1e-9:
         raise Wrong(f"returned {answer!r}, exhaustive search finds {best}",
                     "differs from exhaustive search")
 
@@ -930,9 +956,11 @@ def _inter_op_judge(case: Case, answer: Any) -> None:
     devices, batches = case.inputs["devices"], case.inputs["microbatches"]
     best = exhaustive_inter_op(table, devices, batches)
     tried = inter_op(table, devices, batches)[2]["t_max tried"]
-    if type(answer) is not list or len(answer) != 2 or type(answer[0]) not in (int, float):
+    if type(answer) is not list or len(answer) != 2:
         raise Wrong("inter_op must return (latency, t_max values tried)", "not (latency, t_max tried)")
-    if not (answer[0] == best or abs(answer[0] - best) <= 1e-9):
+    latency = _number(answer[0], "the latency", least=0, infinite=math.isinf(best))
+    _number(answer[1], "the number of t_max values tried", whole=True, least=0)
+    if not (latency == best or abs(latency - best) <= 1e-9):
         raise Wrong(f"latency {answer[0]!r}, exhaustive search finds {best}",
                     "differs from exhaustive search")
     if answer[1] != tried:
@@ -1074,7 +1102,7 @@ def _pipedream_reference(inputs: dict) -> tuple[list[list[int]], list[int]]:
 
 def _plan_judge(case: Case, got: Any) -> None:
     want = _pipedream_reference(case.inputs)[0]
-    if got != want:
+    if not _same(got, want):
         bad = next(s for s in range(len(want)) if type(got) is not list or s >= len(got) or got[s] != want[s])
         mine = got[bad] if type(got) is list and bad < len(got) else got
         raise Wrong(f"version_plan gives stage {bad} the versions {mine}; the simulator walking the same "
@@ -1083,7 +1111,7 @@ def _plan_judge(case: Case, got: Any) -> None:
 
 def _held_judge(case: Case, got: Any) -> None:
     want = _pipedream_reference(case.inputs)[1]
-    if got != want:
+    if not _same(got, want):
         raise Wrong(f"versions_held gives {got}; the simulator walking the same rows holds at most {want}",
                     "versions_held differs from the simulator")
 

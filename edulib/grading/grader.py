@@ -31,7 +31,7 @@ from pathlib import Path
 from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
-from edulib.grading.plain import MAX_TEXT, NotPlain, dumps, loads
+from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.progress import progress_bar
 
@@ -40,8 +40,12 @@ STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Pytho
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
 JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
 STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
+KEPT = 128 * 2**20  # bytes of answers kept from one tree until they are judged
+HEADER = 8192  # bytes of a line's header (which call, what kind of outcome, or a stage)
+TOO_LARGE = b'{"raised": "an answer larger than the grader reads (16 MiB as JSON)"}'
 
-__all__ = ["Limits", "Result", "cases_of", "exercise_of", "find_submissions", "grade", "grade_exercise"]
+__all__ = ["Limits", "Reply", "Result", "cases_of", "exercise_of", "find_submissions", "grade",
+           "grade_exercise"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,21 @@ class Result:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Reply:
+    """One case's outcome as it came: its kind (what the header said) and its JSON, still undecoded
+    (decoding happens in the judge, under its memory cap)."""
+
+    kind: str
+    raw: bytes
+
+
 @dataclass
 class _Tree:
     """What came back from one process tree: each check's outcomes (one per case) and seconds."""
 
-    outcomes: dict[str, list] = field(default_factory=dict)
+    outcomes: dict[str, list[Reply]] = field(default_factory=dict)
+    kept: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "starting"
     message: str = ""
@@ -147,7 +161,7 @@ class _Calls:
         while self.current < len(self.order):
             check, _ = self.order[self.current]
             found = self.tree.outcomes.setdefault(check.name, [])
-            if not (found and type(found[-1]) is dict and any(key in found[-1] for key in STICKY)):
+            if not (found and found[-1].kind in STICKY):
                 break
             found.append(found[-1])
             self.current += 1
@@ -157,12 +171,16 @@ class _Calls:
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
             self.sent_at = time.monotonic()
 
-    def answer(self, call: object, outcome: object) -> None:
-        """Record the outcome of the call in flight (anything else is ignored)."""
+    def answer(self, call: object, kind: object, raw: bytes) -> None:
+        """Record the outcome of the call in flight (anything else is ignored); past KEPT bytes of
+        answers from this tree, an answer is kept as too large."""
         if type(call) is not int or call != self.current or self.current >= len(self.order):
             return
         check, _ = self.order[call]
-        self.tree.outcomes.setdefault(check.name, []).append(outcome)
+        if self.tree.kept + len(raw) > KEPT:
+            kind, raw = "raised", TOO_LARGE
+        self.tree.kept += len(raw)
+        self.tree.outcomes.setdefault(check.name, []).append(Reply(kind if type(kind) is str else "", raw))
         took = time.monotonic() - self.sent_at
         self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
         self.advance()
@@ -184,6 +202,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                                                               scratch)
         output_fd, began = warden.stdout.fileno(), time.monotonic()
         received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
+        dropping: list[bytes] = []  # the header of an answer line too long to keep, until its end
         selector = selectors.DefaultSelector()
         for fd in received:
             selector.register(fd, selectors.EVENT_READ)
@@ -199,8 +218,15 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
             if fd == output_fd:
                 received[fd][:] = (received[fd] + chunk)[-OUTPUT_KEPT:]
                 return
-            if len(received[fd]) + len(chunk) > MAX_TEXT:
-                received[fd].clear()  # a line longer than any answer: dropped
+            if fd == answer_read and dropping:
+                if b"\n" not in chunk:
+                    return
+                chunk = chunk.partition(b"\n")[2]
+                _take(tree, calls, dropping.pop() + b"\t" + TOO_LARGE)
+            if len(received[fd]) + len(chunk) > MAX_TEXT + HEADER and b"\n" not in chunk:
+                if fd == answer_read:  # a line longer than any answer: its call is told so
+                    dropping.append(bytes(received[fd][:HEADER]).partition(b"\t")[0])
+                received[fd].clear()
                 return
             received[fd] += chunk
             while fd == answer_read and b"\n" in received[fd]:
@@ -261,19 +287,23 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
 
 
 def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
-    """Record one line the submission's process sent; anything malformed is ignored."""
+    """Record one line the submission's process sent: a stage, or a call's header, a tab and its
+    outcome (kept as it came, decoded only by the judge). Anything malformed is ignored."""
+    head, tab, body = line.partition(b"\t")
+    if len(head) > HEADER:
+        return
     try:
-        message = loads(line)
-    except (ValueError, NotPlain, RecursionError, MemoryError):
+        message = json.loads(head)
+    except (ValueError, RecursionError):
         return
     if not isinstance(message, dict):
         return
-    if type(message.get("stage")) is str and calls.current == -1:
+    if tab:
+        calls.answer(message.get("call"), message.get("kind"), body)
+    elif type(message.get("stage")) is str and calls.current == -1:
         tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
         if tree.stage == "imported":
             calls.advance()
-    elif "call" in message and "outcome" in message:
-        calls.answer(message["call"], message["outcome"])
 
 
 def _tail(output: bytes) -> str:
@@ -318,9 +348,10 @@ def _memory_cap(extra: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _judge(check: Check, cases: list[Case], outcomes: list) -> tuple[str, str]:
+def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str, str]:
     """Judge the visible and the hidden cases of a check (one outcome per case); the feedback of
-    each part."""
+    each part. Each outcome is decoded here, under the judge's memory cap: whatever a student sent,
+    the worst it can do is a named 0."""
     feedback = {False: check.passed, True: f"passed the hidden cases ({check.hidden})"}
     failed: dict[bool, str] = {}
     for case, outcome in zip(cases, outcomes, strict=True):
@@ -328,7 +359,7 @@ def _judge(check: Check, cases: list[Case], outcomes: list) -> tuple[str, str]:
             continue
         try:
             with _memory_cap(JUDGE_MEMORY):
-                check.judge(case, answer_of(outcome))
+                check.judge(case, answer_of(loads(outcome.raw)))
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case

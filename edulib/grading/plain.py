@@ -17,7 +17,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
-MAX_TEXT = 64 * 2**20  # the most a submission's answers may take, as JSON
+MAX_TEXT = 16 * 2**20  # the most one answer of a submission may take, as JSON
 MAX_DEPTH = 32  # lists and dicts inside each other: far more than any answer holds
 
 

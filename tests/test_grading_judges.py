@@ -1,0 +1,149 @@
+"""The judges at the student boundary, in the grader's own process: whatever plain data a student's
+process sends (implausible numbers, odd shapes, random JSON, broken lines), each check answers with
+a named 0 and never raises, and the solutions' own answers still pass."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from edulib.grading import CHECKS
+from edulib.grading.grader import Reply, _Calls, _judge, _take, _Tree, cases_of
+from edulib.grading.plain import encode
+from edulib.grading.student import COLLECTORS
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL = [(exercise, check) for exercise, checks in CHECKS.items() for check in checks]
+IN_PROCESS = [(exercise, check) for exercise, check in ALL
+              if COLLECTORS[check.collect].__qualname__.startswith("_in_process")]
+
+
+def _solution(exercise: str) -> Any:
+    path = ROOT / "solutions" / f"{exercise}.py"
+    spec = importlib.util.spec_from_file_location(f"solution_{exercise}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reply(outcome: Any) -> Reply:
+    return Reply("answer", json.dumps(outcome).encode())
+
+
+def _verdict(check, case, outcome: Any) -> str:
+    """The visible part's feedback for one case with this outcome."""
+    return _judge(check, [case], [_reply(outcome)])[0 if not case.hidden else 1]
+
+
+def _passed(check, case, text: str) -> bool:
+    return text in (check.passed, f"passed the hidden cases ({check.hidden})")
+
+
+def _mutations(answer: Any) -> list[Any]:
+    """The answer with every number in it made implausible, one way at a time: NaN, an infinity,
+    negative, a bool, a float where a whole number stood (tensors: filled with NaN or infinity)."""
+    def walk(value: Any, change, fill: float | None, word: str) -> Any:
+        if type(value) is dict and set(value) == {"tensor", "shape", "data"}:
+            return value if fill is None else encode(torch.full(value["shape"], fill))
+        if type(value) is dict:
+            return {key: walk(item, change, fill, word) for key, item in value.items()}
+        if type(value) is list:
+            return [walk(item, change, fill, word) for item in value]
+        if type(value) in (int, float):
+            return change(value)
+        if type(value) is str:  # numbers written in text: a schedule's "F0 B0"
+            return re.sub(r"\d+", lambda match: word.replace("N", match.group()), value)
+        return value
+    changes = [(lambda v: {"float": "nan"}, math.nan, "nan"), (lambda v: {"float": "inf"}, math.inf, "inf"),
+               (lambda v: -1 - abs(v), None, "-1N"), (lambda v: True, None, "True"),
+               (lambda v: float(v) + 0.5 if type(v) is int else v, None, "N.5"),
+               (lambda v: float(v) if type(v) is int else v, None, "N.0")]
+    found = []
+    for change, fill, word in changes:
+        mutated = walk(answer, change, fill, word)
+        if json.dumps(mutated) != json.dumps(answer):  # a change that changed nothing tests nothing
+            found.append(mutated)
+    return found
+
+
+@pytest.mark.parametrize(("exercise", "check"), IN_PROCESS, ids=lambda x: getattr(x, "name", x))
+def test_every_number_of_a_right_answer_made_implausible_scores_zero(exercise, check):
+    solution = _solution(exercise)
+    cases = cases_of(exercise, check, seed=1)
+    checked = 0
+    for case in cases:
+        outcome = COLLECTORS[check.collect](solution, case.inputs, [])
+        assert "answer" in outcome, outcome
+        assert _passed(check, case, _verdict(check, case, outcome)), (case.label, outcome)
+        for mutated in _mutations(outcome["answer"]):
+            text = _verdict(check, case, {"answer": mutated})
+            assert not _passed(check, case, text), (case.label, mutated)
+            checked += 1
+    assert checked, f"{check.name}: no answer had a number to make implausible"
+
+
+def _random_plain(rng: random.Random, depth: int = 0) -> Any:
+    """Any plain data a student's process could send: numbers (NaN and infinities included),
+    strings, None, bools, lists, dicts, and things shaped like an encoded tensor that are not one."""
+    kind = rng.randrange(12 if depth < 3 else 6)
+    if kind == 0:
+        return rng.choice([0, 1, -1, 2**63, -(2**70), 7])
+    if kind == 1:
+        return rng.choice([0.5, -0.0, 1e308, {"float": "nan"}, {"float": "inf"}, {"float": "-inf"}])
+    if kind == 2:
+        return rng.choice(["", "x", "answer", "nan", "1"])
+    if kind == 3:
+        return rng.choice([None, True, False])
+    if kind in (4, 5):
+        return rng.choice([[], {}, [[]], {"": None}])
+    if kind in (6, 7):
+        return [_random_plain(rng, depth + 1) for _ in range(rng.randrange(5))]
+    if kind == 8:
+        return {rng.choice(["answer", "raised", "missing", "result", "sent", "grads", "y", "x", "dp"]):
+                _random_plain(rng, depth + 1) for _ in range(rng.randrange(4))}
+    return {"tensor": rng.choice(["float32", [1], "int64", None, "bfloat16"]),
+            "shape": rng.choice([[], [1], [2, 3], [-1], [2**40, 2**40], "x", [1.5]]),
+            "data": rng.choice(["", "AAAA", "AAAAAAAAAAA=", None, 5, "!!"])}
+
+
+@pytest.mark.parametrize(("exercise", "check"), ALL, ids=lambda x: getattr(x, "name", x))
+def test_random_plain_data_is_a_named_zero_for_every_check(exercise, check):
+    rng = random.Random(f"fuzz/{check.name}")
+    case = cases_of(exercise, check, seed=1)[0]
+    for _ in range(40):
+        data = _random_plain(rng)
+        outcome = data if rng.random() < 0.3 else {"answer": data}
+        text = _verdict(check, case, outcome)  # raises nothing: the test fails if it does
+        assert type(text) is str and text and not _passed(check, case, text), (data, text)
+
+
+def test_broken_lines_from_a_childs_pipe_never_raise():
+    exercise, check = ALL[0]
+    cases = {check.name: cases_of(exercise, check)}
+    tree = _Tree()
+    calls = _Calls(tree, [check], cases)
+    calls.advance()
+    rng = random.Random(5)
+    lines = [b"", b"\t", b"{\t}", b"[1]\t[", b'{"call": 0}\t', b'{"call": "0", "kind": 5}\t{}',
+             b'{"stage": 1}', b"{" * 100_000, b'{"call": 0, "kind": []}\t{"answer": 1}', bytes(range(256))]
+    lines += [bytes(rng.randrange(256) for _ in range(rng.randrange(40))) for _ in range(200)]
+    for line in lines:
+        _take(tree, calls, line)
+    replies = tree.outcomes.get(check.name, [])
+    assert len(replies) == 1 and type(replies[0].kind) is str  # the first well-formed line's
+    assert not _passed(check, cases[check.name][0], _judge(check, cases[check.name][:1], replies[:1])[0])
+
+
+def test_the_tensor_shaped_dict_that_stopped_a_class_is_a_named_zero():
+    exercise, check = next((e, c) for e, c in ALL if c.collect == "grid_groups")
+    case = cases_of(exercise, check)[0]
+    text = _verdict(check, case, {"answer": {"tensor": [1], "shape": [], "data": ""}})
+    assert "wrong kind" in text and not _passed(check, case, text)
