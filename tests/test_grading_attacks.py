@@ -66,6 +66,11 @@ def _class(tmp_path: Path, plants: dict[str, str], sandbox: bool = True, name: s
         (course / student).mkdir(parents=True, exist_ok=True)
         (course / student / f"{name}.py").write_text(_source(body))
     warnings: list[str] = []
+    if not sandbox and os.getuid() == 0 and not bubblewrap.drops_privileges():
+        with pytest.raises(bubblewrap.CannotDropRoot, match="would run every student as root"):
+            grade(course, progress=False, sandbox=sandbox, warnings=warnings, **options)
+        pytest.skip("as root where root cannot be dropped (a private checkout), --no-sandbox refuses, "
+                    "as it must")
     results = grade(course, progress=False, sandbox=sandbox, warnings=warnings, **options)
     assert not _strays(), _strays()
     results = [r for r in results if r.exercise == name]
@@ -260,8 +265,9 @@ def test_forged_answers_from_the_childs_frames_earn_nothing(tmp_path, sandbox):
                 if "request" in frame.f_locals:
                     fd = frame.f_locals["request"]["answer_fd"]
                     for call in range(40):
-                        forged = {"call": call, "outcome": {"answer": {"dp": [], "pp": [], "tp": []}}}
-                        os.write(fd, (json.dumps(forged) + "\\n").encode())
+                        forged = {"answer": {"dp": [], "pp": [], "tp": []}}
+                        head = json.dumps({"call": call, "kind": "answer"})
+                        os.write(fd, (head + "\\t" + json.dumps(forged) + "\\n").encode())
                 frame = frame.f_back
             if seen:
                 raise RuntimeError(f"the whole list of cases is in {seen}")
@@ -681,3 +687,36 @@ def test_sixteen_mib_answers_leave_the_grader_under_a_gib(tmp_path):
                           cwd=ROOT)
     points, peak = map(int, done.stdout.split()[-2:])
     assert points == 0 and peak < 2**20, (points, f"{peak / 2**10:.0f} MiB", done.stderr[-2000:])
+
+
+def test_without_the_sandbox_as_root_where_root_cannot_be_dropped_grading_refuses(tmp_path, monkeypatch):
+    """A probe that could not drop root (the environment in a 0700 folder) ran students as root."""
+    if os.getuid() != 0:
+        pytest.skip("only root drops privileges")
+    monkeypatch.setattr(bubblewrap, "drops_privileges", lambda: False)
+    (tmp_path / "abel").mkdir()
+    (tmp_path / "abel" / f"{EXERCISE}.py").write_text(STUB)
+    with pytest.raises(bubblewrap.CannotDropRoot, match="chmod o\\+rx"):
+        grade(tmp_path, progress=False, sandbox=False)
+
+
+def test_without_the_sandbox_scratch_files_and_the_network_stay_in_the_tree(tmp_path):
+    """Files written to /tmp, /var/tmp and /dev/shm outlived grading, and localhost was in reach."""
+    import socket
+
+    if not bubblewrap.private_scratch():
+        pytest.skip("this system gives a tree no mount and network namespaces of its own")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0)
+    port, mark = listener.getsockname()[1], f"edulib-left-{os.getpid()}"
+    points, results, _ = _class(tmp_path, {"leaver": f"""
+        import socket
+        for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+            open(f"{{folder}}/{mark}", "w").write("x")
+        socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    """ + STUB}, sandbox=False)
+    assert points == {"leaver": 0} and "ConnectionRefusedError" in results[0].feedback, results[0].feedback
+    assert not any(Path(folder, mark).exists() for folder in ("/tmp", "/var/tmp", "/dev/shm"))
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()

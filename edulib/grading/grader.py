@@ -124,8 +124,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
         argv, inside = bubblewrap.wrap(child, submission.parent, jail.etc), Path(bubblewrap.SUBMISSION)
         cwd, env = "/", {}
     else:
-        argv, inside = bubblewrap.contain(child), submission.parent
-        cwd, env = scratch, bubblewrap.environment(scratch)
+        argv, extra, inside = bubblewrap.contain(child, submission.parent)
+        cwd, env = scratch, {**bubblewrap.environment(scratch), **extra}
     request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise],
                "answer_fd": answer_write, "call_fd": call_read}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
@@ -463,6 +463,8 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
             f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "
             "(sandbox=False): student code can then read anything this user can, the solutions included")
+    if not sandbox:
+        bubblewrap.refuse_root()
     seed = secrets.randbelow(2**31) if seed is None else seed
     integrity.preload()
     before = integrity.fingerprint()

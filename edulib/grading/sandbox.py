@@ -8,9 +8,11 @@ so nothing it starts outlives it and nothing of the grader's (its .git, home fol
 reports, environment variables) is in sight.
 
 Without the sandbox (`contain`), the tree still gets its own pid namespace where the system allows
-one (so it dies as a whole), drops root to an unprivileged user where Python stays reachable for
-that user, and starts with the same cleared environment; everything else on disk that the user can
-read stays readable. That mode is recorded as not contained.
+one (so it dies as a whole), private /tmp, /var/tmp and /dev/shm and a network namespace of its own
+(only its own loopback) where the system allows those, drops root to an unprivileged user, and
+starts with the same cleared environment; everything else on disk that the user can read stays
+readable. As root it refuses to grade where root cannot be dropped (`refuse_root`), rather than run
+students as root. That mode is recorded as not contained.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import edulib
 NOBODY = 65534  # the unprivileged user and group a submission runs as
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SUBMISSION = "/submission"  # where a student's snapshot appears inside the sandbox
+SUBMISSION_PRIVATE = "/tmp/submission"  # where it appears without the sandbox, under a private /tmp
 SCRATCH_BYTES = 256 * 2**20  # the private /tmp's size: files there live in the machine's memory
 ETC_FILES = {  # written by the grader: what Python, the resolver and gloo look up, and nothing else
     "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
@@ -40,8 +43,26 @@ INSTALL = ("Debian or Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf 
            "conda: conda install -c conda-forge bubblewrap")
 
 
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # a fresh, sized tmpfs on each, for a tree without the sandbox
+# In the tree's own mount and network namespaces, before the submission's process starts: a fresh
+# tmpfs on each shared scratch folder, the scratch folder made again in it, the loopback brought up.
+_PRIVATE_SCRIPT = (
+    'cd "$EDULIB_SNAPSHOT" && for folder in ' + " ".join(PRIVATE) + '; do [ ! -d "$folder" ] || '
+    f'mount -t tmpfs -o size={256 * 2**20},mode=1777 tmpfs "$folder" || exit 97; done; '
+    f'mkdir {SUBMISSION_PRIVATE} && mount --bind /proc/self/cwd {SUBMISSION_PRIVATE} '  # the hidden snapshot
+    f'&& mount -o remount,bind,ro {SUBMISSION_PRIVATE} '
+    '&& mkdir -p "$TMPDIR" && { [ -z "$EDULIB_OWNER" ] || chown "$EDULIB_OWNER" "$TMPDIR"; } '
+    '&& cd "$TMPDIR" && "$EDULIB_PYTHON" -I -c "import fcntl, socket, struct; fcntl.ioctl(socket.socket(), '
+    "0x8914, struct.pack('16sH', b'lo', 0x41))\" && unset EDULIB_OWNER EDULIB_PYTHON EDULIB_SNAPSHOT "
+    '&& exec "$@"')
+
+
 class SandboxMissing(RuntimeError):
     """Grading was asked to sandbox, and bubblewrap is missing or cannot make namespaces here."""
+
+
+class CannotDropRoot(RuntimeError):
+    """Grading without the sandbox as root, where root cannot be dropped: students would run as root."""
 
 
 def environment(scratch: str) -> dict[str, str]:
@@ -133,18 +154,65 @@ def drops_privileges() -> bool:
     return probe.returncode == 0
 
 
-def contain(argv: Sequence[str]) -> list[str]:
-    """Without bubblewrap: `argv` in its own pid namespace and as an unprivileged user, where this
-    system allows each."""
+def refuse_root() -> None:
+    """Without the sandbox, a grader running as root must drop root for the students: refuse, naming
+    why and how to fix it, where it cannot."""
+    if os.getuid() != 0 or drops_privileges():
+        return
+    why = ("util-linux's setpriv is missing" if shutil.which("setpriv") is None else
+           f"the unprivileged user {NOBODY} cannot start {sys.executable} with edulib (a folder above "
+           "it, or above the checkout, is private: mode 0700, as `mktemp -d` makes)")
+    raise CannotDropRoot(
+        f"grading without the sandbox as root would run every student as root: {why}. Grade in the "
+        f"sandbox (the default), grade as an unprivileged user, or let user {NOBODY} read the "
+        "environment and the checkout (chmod o+rx on each folder above them)")
+
+
+def _unshare(privately: bool) -> list[str]:
+    """util-linux's unshare for a tree of its own: pid namespace, and with `privately` its own mount
+    and network namespaces too (in a user namespace of its own where this process is not root)."""
+    command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    if privately:
+        command += ["--mount", "--net", "--ipc"] + (["--user", "--map-root-user"] if os.getuid() else [])
+        command += ["sh", "-c", _PRIVATE_SCRIPT, "sh"]
+    return command
+
+
+def _private_environment(snapshot: Path) -> dict[str, str]:
+    """What the private script reads: the snapshot to keep in sight, who owns the scratch folder,
+    which Python brings up the loopback."""
+    owner = f"{NOBODY}:{NOBODY}" if drops_privileges() else ""
+    return {"EDULIB_SNAPSHOT": str(snapshot), "EDULIB_OWNER": owner, "EDULIB_PYTHON": sys.executable}
+
+
+@functools.cache
+def private_scratch() -> bool:
+    """Whether a tree without the sandbox can have private /tmp, /var/tmp, /dev/shm and network here."""
+    if not pid_namespace():
+        return False
+    scratch = "/tmp/edulib-probe-scratch"
+    check = f"import os; assert os.getcwd() == {scratch!r}; os.listdir({SUBMISSION_PRIVATE!r})"
+    env = {**environment(scratch), **_private_environment(Path("/"))}
+    probe = subprocess.run([*_unshare(True), sys.executable, "-I", "-c", check], capture_output=True, env=env,
+                           timeout=60, cwd="/")
+    return probe.returncode == 0
+
+
+def contain(argv: Sequence[str], snapshot: Path) -> tuple[list[str], dict[str, str], Path]:
+    """Without bubblewrap: `argv` in its own pid namespace, with private scratch folders and network,
+    and as an unprivileged user, where this system allows each; the command, the environment
+    variables it needs besides the submission's, and where the snapshot folder appears to it."""
     if drops_privileges():
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
-    if pid_namespace():
-        argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
-    return list(argv)
+    if not private_scratch():
+        return [*_unshare(False), *argv] if pid_namespace() else list(argv), {}, snapshot
+    return [*_unshare(True), *argv], _private_environment(snapshot), Path(SUBMISSION_PRIVATE)
 
 
 def uncontained() -> str:
     """What a report says of a run without bubblewrap: not contained, and what held all the same."""
     held = [what for what, holds in (("an unprivileged user", drops_privileges()),
-                                     ("a pid namespace", pid_namespace())) if holds]
-    return "none: not contained" + (f" (only {' and '.join(held)})" if held else "")
+                                     ("a pid namespace", pid_namespace()),
+                                     ("private /tmp, /var/tmp, /dev/shm and network", private_scratch()))
+            if holds]
+    return "none: not contained" + (f" (only {', '.join(held)})" if held else "")
