@@ -73,8 +73,11 @@ class _Forward(io.TextIOBase):
 
 
 def where(frame: FrameType | None) -> tuple[str, str]:
-    """Name what a stack is doing: (the torch.distributed call the user made, the innermost user line)."""
-    operation, location = "", ""
+    """Name what a stack is doing: (the torch.distributed call the user made, the innermost user
+    line). The user's line is the innermost in a file outside torch and edulib (a student's
+    exercise, a script, a cell), else the innermost outside torch."""
+    operation, location, inside_edulib = "", "", ""
+    package = os.path.dirname(os.path.abspath(__file__)).replace(os.sep, "/") + "/"
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if "/torch/distributed/" in path:
@@ -82,10 +85,14 @@ def where(frame: FrameType | None) -> tuple[str, str]:
             qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             if "<locals>" not in qualname and qualname != "wrapper":
                 operation = frame.f_code.co_name
-        elif not location and "/torch/" not in path and not path.endswith("/edulib/rank.py"):
-            location = f"{frame.f_code.co_name} ({os.path.basename(path)}, line {frame.f_lineno})"
+        elif "/torch/" not in path and not path.endswith("/edulib/rank.py"):
+            line = f"{frame.f_code.co_name} ({os.path.basename(path)}, line {frame.f_lineno})"
+            if path.startswith((package, "<")):  # edulib, or a frozen module or a `python -c` string
+                inside_edulib = inside_edulib or line
+            elif not location:
+                location = line
         frame = frame.f_back
-    return operation, location
+    return operation, location or inside_edulib
 
 
 def failure(error: BaseException) -> tuple:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -342,6 +344,21 @@ def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
     visible, hidden, *_ = grade(path, progress=False)
     assert visible.points == hidden.points == 0
     assert "timed out waiting in recv" in visible.feedback and "timed out waiting in recv" in hidden.feedback
+    assert "at ring_allreduce (lesson02_allreduce.py, line 6)" in visible.feedback  # the student's line
+
+
+def test_an_exception_names_the_students_line_not_the_graders(tmp_path):
+    path = _submit(tmp_path, "lesson04_pipeline", """
+        def helper(p):
+            return [None][p]
+
+        def bubble_fraction(p, m, v=1):
+            return helper(p)
+    """)
+    results = grade(path, progress=False)
+    found = next(r for r in results if r.check == "bubble fraction")
+    assert found.points == 0
+    assert "IndexError: list index out of range at helper (lesson04_pipeline.py, line 3)" in found.feedback
 
 
 @pytest.mark.parametrize(("body", "feedback"), [
@@ -398,3 +415,31 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     hidden = [t for t in gradescope["tests"] if t["name"].endswith("(hidden)")]
     assert hidden and all(t["visibility"] == "after_published" for t in hidden)
     assert {"name", "score", "max_score", "output", "visibility"} == set(gradescope["tests"][0])
+
+
+def test_grading_needs_neither_matplotlib_nor_ipywidgets():
+    """`edulib grade` runs on the base install (no [lab] extra): the grader and the submission's
+    process import neither, even with every forbidden name resolved."""
+    probe = textwrap.dedent("""
+        import importlib.abc, sys
+
+        class Absent(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("matplotlib", "ipywidgets", "IPython"):
+                    raise ModuleNotFoundError(f"No module named {name!r} (no lab extra)", name=name)
+
+        sys.meta_path.insert(0, Absent())
+        if sys.argv[1] == "child":  # what the submission's process imports, every forbidden name resolved
+            from edulib.grading import forbid, student
+            from edulib.grading.checks import FORBIDDEN
+            for names in FORBIDDEN.values():
+                forbid.forbid(names)
+        else:
+            from edulib.cli import main
+            main(["grade", sys.argv[1], "--seed", "1"])
+    """)
+    for argument in ("child", str(ROOT / "solutions" / "lesson10_pipedream.py")):
+        done = subprocess.run([sys.executable, "-c", probe, argument], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "solutions: 8/8 points" in done.stdout, done.stdout

@@ -29,10 +29,17 @@ class Tampered(RuntimeError):
 
 
 def preload() -> None:
-    """Import every edulib module a judge may need, now, so no module is first read mid-grading."""
+    """Import every edulib module a judge may need, now, so no module is first read mid-grading;
+    a module that needs an optional extra which is not installed (the lab's matplotlib) is needed
+    by no judge, and is passed over."""
     for module in pkgutil.walk_packages(edulib.__path__, "edulib."):
-        if not module.name.startswith(SKIPPED):
+        if module.name.startswith(SKIPPED):
+            continue
+        try:
             importlib.import_module(module.name)
+        except ModuleNotFoundError as missing:
+            if (missing.name or "edulib").partition(".")[0] == "edulib":
+                raise
 
 
 def _site_folders() -> list[Path]:

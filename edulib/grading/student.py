@@ -19,6 +19,7 @@ import torch.distributed as dist
 from edulib.grading import forbid
 from edulib.grading.plain import NotPlain, encode
 from edulib.launch import Pool, RankError, RankTimeout
+from edulib.rank import where
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
 _pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
@@ -35,7 +36,11 @@ def outcome(call: Callable[[], Any]) -> dict:
     except NotPlain as odd:
         answer = {"raised": f"returned {odd}"}
     except Exception as error:  # noqa: BLE001 - whatever the code raised is the outcome
-        answer = {"raised": f"{type(error).__name__}: {error}"}
+        frames = error.__traceback__
+        while frames is not None and frames.tb_next is not None:
+            frames = frames.tb_next
+        location = where(frames.tb_frame if frames else None)[1]
+        answer = {"raised": f"{type(error).__name__}: {error}" + (f" at {location}" if location else "")}
     return {"forbidden": forbid.attempts[0]} if forbid.attempts else answer
 
 
