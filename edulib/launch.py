@@ -148,9 +148,15 @@ class Pool:
     """
 
     def __init__(self, world_size: int, backend: str = "auto",
-                 timeout: float = DEFAULT_TIMEOUT, start: str = "spawn") -> None:
+                 timeout: float = DEFAULT_TIMEOUT, start: str = "spawn", join: Callable | None = None,
+                 wires: list[tuple[int, int]] | None = None) -> None:
         self.world_size = check_world_size(world_size)
         self.start_method = check_choice(start, START_METHODS, "start")
+        odd = wires is not None and (start != "fork" or len(wires) != world_size)
+        if (join is None) != (wires is None) or odd:
+            raise ValueError("join and wires go together: a forked pool whose rank r joins its group by "
+                             "join(rank, world_size, timeout, *wires[r]) on the file descriptors it inherits")
+        self.join, self.wires = join, wires
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
         self.timeout = float(timeout)
@@ -181,9 +187,13 @@ class Pool:
 
         try:
             self._ranks = [self._spawn(rank) for rank in range(self.world_size)]
-            # The store's server thread starts after the forks: a forked rank could inherit a held lock.
-            self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            self._send_all(pickle.dumps(self._store.port))
+            if self.join is not None:  # each rank joins through its own wires: no store, no network
+                for handle, wire in zip(self._ranks, self.wires, strict=True):
+                    handle.commands.send_bytes(pickle.dumps((self.join, tuple(wire))))
+            else:
+                # The store's server thread starts after the forks: a forked rank could inherit a held lock.
+                self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+                self._send_all(pickle.dumps(self._store.port))
             self._gather("start")
         except BaseException:
             self.close()
@@ -247,7 +257,8 @@ class Pool:
                 str(self.timeout), str(command_read), str(result_write)]
         try:
             if self.start_method == "fork":
-                process = _fork(argv[3:], keep=(command_read, result_write))
+                wire = tuple(self.wires[rank]) if self.wires else ()
+                process = _fork(argv[3:], keep=(command_read, result_write, *wire))
             else:
                 process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, env=_rank_environment(self),

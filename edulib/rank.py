@@ -148,12 +148,16 @@ def serve(argv: list[str]) -> None:
 
         from edulib.launch import START_TIMEOUT
 
-        store = dist.TCPStore("127.0.0.1", int(port), is_master=False,
-                              timeout=datetime.timedelta(seconds=START_TIMEOUT))
-        # Wait until every rank has imported torch, so a short timeout only ever times communication.
-        store.set(f"imported/{rank}", "")
-        store.wait([f"imported/{other}" for other in range(int(world_size))])
-        init_process_group(backend, int(rank), int(world_size), float(timeout), store)
+        if isinstance(port, tuple):  # the pool's own way to join: a function and this rank's wires
+            join, wire = port
+            join(int(rank), int(world_size), float(timeout), *wire)
+        else:
+            store = dist.TCPStore("127.0.0.1", int(port), is_master=False,
+                                  timeout=datetime.timedelta(seconds=START_TIMEOUT))
+            # Wait until every rank has imported torch, so a short timeout only ever times communication.
+            store.set(f"imported/{rank}", "")
+            store.wait([f"imported/{other}" for other in range(int(world_size))])
+            init_process_group(backend, int(rank), int(world_size), float(timeout), store)
     except BaseException as error:  # noqa: BLE001 - every start failure is reported to the parent
         send(failure(error))
         return

@@ -77,6 +77,8 @@ class Check:
     hidden: str
     time_limit: float = 30.0  # CPU seconds for the check's whole process tree
     optional: bool = False  # extra credit: its points count, its maximum does not
+    wire: bool = False  # runs on ranks that reach each other only through the grader's relay
+    watch: Callable[[Case, dict], None] | None = None  # judges what the relay saw of one case
 
 
 def _tensors(rng: random.Random, *shapes: tuple[int, ...], integers: bool = False) -> list[torch.Tensor]:
@@ -1181,37 +1183,38 @@ CHECKS: dict[str, list[Check]] = {
               "other worker counts, 0 and 1 parameters"),
         Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
               "gradients equal to one process's, buckets launched as they fill",
-              "3 and 4 ranks, other models and bucket sizes, with and without overlap")],
+              "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True)],
     "lesson02_allreduce": [
         Check("ring all-reduce", 3, 3, "ring", _ring_cases, _ring_judge,
               "every rank holds the sum and sends a ring's bytes",
-              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1"),
+              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1", wire=True),
         Check("halving-doubling schedule", 2, 1, "halving_doubling", _halving_cases, _halving_judge,
               "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks"),
         Check("2D-torus schedule (optional)", 3, 2, "torus", _torus_cases, _torus_judge,
               "simulated sums, neighbours only, the torus's rounds and bytes",
               "other torus shapes, rows or columns of 1", optional=True),
         Check("2D torus on real ranks (optional)", 2, 1, "torus_run", _torus_run_cases, _torus_run_judge,
-              "edulib's runtime gives every rank the sum", "6 ranks, other lengths", optional=True)],
+              "edulib's runtime gives every rank the sum", "6 ranks, other lengths", optional=True,
+              wire=True)],
     "lesson03_tensor_parallelism": [
         Check("forward", 1, 1, "tensor_parallel", _tensor_parallel_cases(["column", "row"]),
               _tensor_parallel_judge, "equal to the full layer's forward pass",
-              "3 and 4 ranks, other shapes"),
+              "3 and 4 ranks, other shapes", wire=True),
         Check("backward", 1, 1, "tensor_parallel",
               _tensor_parallel_cases(["column_backward", "row_backward"]), _tensor_parallel_judge,
-              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes"),
+              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes", wire=True),
         Check("f and g", 3, 3, "parallel_mlp", _mlp_cases, _mlp_judge,
               "an MLP of your layers: output and every gradient equal to the full module's",
-              "3 and 4 ranks, other shapes"),
+              "3 and 4 ranks, other shapes", wire=True),
         Check("attention shards", 1, 1, "attention_shards", _shards_cases, _shards_judge,
               "each rank's rows of Q, K and V and columns of the output projection, by heads",
               "other ranks, head counts and widths"),
         Check("tensor-parallel attention", 3, 3, "parallel_attention", _attention_block_cases,
               _attention_block_judge, "output and every gradient equal to the full attention block's",
-              "3 and 4 ranks, head counts, sequence lengths and widths you do not see"),
+              "3 and 4 ranks, head counts, sequence lengths and widths you do not see", wire=True),
         Check("sequence-parallel pair", 2, 2, "sequence_pair", _sequence_cases, _sequence_judge,
               "both operators' forward and backward equal to an all-gather and a reduce-scatter over tokens",
-              "3 and 4 ranks, other sequence lengths and shapes")],
+              "3 and 4 ranks, other sequence lengths and shapes", wire=True)],
     "lesson04_pipeline": [
         Check("1F1B schedule", 1, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
               "valid, 1F1B's bubble, at most p micro-batches in flight",
@@ -1220,26 +1223,27 @@ CHECKS: dict[str, list[Check]] = {
               "matches the simulator", "other sizes, interleaved or not"),
         Check("pipeline executor", 4, 3, "pipeline", _pipeline_cases, _pipeline_judge,
               "gradients equal to the unsplit model's, messages in the schedule's order",
-              "4 stages, fewer micro-batches than stages, one micro-batch")],
+              "4 stages, fewer micro-batches than stages, one micro-batch", wire=True)],
     "lesson05_sharding": [
         Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
               "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
         Check("gather and reduce-scatter", 1, 1, "shard_collectives", _collectives_cases, _collectives_judge,
               "every rank gathers the whole vector and receives its shard of the average",
-              "empty shards, 4 ranks, other lengths"),
+              "empty shards, 4 ranks, other lengths", wire=True),
         Check("ZeRO with AdamW", 3, 3, "sharded_adamw", _adamw_cases, _adamw_judge,
               "every step's bf16 weights, and each rank's master weights and moments, equal to one "
               "process's torch.optim.AdamW; no more than 12 bytes per element of the rank's shard",
-              "empty shards, 4 ranks, other lengths and weight decays"),
+              "empty shards, 4 ranks, other lengths and weight decays", wire=True),
         Check("ZeRO-3 unit", 3, 3, "zero3_unit", _zero3_cases, _zero3_judge,
               "output and gradients equal to the full layer's; only the shard kept, the full weights "
               "freed after the forward, gathered again and the gradient reduce-scattered in the backward",
-              "3 and 4 ranks, other layer sizes, empty shards")],
+              "3 and 4 ranks, other layer sizes, empty shards", wire=True)],
     "lesson06_context": [
         Check("log-sum-exp merge", 1, 1, "merge", _merge_cases, _merge_judge,
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
-              "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths")],
+              "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths",
+              wire=True)],
     "lesson07_hybrid": [
         Check("grid groups", 1, 1, "grid_groups", _grid_cases, _grid_judge,
               "every data-, pipeline- and tensor-parallel group of the grid",
@@ -1257,11 +1261,11 @@ CHECKS: dict[str, list[Check]] = {
     "lesson09_compression": [
         Check("top-k with error feedback", 3, 3, "topk", _topk_cases, _topk_judge,
               "every call's average and every rank's error as top-k with error feedback gives them, "
-              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry"),
+              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry", wire=True),
         Check("training converges", 2, 2, "topk_training", _training_cases, _training_judge,
               f"data-parallel training with it gives weights within {CONVERGED}x uncompressed training's "
               "loss on the grader's held-out data",
-              "4 ranks, another seed", time_limit=60.0)],
+              "4 ranks, another seed", time_limit=60.0, wire=True)],
     "lesson10_pipedream": [
         Check("version plan", 2, 2, "version_plan", _pipedream_cases, _plan_judge,
               "every stage's version for every micro-batch, as the simulator reads the same rows",

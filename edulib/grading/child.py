@@ -34,7 +34,9 @@ def main() -> None:
 
     from edulib.grading import forbid
     from edulib.grading.plain import decode
-    from edulib.grading.student import COLLECTORS, close_pools
+    from edulib.grading.student import COLLECTORS, WIRES, close_pools
+
+    WIRES.update({int(count): [tuple(ends) for ends in wires] for count, wires in request["wires"].items()})
 
     submission = Path(request["submission"])
     sys.path.insert(0, str(submission.parent))

@@ -14,6 +14,7 @@ the checks after it run again in a fresh tree.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -32,6 +33,7 @@ from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
 from edulib.grading.plain import MAX_TEXT, dumps, loads
+from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.progress import progress_bar
 
@@ -77,10 +79,11 @@ class Result:
 @dataclass(frozen=True)
 class Reply:
     """One case's outcome as it came: its kind (what the header said) and its JSON, still undecoded
-    (decoding happens in the judge, under its memory cap)."""
+    (decoding happens in the judge, under its memory cap), and what the relay saw on the wire."""
 
     kind: str
     raw: bytes
+    wire: dict | None = None
 
 
 @dataclass
@@ -112,10 +115,17 @@ def cases_of(exercise: str, check: Check, seed: int = 0) -> list[Case]:
     return [c for c in draw(0) if not c.hidden] + [c for c in draw(seed) if c.hidden]
 
 
+def _slots(checks: list[Check], cases: dict[str, list[Case]]) -> dict[int, list[int]]:
+    """The relay's slots for each rank count the checks' cases run on: one slot per rank of a pool."""
+    counts = sorted({case.inputs["ranks"] for check in checks if check.wire for case in cases[check.name]})
+    starts = itertools.accumulate(counts, initial=0)
+    return {count: list(range(start, start + count)) for count, start in zip(counts, starts, strict=False)}
+
+
 def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _Jail,
-           scratch: str) -> tuple:
+           scratch: str, relay: Relay, slots: dict[int, list[int]]) -> tuple:
     """Start the warden for one tree; return it and the grader's ends of the answer, status and call
-    pipes."""
+    pipes. The tree inherits the ranks' ends of the relay's wires, and is told which are whose."""
     answer_read, answer_write = os.pipe()
     status_read, status_write = os.pipe()
     call_read, call_write = os.pipe()
@@ -126,19 +136,23 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     else:
         argv, extra, inside = bubblewrap.contain(child, submission.parent)
         cwd, env = scratch, {**bubblewrap.environment(scratch), **extra}
+    wires = {count: [relay.rank_ends[slot] for slot in taken] for count, taken in slots.items()}
+    wire_fds = [fd for ends in relay.rank_ends for fd in ends]
     request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise],
-               "answer_fd": answer_write, "call_fd": call_read}
+               "answer_fd": answer_write, "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "call_fd": call_read, "status_fd": status_write, "cpu_time": cpu,
               "wall": 2 * cpu + 30, "memory": limits.memory, "processes": limits.processes,
-              "file_size": limits.file_size}
+              "file_size": limits.file_size, "wire_fds": wire_fds}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
-                                  pass_fds=(answer_write, status_write, call_read), start_new_session=True)
+                                  pass_fds=(answer_write, status_write, call_read, *wire_fds),
+                                  start_new_session=True)
     finally:
         for fd in (answer_write, status_write, call_read):
             os.close(fd)
+        relay.close_rank_ends()
     warden.stdin.write(json.dumps(config).encode())
     warden.stdin.close()
     os.set_blocking(call_write, False)
@@ -150,8 +164,9 @@ class _Calls:
     A stub, a forbidden call or a deadlock is not asked again: its outcome stands for the check's
     later cases."""
 
-    def __init__(self, tree: _Tree, checks: list[Check], cases: dict[str, list[Case]]) -> None:
-        self.tree, self.cases = tree, cases
+    def __init__(self, tree: _Tree, checks: list[Check], cases: dict[str, list[Case]],
+                 relay: Relay | None = None, slots: dict[int, list[int]] | None = None) -> None:
+        self.tree, self.cases, self.relay, self.slots = tree, cases, relay, slots or {}
         self.order = [(check, index) for check in checks for index in range(len(cases[check.name]))]
         self.current, self.sent_at, self.outgoing = -1, 0.0, bytearray()
 
@@ -167,6 +182,9 @@ class _Calls:
             self.current += 1
         if self.current < len(self.order):
             check, index = self.order[self.current]
+            if self.relay is not None:  # the case's ranks are these slots; nothing else counts
+                case = self.cases[check.name][index]
+                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [])
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
             self.sent_at = time.monotonic()
@@ -180,7 +198,9 @@ class _Calls:
         if self.tree.kept + len(raw) > KEPT:
             kind, raw = "raised", TOO_LARGE
         self.tree.kept += len(raw)
-        self.tree.outcomes.setdefault(check.name, []).append(Reply(kind if type(kind) is str else "", raw))
+        wire = self.relay.log() if self.relay is not None and check.wire else None
+        reply = Reply(kind if type(kind) is str else "", raw, wire)
+        self.tree.outcomes.setdefault(check.name, []).append(reply)
         took = time.monotonic() - self.sent_at
         self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
         self.advance()
@@ -193,18 +213,20 @@ class _Calls:
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
               limits: Limits, cpu: float, jail: _Jail) -> _Tree:
     """Run the checks in one process tree, one call at a time; drain its output as it comes."""
-    tree = _Tree()
-    calls = _Calls(tree, checks, cases)
-    with tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch:
+    tree, slots = _Tree(), _slots(checks, cases)
+    relay = Relay(sum(len(taken) for taken in slots.values()))
+    calls = _Calls(tree, checks, cases, relay, slots)
+    with tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay):
         if jail.etc is None and bubblewrap.drops_privileges():
             os.chown(scratch, bubblewrap.NOBODY, bubblewrap.NOBODY)
         warden, answer_read, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
-                                                              scratch)
+                                                              scratch, relay, slots)
+        wire = relay.read_fds()
         output_fd, began = warden.stdout.fileno(), time.monotonic()
         received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
         dropping: list[bytes] = []  # the header of an answer line too long to keep, until its end
         selector = selectors.DefaultSelector()
-        for fd in received:
+        for fd in [*received, *wire]:
             selector.register(fd, selectors.EVENT_READ)
         writing = [call_write]  # the call pipe, until it is closed
 
@@ -240,7 +262,10 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                     selector.register(call_write, selectors.EVENT_WRITE)
                 elif calls.done and not calls.outgoing:
                     stop_calls()  # the child's loop ends, its pools close, it exits
-            for key, _ in selector.select(timeout=1.0):
+            for key, _ in selector.select(timeout=0.01 if relay.pending_writes() else 1.0):
+                if key.fd in wire:
+                    relay.readable(wire[key.fd])
+                    continue
                 if key.fd == call_write:
                     try:
                         written = os.write(call_write, calls.outgoing)
@@ -259,6 +284,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                     take(key.fd, chunk)
                 else:
                     selector.unregister(key.fd)
+            relay.flush()
         stop_calls()
         selector.close()
         warden.wait()
@@ -360,6 +386,8 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
         try:
             with _memory_cap(JUDGE_MEMORY):
                 check.judge(case, answer_of(loads(outcome.raw)))
+                if check.watch is not None:
+                    check.watch(case, outcome.wire or {"events": [], "problems": ["no wire was watched"]})
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case

@@ -16,13 +16,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from edulib.grading import forbid
+from edulib.grading import forbid, relay
 from edulib.grading.plain import NotPlain, encode
 from edulib.launch import Pool, RankError, RankTimeout
 from edulib.rank import where
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
 _pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
+WIRES: dict[int, list[tuple[int, int]]] = {}  # each rank count's wires to the grader's relay, rank by rank
 
 
 def outcome(call: Callable[[], Any]) -> dict:
@@ -57,8 +58,8 @@ def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> di
     """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
     case; the outcome (one answer per rank)."""
     ranks = case["ranks"]
-    if ranks not in _pools:
-        _pools[ranks] = Pool(ranks, backend="gloo", timeout=RANK_TIMEOUT, start="fork")
+    if ranks not in _pools:  # its ranks reach each other only through the grader's relay
+        _pools[ranks] = Pool(ranks, timeout=RANK_TIMEOUT, start="fork", join=relay.join, wires=WIRES[ranks])
     split = SPLITS.get(worker, lambda case, rank: case)
     try:
         answers = _pools[ranks].run_each(rank_call, [(module.__name__, worker, forbidden, split(case, rank))

@@ -105,10 +105,11 @@ def main() -> None:
     status_pipe = os.fdopen(config["status_fd"], "w")
     began = time.monotonic()
     child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
-                             pass_fds=(config["answer_fd"], config["call_fd"]), start_new_session=True,
+                             pass_fds=(config["answer_fd"], config["call_fd"], *config["wire_fds"]),
+                             start_new_session=True,
                              preexec_fn=lambda: _limits(config))
-    os.close(config["answer_fd"])
-    os.close(config["call_fd"])
+    for fd in (config["answer_fd"], config["call_fd"], *config["wire_fds"]):
+        os.close(fd)
     child.stdin.write(config["request"].encode())
     child.stdin.close()
     status: dict = {"exit": None, "limit": None, "most_processes": 1}

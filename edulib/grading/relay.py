@@ -1,0 +1,568 @@
+"""The trusted wire: in a graded run, every message between a student's ranks passes through the
+grader's relay, which counts it.
+
+A graded rank has no process group of its own and no network: it joins `torch.distributed` with the
+"relay" backend (`join`), a `ProcessGroup` written in Python whose every operation (send, recv and
+each collective) travels as one frame over two pipes that the grader made, to the `Relay` in the
+grader's own process, outside the student's process tree. The relay routes point-to-point messages
+(matched by order, never by tag, as NCCL does), computes the built-in collectives itself, and logs
+what each rank did: which operation, with which peer or group, how many elements and bytes. The
+judges score that log and the ranks' results, never a count made inside a student's process; a
+rank is known by the pipe it writes to, not by anything it says.
+
+A frame is two little-endian 32-bit lengths (the JSON header's, the payload's), the header, and the
+payload: the raw bytes of the tensors the header describes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HEAD = struct.Struct("<II")
+MAX_FRAME = 64 * 2**20  # bytes of one frame's payload: far more than any graded tensor
+MAX_HELD = 256 * 2**20  # bytes the relay holds for receivers that have not asked yet
+DTYPES = {str(t).removeprefix("torch."): t
+          for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                    torch.int16, torch.int8, torch.uint8, torch.bool)}
+REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "SUM": lambda t: t.sum(0), "AVG": lambda t: t.sum(0) / t.shape[0], "PRODUCT": lambda t: t.prod(0),
+    "MIN": lambda t: t.amin(0), "MAX": lambda t: t.amax(0)}
+
+
+class WireError(RuntimeError):
+    """The relay refused an operation: mismatched collectives, sizes, or more held than it keeps."""
+
+
+# -- the rank's side ------------------------------------------------------------------------------
+
+def _meta(tensors: list[torch.Tensor]) -> list[list]:
+    return [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
+
+
+def _raw(tensors: list[torch.Tensor]) -> bytes:
+    """The tensors' bytes, one after another (bf16 as its 16-bit pattern)."""
+    parts = []
+    for tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        parts.append((flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy().tobytes())
+    return b"".join(parts)
+
+
+def _tensors(meta: list[list], payload: bytes) -> list[torch.Tensor]:
+    """Fresh tensors from a header's dtypes and shapes and the payload; WireError if they disagree."""
+    found, at = [], 0
+    for dtype_name, shape in meta:
+        dtype = DTYPES.get(dtype_name)
+        if dtype is None or type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
+            raise WireError(f"a tensor of dtype {dtype_name!r} and shape {shape!r}")
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if at + size > len(payload):
+            raise WireError(f"a message of {len(payload)} bytes for tensors of {at + size}")
+        raw = bytearray(payload[at:at + size])
+        found.append(torch.frombuffer(raw, dtype=dtype).reshape(shape).clone() if size
+                     else torch.empty(shape, dtype=dtype))
+        at += size
+    if at != len(payload):
+        raise WireError(f"a message of {len(payload)} bytes for tensors of {at}")
+    return found
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the relay closed the wire")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def frame(header: dict, payload: bytes = b"") -> bytes:
+    """One frame: the lengths, the JSON header, the payload."""
+    text = json.dumps(header).encode()
+    return HEAD.pack(len(text), len(payload)) + text + payload
+
+
+class _Pending(dist._Work):
+    """An operation sent to the relay, completed when its reply arrives (copied into `outputs`)."""
+
+    def __init__(self, outputs: list[torch.Tensor], timeout: float) -> None:
+        super().__init__()
+        self.outputs, self.timeout = outputs, timeout
+        self.done, self.error = threading.Event(), ""
+
+    def finish(self, header: dict, payload: bytes) -> None:
+        try:
+            if header.get("error"):
+                raise WireError(str(header["error"]))
+            for target, value in zip(self.outputs, _tensors(header.get("meta", []), payload), strict=True):
+                target.copy_(value.reshape(target.shape))
+        except (WireError, ValueError, RuntimeError) as error:
+            self.error = str(error)
+        self.done.set()
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self.done.wait(self.timeout):
+            raise TimeoutError(f"timed out after {self.timeout:g} s waiting for the other ranks: a deadlock?")
+        if self.error:
+            raise WireError(self.error)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done.is_set()
+
+    def is_success(self) -> bool:
+        return self.done.is_set() and not self.error
+
+
+class _Wire:
+    """A rank's two pipes to the relay: frames out under a lock, replies read by a thread of its own
+    and handed to the operation they answer (a stale reply for a rank that came before is dropped)."""
+
+    def __init__(self, read_fd: int, write_fd: int, timeout: float) -> None:
+        self.read_fd, self.write_fd, self.timeout = read_fd, write_fd, timeout
+        self.lock, self.waiting = threading.Lock(), {}
+        self.ids = itertools.count(secrets.randbits(48))  # fresh ids: a dead predecessor's replies match none
+        threading.Thread(target=self._replies, daemon=True).start()
+
+    def _replies(self) -> None:
+        try:
+            while True:
+                sizes = HEAD.unpack(_read_exactly(self.read_fd, HEAD.size))
+                header = json.loads(_read_exactly(self.read_fd, sizes[0]))
+                payload = _read_exactly(self.read_fd, sizes[1])
+                pending = self.waiting.pop(header.get("id"), None)
+                if pending is not None:
+                    pending.finish(header, payload)
+        except (EOFError, OSError, ValueError):
+            for pending in list(self.waiting.values()):
+                pending.finish({"error": "the relay closed the wire"}, b"")
+
+    def submit(self, header: dict, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+               reply: bool = True) -> _Pending:
+        """Send one operation; the Work that completes when the relay answers (at once if none is due)."""
+        pending = _Pending(outputs, self.timeout)
+        header = {**header, "id": next(self.ids), "meta": _meta(inputs), "out": _meta(outputs)}
+        data = frame(header, _raw(inputs))
+        if reply:
+            self.waiting[header["id"]] = pending
+        with self.lock:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.write_fd, view):]
+        if not reply:
+            pending.done.set()
+        return pending
+
+
+class RelayGroup(dist.ProcessGroup):
+    """torch.distributed's operations for one group of ranks, each one frame to the relay."""
+
+    def __init__(self, wire: _Wire, rank: int, size: int, members: list[int]) -> None:
+        super().__init__(rank, size)
+        self._wire, self._members = wire, members
+
+    def getBackendName(self) -> str:
+        return "relay"
+
+    def _call(self, op: str, inputs: list, outputs: list, **params: Any) -> _Pending:
+        return self._wire.submit({"op": op, "group": self._members, **params}, inputs, outputs)
+
+    def send(self, tensors: list, dst: int, tag: int = 0) -> _Pending:
+        return self._wire.submit({"op": "send", "group": self._members, "peer": self._members[dst]},
+                                 tensors, [], reply=False)
+
+    def recv(self, tensors: list, src: int, tag: int = 0) -> _Pending:
+        return self._call("recv", [], tensors, peer=self._members[src])
+
+    def recv_anysource(self, tensors: list, tag: int = 0) -> _Pending:
+        return self._call("recv", [], tensors, peer=-1)
+
+    def allreduce(self, tensors: list, opts: Any = None) -> _Pending:
+        return self._call("all_reduce", tensors, tensors, reduce=_reduction(opts))
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> _Pending:
+        return _last([self.allreduce([tensor], opts) for tensor in tensors])
+
+    def broadcast(self, tensors: list, opts: Any) -> _Pending:
+        return self._call("broadcast", tensors, tensors, root=opts.rootRank)
+
+    def allgather(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return self._call("all_gather", inputs, outputs[0])
+
+    def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return _last([self.allgather([out], [inp]) for out, inp in zip(outputs, inputs, strict=True)])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Pending:
+        return self._call("all_gather_single", [input], [output])
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return _last([self.all_gather_single(out, inp) for out, inp in zip(outputs, inputs, strict=True)])
+
+    def reduce_scatter(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return self._call("reduce_scatter", inputs[0], outputs, reduce=_reduction(opts))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Pending:
+        return self._call("reduce_scatter_single", [input], [output], reduce=_reduction(opts))
+
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return _last([self.reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs,
+                                                                                     strict=True)])
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> _Pending:
+        return self._call("all_to_all", inputs, outputs)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_splits: list | None,
+                          input_splits: list | None, opts: Any = None) -> _Pending:
+        return self._call("all_to_all_single", [input], [output], splits=list(input_splits or []),
+                          receives=list(output_splits or []))
+
+    def barrier(self, opts: Any = None) -> _Pending:
+        return self._call("barrier", [], [])
+
+    def reduce(self, tensors: list, opts: Any) -> _Pending:
+        outputs = tensors if self.rank() == opts.rootRank else []
+        return self._call("reduce", tensors, outputs, root=opts.rootRank, reduce=_reduction(opts))
+
+    def gather(self, outputs: list, inputs: list, opts: Any) -> _Pending:
+        return self._call("gather", inputs, outputs[0] if outputs else [], root=opts.rootRank)
+
+    def scatter(self, outputs: list, inputs: list, opts: Any) -> _Pending:
+        return self._call("scatter", inputs[0] if inputs else [], outputs, root=opts.rootRank)
+
+
+def _reduction(opts: Any) -> str:
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    name = str(getattr(op, "op", op)).rpartition(".")[2]
+    if name not in REDUCTIONS:
+        raise WireError(f"the reduction {name} is not available on the graded wire; use one of "
+                        f"{', '.join(REDUCTIONS)}")
+    return name
+
+
+def _last(works: list[_Pending]) -> _Pending:
+    for work in works[:-1]:
+        work.wait()
+    return works[-1]
+
+
+_joined: dict[str, Any] = {}
+
+
+def _create(options: Any, _: Any = None) -> RelayGroup:
+    members = list(getattr(options, "global_ranks_in_group", []) or range(options.group_size))
+    return RelayGroup(_joined["wire"], options.group_rank, options.group_size, members)
+
+
+def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int) -> None:
+    """In a graded rank: join the default group through the relay on these two pipes (no store on
+    the network, no backend of its own)."""
+    _joined["wire"] = _Wire(read_fd, write_fd, timeout)
+    if "relay" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("relay", _create, extended_api=True, devices=["cpu"])
+    dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
+
+
+# -- the relay's side -----------------------------------------------------------------------------
+
+@dataclass
+class _Slot:
+    """One rank's two pipes, as the relay holds them: what came in so far, what waits to go out."""
+
+    read_fd: int
+    write_fd: int
+    incoming: bytearray = field(default_factory=bytearray)
+    outgoing: bytearray = field(default_factory=bytearray)
+
+
+class Relay:
+    """The grader's end of every rank's wire: routes, computes and logs; see the module's docstring.
+
+    `begin(slots)` starts a case on those slots (slot i is rank i); `log()` is what happened, per
+    rank, in the order each rank asked."""
+
+    def __init__(self, slots: int) -> None:
+        self.rank_ends: list[tuple[int, int]] = []  # (rank reads, rank writes), to pass to the ranks
+        self.slots: list[_Slot] = []
+        for _ in range(slots):
+            to_rank, from_rank = os.pipe(), os.pipe()
+            self.rank_ends.append((to_rank[0], from_rank[1]))
+            self.slots.append(_Slot(from_rank[0], to_rank[1]))
+            os.set_blocking(to_rank[1], False)
+            os.set_blocking(from_rank[0], False)
+        self.ranks: dict[int, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.events: list[dict] = []
+        self.problems: list[str] = []
+        self.mail: dict[tuple[int, int], deque] = {}
+        self.waiting: dict[int, deque] = {}
+        self.collectives: dict[tuple, dict[int, tuple[dict, bytes]]] = {}
+        self.counts: dict[tuple, int] = {}
+        self.held, self.arrivals = 0, itertools.count()
+
+    def close_rank_ends(self) -> None:
+        """Close the ends that the ranks' tree inherited (once it has started)."""
+        for read_fd, write_fd in self.rank_ends:
+            os.close(read_fd)
+            os.close(write_fd)
+        self.rank_ends = []
+
+    def close(self) -> None:
+        for slot in self.slots:
+            os.close(slot.read_fd)
+            os.close(slot.write_fd)
+        self.slots = []
+
+    def begin(self, slots: list[int]) -> None:
+        """A new case: these slots are its ranks 0, 1, ...; whatever an earlier case left is dropped."""
+        self.drain()
+        self._reset()
+        for slot in self.slots:
+            slot.incoming.clear()
+            slot.outgoing.clear()
+        self.ranks = {slot: rank for rank, slot in enumerate(slots)}
+
+    def log(self) -> dict:
+        """The case's wire so far: every rank's operations in order, and what the relay refused."""
+        self.drain()
+        return {"events": list(self.events), "problems": list(self.problems)}
+
+    def drain(self) -> None:
+        """Read whatever the ranks have written, without waiting."""
+        for index in range(len(self.slots)):
+            self.readable(index)
+
+    def read_fds(self) -> dict[int, int]:
+        return {slot.read_fd: index for index, slot in enumerate(self.slots)}
+
+    def readable(self, index: int) -> None:
+        """Read what slot `index` wrote and handle every whole frame in it."""
+        slot = self.slots[index]
+        while True:
+            try:
+                chunk = os.read(slot.read_fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            slot.incoming += chunk
+            while len(slot.incoming) >= HEAD.size:
+                sizes = HEAD.unpack_from(slot.incoming)
+                if sizes[0] > 1 << 16 or sizes[1] > MAX_FRAME:
+                    self._refuse(index, f"a frame of {sizes[1]} bytes, more than the wire carries")
+                    slot.incoming.clear()
+                    break
+                end = HEAD.size + sizes[0] + sizes[1]
+                if len(slot.incoming) < end:
+                    break
+                head = bytes(slot.incoming[HEAD.size:HEAD.size + sizes[0]])
+                payload = bytes(slot.incoming[end - sizes[1]:end])
+                del slot.incoming[:end]
+                try:
+                    header = json.loads(head)
+                except ValueError:
+                    self._refuse(index, "a frame whose header is not JSON")
+                    continue
+                if index in self.ranks and type(header) is dict:
+                    self._handle(self.ranks[index], header, payload)
+
+    def pump(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the ranks, and serve what came (for a relay run on its own,
+        as in tests; the grader serves it from its own loop)."""
+        import selectors
+
+        with selectors.DefaultSelector() as selector:
+            for fd, index in self.read_fds().items():
+                selector.register(fd, selectors.EVENT_READ, index)
+            for key, _ in selector.select(timeout):
+                self.readable(key.data)
+        self.flush()
+
+    def pending_writes(self) -> list[int]:
+        """The write ends with something waiting to go out."""
+        return [slot.write_fd for slot in self.slots if slot.outgoing]
+
+    def flush(self) -> None:
+        """Write what waits, as far as each pipe takes it without blocking."""
+        for slot in self.slots:
+            while slot.outgoing:
+                try:
+                    written = os.write(slot.write_fd, slot.outgoing[:1 << 20])
+                except (BlockingIOError, BrokenPipeError):
+                    break
+                del slot.outgoing[:written]
+
+    def _reply(self, rank: int, header: dict, outputs: list[torch.Tensor] | None = None,
+               error: str = "") -> None:
+        slot = self.slots[next(index for index, r in self.ranks.items() if r == rank)]
+        outputs = outputs or []
+        head = {"id": header.get("id"), "meta": _meta(outputs), "error": error}
+        slot.outgoing += frame(head, _raw(outputs))
+        self.flush()
+
+    def _refuse(self, index: int, problem: str) -> None:
+        self.problems.append(f"rank {self.ranks.get(index, '?')}: {problem}")
+
+    def _handle(self, rank: int, header: dict, payload: bytes) -> None:
+        """One rank's operation: log it, then route, hold or compute it."""
+        op, members = header.get("op"), header.get("group")
+        if type(members) is not list or rank not in members or not all(m in self.ranks.values()
+                                                                         for m in members):
+            self.problems.append(f"rank {rank}: an operation on a group it is not in")
+            return
+        try:
+            inputs = _tensors(header.get("meta", []), payload)
+            outs = header.get("out", [])
+            if op == "send":
+                self._send(rank, header, inputs, payload)
+            elif op == "recv":
+                self._post_receive(rank, header, outs)
+            else:
+                self._collective(rank, header, inputs)
+        except (WireError, KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
+            self.problems.append(f"rank {rank}: {op}: {error}")
+            self._reply(rank, header, error=f"the relay refused {op}: {error}")
+
+    def _event(self, rank: int, op: str, **facts: Any) -> None:
+        self.events.append({"rank": rank, "op": op, **facts})
+
+    def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes) -> None:
+        peer = header["peer"]
+        if type(peer) is not int or peer == rank or peer not in self.ranks.values():
+            raise WireError(f"a send to rank {peer!r}")
+        self._event(rank, "send", peer=peer, elements=sum(t.numel() for t in inputs), bytes=len(payload),
+                    values=[t.tolist() for t in inputs] if len(payload) <= 4096 else None)
+        if self.held + len(payload) > MAX_HELD:
+            raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
+        self.held += len(payload)
+        self.mail.setdefault((rank, peer), deque()).append((next(self.arrivals), inputs, len(payload)))
+        self._match(peer)
+
+    def _post_receive(self, rank: int, header: dict, outs: list) -> None:
+        peer = header["peer"]
+        if type(peer) is not int or peer == rank or (peer != -1 and peer not in self.ranks.values()):
+            raise WireError(f"a recv from rank {peer!r}")
+        self._event(rank, "recv", peer=peer, elements=sum(torch.Size(shape).numel() for _, shape in outs))
+        self.waiting.setdefault(rank, deque()).append((header, outs))
+        self._match(rank)
+
+    def _match(self, rank: int) -> None:
+        """Hand rank `rank` the messages its receives wait for, in the order they were posted."""
+        queue = self.waiting.get(rank, deque())
+        while queue:
+            header, outs = queue[0]
+            sources = ([header["peer"]] if header["peer"] != -1
+                       else [s for s in self.ranks.values() if s != rank])
+            found = [(self.mail[(s, rank)][0][0], s) for s in sources if self.mail.get((s, rank))]
+            if not found:
+                return
+            source = min(found)[1]
+            _, tensors, size = self.mail[(source, rank)].popleft()
+            self.held -= size
+            queue.popleft()
+            wanted = [(DTYPES.get(dtype), torch.Size(shape)) for dtype, shape in outs]
+            got = [(t.dtype, t.shape) for t in tensors]
+            if [(d, s.numel()) for d, s in wanted] != [(d, s.numel()) for d, s in got]:
+                self._reply(rank, header, error=f"rank {source} sent {got} where rank {rank}'s recv expects "
+                                                f"{wanted}")
+                continue
+            self._reply(rank, header, tensors)
+
+    def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor]) -> None:
+        """Hold one rank's part of a collective; once every member's is in, compute and answer all."""
+        members = tuple(header["group"])
+        turn = self.counts.get((members, rank), 0)
+        self.counts[(members, rank)] = turn + 1
+        parts = self.collectives.setdefault((members, turn), {})
+        parts[rank] = (header, inputs)
+        if len(parts) < len(members):
+            return
+        del self.collectives[(members, turn)]
+        ops = {part[0]["op"] for part in parts.values()}
+        if len(ops) > 1:
+            text = "; ".join(f"rank {r} called {parts[r][0]['op']}" for r in members)
+            for member in members:
+                self._reply(member, parts[member][0],
+                            error=f"the ranks of a group called different collectives: {text}")
+            self.problems.append(f"different collectives: {text}")
+            return
+        results = collective(parts[members[0]][0]["op"], [parts[m][0] for m in members],
+                             [parts[m][1] for m in members])
+        for position, member in enumerate(members):
+            head, outputs, sent, received = parts[member][0], *results[position]
+            self._event(member, head["op"], group=list(members), sent=sent, received=received,
+                        elements=sum(t.numel() for t in parts[member][1]))
+            self._reply(member, head, outputs)
+
+
+def collective(op: str, headers: list[dict], inputs: list[list[torch.Tensor]]) -> list[tuple[list, int, int]]:
+    """Every member's outputs, and the bytes it sends and receives by a ring (the bus-bandwidth
+    convention: an all-reduce moves 2(N-1)/N of the tensor each way), for one built-in collective."""
+    n = len(inputs)
+
+    def nbytes(tensors: list[torch.Tensor]) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def reduce(tensors: list[torch.Tensor], how: str) -> torch.Tensor:
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) != 1:
+            raise WireError(f"tensors of different shapes {sorted(shapes)} in one reduction")
+        return REDUCTIONS[how](torch.stack(tensors)).to(tensors[0].dtype)
+    how = headers[0].get("reduce", "SUM")
+    if op == "all_reduce":
+        total = reduce([parts[0] for parts in inputs], how)
+        return [([total], *[2 * (n - 1) * nbytes(parts) // n] * 2) for parts in inputs]
+    if op in ("all_gather", "all_gather_single"):
+        every = [parts[0] for parts in inputs]
+        out = every if op == "all_gather" else [torch.cat([t.reshape(-1) for t in every])]
+        return [(out, (n - 1) * nbytes(parts), nbytes(every) - nbytes(parts)) for parts in inputs]
+    if op in ("reduce_scatter", "reduce_scatter_single"):
+        rows = [parts if op == "reduce_scatter" else list(parts[0].reshape(-1).tensor_split(n))
+                for parts in inputs]
+        outs = [reduce([row[r] for row in rows], how) for r in range(n)]
+        return [([outs[r]], (n - 1) * nbytes([outs[r]]), (n - 1) * nbytes([outs[r]])) for r in range(n)]
+    if op == "all_to_all":
+        return [([inputs[s][r] for s in range(n)], nbytes(inputs[r]) - nbytes([inputs[r][r]]),
+                 sum(nbytes([inputs[s][r]]) for s in range(n) if s != r)) for r in range(n)]
+    if op == "all_to_all_single":
+        pieces = []
+        for head, parts in zip(headers, inputs, strict=True):
+            flat = parts[0]
+            splits = head.get("splits") or [flat.shape[0] // n] * n
+            pieces.append(list(flat.split(splits)))
+        return [([torch.cat([pieces[s][r] for s in range(n)])], nbytes(pieces[r]) - nbytes([pieces[r][r]]),
+                 sum(nbytes([pieces[s][r]]) for s in range(n) if s != r)) for r in range(n)]
+    if op == "barrier":
+        return [([], 0, 0) for _ in inputs]
+    root = headers[0].get("root", 0)
+    if op == "broadcast":
+        value = inputs[root][0]
+        return [([value], (n - 1) * nbytes([value]) if r == root else 0, 0 if r == root else nbytes([value]))
+                for r in range(n)]
+    if op == "reduce":
+        total = reduce([parts[0] for parts in inputs], how)
+        return [(([total] if r == root else []), 0 if r == root else nbytes(inputs[r]),
+                 (n - 1) * nbytes([total]) if r == root else 0) for r in range(n)]
+    if op == "gather":
+        every = [parts[0] for parts in inputs]
+        return [((every if r == root else []), 0 if r == root else nbytes(inputs[r]),
+                 nbytes(every) - nbytes(inputs[root]) if r == root else 0) for r in range(n)]
+    if op == "scatter":
+        return [([inputs[root][r]], nbytes(inputs[root]) - nbytes([inputs[root][root]]) if r == root else 0,
+                 0 if r == root else nbytes([inputs[root][r]])) for r in range(n)]
+    raise WireError(f"the collective {op!r} is not available on the graded wire")

@@ -1,0 +1,53 @@
+"""The trusted wire: ranks with no process group of their own reach each other only through the
+grader's relay, which computes the collectives, routes the messages and counts both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from edulib.grading.relay import WireError, collective
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_operation_on_three_ranks_equals_its_definition_and_is_counted():
+    done = subprocess.run([sys.executable, "-c", "from tests.ranks import relay_probe; relay_probe()"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    n, mine = 3, [torch.arange(4.0) + 10 * r for r in range(3)]
+    for rank, result in enumerate(found["results"]):
+        assert result["all_reduce"] == sum(mine).tolist()
+        assert result["all_gather"] == [t.tolist() for t in mine]
+        assert result["all_gather_into_tensor"] == torch.cat(mine).tolist()
+        summed = sum(torch.arange(2.0 * n) * (r + 1) for r in range(n))
+        assert result["reduce_scatter_tensor"] == summed[2 * rank:2 * rank + 2].tolist()
+        assert result["broadcast"] == mine[1].tolist()
+        assert result["all_to_all_single"] == [rank + 100.0 * s for s in range(n)]
+        assert result["ring"] == [(rank - 1) % n] * 3
+    events = found["log"]["events"]
+    assert not found["log"]["problems"]
+    for rank in range(n):
+        mine_events = [e for e in events if e["rank"] == rank]
+        assert [e["op"] for e in mine_events] == [
+            "all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast",
+            "all_to_all_single", "send", "recv", "barrier"]
+        send, recv = mine_events[6], mine_events[7]
+        assert (send["peer"], send["bytes"]) == ((rank + 1) % n, 24)
+        assert (recv["peer"], recv["elements"]) == ((rank - 1) % n, 3)
+        reduce = mine_events[0]
+        assert reduce["sent"] == reduce["received"] == 2 * (n - 1) * 16 // n  # a ring's share each way
+
+
+def test_mismatched_collectives_and_reductions_are_refused_by_name():
+    try:
+        collective("all_reduce", [{}, {}], [[torch.zeros(2)], [torch.zeros(3)]])
+    except WireError as error:
+        assert "different shapes" in str(error)
+    else:
+        raise AssertionError("an all-reduce of tensors of different shapes was accepted")
