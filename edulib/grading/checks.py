@@ -135,6 +135,37 @@ def _same(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
+def _events(wire: dict, rank: int) -> list[dict]:
+    """One rank's operations in the order the relay saw them (sends, receives, collectives, marks)."""
+    return [event for event in wire["events"] if event["rank"] == rank]
+
+
+def _phases(events: list[dict], label: str) -> list[list[dict]]:
+    """One rank's operations cut at each harness mark `label`: what came after each mark, up to the
+    next (what came before the first is not in any)."""
+    phases: list[list[dict]] = []
+    for event in events:
+        if event["op"] == "mark" and event["label"] == label:
+            phases.append([])
+        elif phases:
+            phases[-1].append(event)
+    return phases
+
+
+def _after(events: list[dict], label: str) -> list[dict]:
+    """A rank's operations after the first mark `label` (a later mark of the same name moves nothing)."""
+    marks = [i for i, event in enumerate(events) if event["op"] == "mark" and event["label"] == label]
+    return events[marks[0] + 1:] if marks else []
+
+
+def _moved(events: list[dict], direction: str) -> int:
+    """Bytes a rank sent ("sent") or received ("received"): its messages' bytes and its share of each
+    collective by a ring's count."""
+    kind = "send" if direction == "sent" else "recv"
+    return sum(event["bytes"] if event["op"] == kind else event.get(direction, 0) for event in events
+               if event["op"] not in ("send", "recv") or event["op"] == kind)
+
+
 def _per_rank(answer: Any, ranks: int) -> list:
     """The list of per-rank answers, or Wrong if it is not one per rank."""
     if type(answer) is not list or len(answer) != ranks:
@@ -209,33 +240,44 @@ def _bucket_judge(case: Case, answer: Any) -> None:
     inputs = case.inputs
     model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
     names = [name for name, _ in model.named_parameters()]
-    sizes = _bucket_sizes(model, inputs["bucket_bytes"])
     averages = [_rank_average(model, inputs["tokens"][step], inputs["targets"][step]) for step in range(2)]
     for rank, found in enumerate(_per_rank(answer, inputs["ranks"])):
-        if type(found) is not dict or len(found.get("grads", ())) != 2 or len(found.get("launches", ())) != 2:
+        if type(found) is not list or len(found) != 2:
             raise Wrong(f"rank {rank} sent no result for both steps", "a rank sent no result")
-        for step in range(2):
-            grads = found["grads"][step]
+        for step, grads in enumerate(found):
             if type(grads) is not list or len(grads) != len(names):
-                raise Wrong(f"rank {rank}: {len(grads)} gradients, the model has {len(names)} parameters",
+                raise Wrong(f"rank {rank}: not one gradient per parameter of the model's {len(names)}",
                             "not one gradient per parameter")
             for name, got, want in zip(names, grads, averages[step], strict=True):
                 _tensor(got, want, f"step {step + 1}, rank {rank}: the gradient of {name}")
-            launches = found["launches"][step]
-            got = sorted(launch[0] for launch in launches)  # launched as they fill: any order
-            if got != sorted(sizes):
-                raise Wrong(f"step {step + 1}, rank {rank}: all-reduces of {got} elements through "
-                            f"dist.all_reduce; buckets of at most {inputs['bucket_bytes']} bytes filled in "
-                            f"reverse order hold {sorted(sizes)}", "not the buckets the lesson's rule makes")
-            early = [launch[2] for launch in launches]
-            if inputs["overlap"] and not all(early) or not all(launch[1] for launch in launches):
-                raise Wrong(f"step {step + 1}, rank {rank}: with overlap every bucket is launched with "
-                            "async_op=True during backward, the moment it fills",
-                            "buckets not launched asynchronously during backward")
+
+
+def _bucket_watch(case: Case, wire: dict) -> None:
+    """What the relay saw of each step: all-reduces of the buckets' sizes, launched during the
+    backward with overlap (between the harness's marks) and only in finish without it."""
+    from edulib.models import tied_lm
+
+    inputs = case.inputs
+    sizes = sorted(_bucket_sizes(tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"]),
+                                 inputs["bucket_bytes"]))
+    for rank in range(inputs["ranks"]):
+        for step, events in enumerate(_phases(_events(wire, rank), "step")):
+            marks = {e["label"]: i for i, e in reversed(list(enumerate(events))) if e["op"] == "mark"}
+            start, end = marks.get("backward", len(events)), marks.get("finish", len(events))
+            launched = [(e["elements"], start < i < end) for i, e in enumerate(events) if e["op"] != "mark"]
+            others = sorted({e["op"] for e in events} - {"mark", "all_reduce"})
+            got = sorted(elements for elements, _ in launched)
+            if others or got != sizes:
+                raise Wrong(f"step {step + 1}, rank {rank}: the relay saw {others or 'all-reduces'} of {got} "
+                            f"elements; buckets of at most {inputs['bucket_bytes']} bytes filled in reverse "
+                            f"order are all-reduced as {sizes}", "not the buckets the lesson's rule makes")
+            early = [early for _, early in launched]
+            if inputs["overlap"] and not all(early):
+                raise Wrong(f"step {step + 1}, rank {rank}: with overlap every bucket is launched during "
+                            "backward, the moment it fills", "buckets not launched during backward")
             if not inputs["overlap"] and any(early):
                 raise Wrong(f"step {step + 1}, rank {rank}: without overlap nothing is launched before "
-                            "finish",
-                            "launched during backward without overlap")
+                            "finish", "launched during backward without overlap")
 
 
 # -- lesson 2: all-reduce --------------------------------------------------------------------------
@@ -261,10 +303,7 @@ def _ring_judge(case: Case, answer: Any) -> None:
     ranks, inputs = case.inputs["ranks"], case.inputs["inputs"]
     total, length = sum(inputs), len(inputs[0])
     bounds = chunk_bounds(length, ranks)
-    for rank, found in enumerate(_per_rank(answer, ranks)):
-        if type(found) is not dict or type(found.get("sent")) is not list:
-            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
-        result, sent = found.get("result"), found["sent"]
+    for rank, result in enumerate(_per_rank(answer, ranks)):
         if type(result) is not torch.Tensor or result.shape != total.shape:
             _tensor(result, total, f"rank {rank}'s tensor")
         right = [c for c in range(ranks) if torch.equal(result[bounds[c]:bounds[c + 1]],
@@ -276,11 +315,28 @@ def _ring_judge(case: Case, answer: Any) -> None:
             raise Wrong(f"rank {rank} holds the sum in chunks {right or 'none'} and not in chunks {wrong} "
                         f"(chunk c is elements {bounds[:2]}, ... of the bounds {bounds}).{hint}",
                         f"rank {rank} holds wrong sums in {len(wrong)} of {ranks} chunks.{hint}")
-        want = _ring_sends(length, ranks, rank)
-        if not all(type(size) is int for size in sent) or sum(sent) != want:
-            raise Wrong(f"rank {rank} sent {sum(sent)} bytes in {len(sent)} messages; a ring sends {want} "
-                        "(every chunk but one, in each phase)",
-                        f"rank {rank} sent {'more' if sum(sent) > want else 'fewer'} bytes than a ring sends")
+
+
+def _ring_watch(case: Case, wire: dict) -> None:
+    """What the relay saw: each rank sends only to one neighbour, with messages and no collective,
+    a ring's bytes (every chunk but one in each phase)."""
+    ranks, length = case.inputs["ranks"], len(case.inputs["inputs"][0])
+    for rank in range(ranks):
+        events = _events(wire, rank)
+        others = sorted({e["op"] for e in events} - {"send", "recv", "mark"})
+        if others:
+            raise Wrong(f"rank {rank} called {', '.join(others)}: the ring moves its chunks with send and "
+                        "recv",
+                        "a built-in collective instead of the ring's messages")
+        peers = {e["peer"] for e in events if e["op"] == "send"}
+        if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
+            raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
+                        f"neighbour only", "sent to a rank that is not its ring neighbour")
+        sent, want = _moved(events, "sent"), _ring_sends(length, ranks, rank)
+        if sent != want:
+            raise Wrong(f"rank {rank} sent {sent} bytes; a ring sends {want} (every chunk but one, in each "
+                        "phase)", f"rank {rank} sent {'more' if sent > want else 'fewer'} bytes than a ring "
+                        "sends")
 
 
 def _halving_cases(rng: random.Random) -> list[Case]:
@@ -612,20 +668,7 @@ def _pipeline_judge(case: Case, answer: Any) -> None:
     inputs = case.inputs
     ranks, model = inputs["ranks"], mlp(inputs["width"], inputs["depth"], inputs["seed"])
     torch.nn.functional.mse_loss(model(torch.cat(inputs["inputs"])), torch.cat(inputs["targets"])).backward()
-    size = inputs["batch"] * inputs["width"]
-    for rank, (found, stage) in enumerate(zip(_per_rank(answer, ranks), split(model, ranks), strict=True)):
-        if type(found) is not dict or type(found.get("messages")) is not list or "grads" not in found:
-            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
-        want = []
-        for action in inputs["actions"][rank].split():
-            toward, back = (rank - 1, rank + 1) if action[0] == "F" else (rank + 1, rank - 1)
-            want += [["recv", toward, size]] * (0 <= toward < ranks)
-            want += [["send", back, size]] * (0 <= back < ranks)
-        if found["messages"] != want:
-            raise Wrong(f"rank {rank} sent and received {found['messages']}; the row "
-                        f"{inputs['actions'][rank]!r} needs [kind, peer, elements] = {want}",
-                        f"rank {rank}'s messages are not in the schedule's order")
-        grads = found["grads"]
+    for rank, (grads, stage) in enumerate(zip(_per_rank(answer, ranks), split(model, ranks), strict=True)):
         parameters = list(stage.named_parameters())
         if type(grads) is not list or len(grads) != len(parameters):
             raise Wrong(f"rank {rank}: not one gradient per parameter of its stage", "gradients missing")
@@ -633,6 +676,23 @@ def _pipeline_judge(case: Case, answer: Any) -> None:
             if got is None:
                 raise Wrong(f"rank {rank}: {name} has no gradient", "a parameter has no gradient")
             _tensor(got, parameter.grad, f"rank {rank}: the gradient of stage parameter {name}")
+
+
+def _pipeline_watch(case: Case, wire: dict) -> None:
+    """What the relay saw: each rank's sends and receives, in the order its row of actions needs."""
+    inputs = case.inputs
+    ranks, size = inputs["ranks"], inputs["batch"] * inputs["width"]
+    for rank in range(ranks):
+        want = []
+        for action in inputs["actions"][rank].split():
+            toward, back = (rank - 1, rank + 1) if action[0] == "F" else (rank + 1, rank - 1)
+            want += [["recv", toward, size]] * (0 <= toward < ranks)
+            want += [["send", back, size]] * (0 <= back < ranks)
+        got = [[e["op"], e.get("peer"), e["elements"]] for e in _events(wire, rank) if e["op"] != "mark"]
+        if got != want:
+            raise Wrong(f"rank {rank} sent and received {got}; the row {inputs['actions'][rank]!r} needs "
+                        f"[kind, peer, elements] = {want}",
+                        f"rank {rank}'s messages are not in the schedule's order")
 
 
 # -- lesson 5: sharding ----------------------------------------------------------------------------
@@ -749,7 +809,7 @@ def _zero3_judge(case: Case, answer: Any) -> None:
                                                                           strict=True)]
     mean = torch.stack(grads).mean(0)
     for rank, found in enumerate(_per_rank(answer, ranks)):
-        if type(found) is not dict or set(found) != {"y", "x", "shard", "held", "kept", "backward"}:
+        if type(found) is not dict or set(found) != {"y", "x", "shard", "held", "kept"}:
             raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
         x, grad_y = inputs["xs"][rank], inputs["grad_ys"][rank]
         _tensor(found["y"], x @ weight.t() + bias, f"rank {rank}'s output")
@@ -762,16 +822,31 @@ def _zero3_judge(case: Case, answer: Any) -> None:
             raise Wrong(f"rank {rank}: between the forward and the backward, {found['held']} bytes of "
                         f"the full weights stay alive (saved for backward or kept); ZeRO-3 frees them "
                         "after the forward and gathers them again", "the full weights outlive the forward")
-        gathers, scatters, reduces = found["backward"]
-        if not gathers or not scatters or reduces:
-            raise Wrong(f"rank {rank}: the backward ran {gathers} all-gathers, {scatters} reduce-scatters "
-                        f"and {reduces} all-reduces; ZeRO-3 gathers the weights again and reduce-scatters "
-                        "the gradient", "not ZeRO-3's collectives in the backward")
         for name, want in (("x", grad_y @ weight), ("shard", mean[bounds[rank]:bounds[rank + 1]])):
             what = "the input's gradient" if name == "x" else "shard.grad"
             if found[name] is None:
                 raise Wrong(f"rank {rank}: {what} is missing", f"{what} is missing")
             _tensor(found[name], want, f"rank {rank}: {what}")
+
+
+def _zero3_watch(case: Case, wire: dict) -> None:
+    """What the relay saw of the backward: each rank receives the weights it lacks again and its
+    shard of the other ranks' gradients, and no more than an all-gather and a reduce-scatter of the
+    largest shard bring (an all-reduce of the whole gradient brings about half as much again)."""
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    unit = inputs["weight"].numel() + inputs["bias"].numel()
+    bounds = chunk_bounds(unit, ranks)
+    largest = max(high - low for low, high in itertools.pairwise(bounds))
+    for rank in range(ranks):
+        mine = bounds[rank + 1] - bounds[rank]
+        received = _moved(_after(_events(wire, rank), "backward"), "received")
+        least, most = 4 * (unit - mine + (ranks - 1) * mine), 8 * (ranks - 1) * largest
+        if not least <= received <= most:
+            raise Wrong(f"rank {rank} received {received} bytes in the backward; gathering the "
+                        f"{unit - mine} parameters it lacks and reduce-scattering its shard of {mine} takes "
+                        f"{least} to {most} (an all-gather and a reduce-scatter of shards of at most "
+                        f"{largest} floats)",
+                        "not ZeRO-3's traffic in the backward: gather, then reduce-scatter")
 
 
 # -- lesson 6: context parallelism ------------------------------------------------------------------
@@ -1001,20 +1076,24 @@ def _topk_reference(gradients: list[list[torch.Tensor]], ratio: float) -> tuple[
 def _topk_judge(case: Case, answer: Any) -> None:
     ranks, ratio, gradients = case.inputs["ranks"], case.inputs["ratio"], case.inputs["gradients"]
     results, errors = _topk_reference(gradients, ratio)
-    length = gradients[0][0].numel()
-    want = (ranks - 1) * TopK(ratio).payload_bytes(length)
     for rank, found in enumerate(_per_rank(answer, ranks)):
-        if type(found) is not dict or any(type(found.get(key)) is not list
-                                          for key in ("results", "errors", "sent")):
+        if type(found) is not dict or any(type(found.get(key)) is not list for key in ("results", "errors")):
             raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
         for step in range(len(gradients)):
             _tensor(found["results"][step], results[step], f"call {step + 1}, rank {rank}: the average")
             _tensor(found["errors"][step], errors[step][rank],
                     f"call {step + 1}, rank {rank}: the error after it (gradient + error - what was kept)")
-            if found["sent"][step] != want:
-                raise Wrong(f"call {step + 1}, rank {rank} sent {found['sent'][step]!r} bytes by "
-                            f"all-gather; k float32 values and k int32 indices to each of the {ranks - 1} "
-                            f"others is {want}",
+
+
+def _topk_watch(case: Case, wire: dict) -> None:
+    """What the relay saw of each call: k float32 values and k int32 indices to each other rank."""
+    ranks, gradients = case.inputs["ranks"], case.inputs["gradients"]
+    want = (ranks - 1) * TopK(case.inputs["ratio"]).payload_bytes(gradients[0][0].numel())
+    for rank in range(ranks):
+        for step, events in enumerate(_phases(_events(wire, rank), "call")):
+            if _moved(events, "sent") != want:
+                raise Wrong(f"call {step + 1}, rank {rank} sent {_moved(events, 'sent')} bytes; k float32 "
+                            f"values and k int32 indices to each of the {ranks - 1} others is {want}",
                             "sent a different number of bytes than k values and k int32 indices each")
 
 
@@ -1183,11 +1262,13 @@ CHECKS: dict[str, list[Check]] = {
               "other worker counts, 0 and 1 parameters"),
         Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
               "gradients equal to one process's, buckets launched as they fill",
-              "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True)],
+              "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True,
+              watch=_bucket_watch)],
     "lesson02_allreduce": [
         Check("ring all-reduce", 3, 3, "ring", _ring_cases, _ring_judge,
               "every rank holds the sum and sends a ring's bytes",
-              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1", wire=True),
+              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1", wire=True,
+              watch=_ring_watch),
         Check("halving-doubling schedule", 2, 1, "halving_doubling", _halving_cases, _halving_judge,
               "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks"),
         Check("2D-torus schedule (optional)", 3, 2, "torus", _torus_cases, _torus_judge,
@@ -1223,7 +1304,8 @@ CHECKS: dict[str, list[Check]] = {
               "matches the simulator", "other sizes, interleaved or not"),
         Check("pipeline executor", 4, 3, "pipeline", _pipeline_cases, _pipeline_judge,
               "gradients equal to the unsplit model's, messages in the schedule's order",
-              "4 stages, fewer micro-batches than stages, one micro-batch", wire=True)],
+              "4 stages, fewer micro-batches than stages, one micro-batch", wire=True,
+              watch=_pipeline_watch)],
     "lesson05_sharding": [
         Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
               "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
@@ -1237,7 +1319,7 @@ CHECKS: dict[str, list[Check]] = {
         Check("ZeRO-3 unit", 3, 3, "zero3_unit", _zero3_cases, _zero3_judge,
               "output and gradients equal to the full layer's; only the shard kept, the full weights "
               "freed after the forward, gathered again and the gradient reduce-scattered in the backward",
-              "3 and 4 ranks, other layer sizes, empty shards", wire=True)],
+              "3 and 4 ranks, other layer sizes, empty shards", wire=True, watch=_zero3_watch)],
     "lesson06_context": [
         Check("log-sum-exp merge", 1, 1, "merge", _merge_cases, _merge_judge,
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
@@ -1261,7 +1343,8 @@ CHECKS: dict[str, list[Check]] = {
     "lesson09_compression": [
         Check("top-k with error feedback", 3, 3, "topk", _topk_cases, _topk_judge,
               "every call's average and every rank's error as top-k with error feedback gives them, "
-              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry", wire=True),
+              "and its bytes", "4 and other rank counts, k = 1, six calls, one entry", wire=True,
+              watch=_topk_watch),
         Check("training converges", 2, 2, "topk_training", _training_cases, _training_judge,
               f"data-parallel training with it gives weights within {CONVERGED}x uncompressed training's "
               "loss on the grader's held-out data",

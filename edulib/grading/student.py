@@ -95,54 +95,31 @@ def rank_call(module_name: str, worker: str, forbidden: list, case: dict) -> Any
     return encode(result)
 
 
-def _ring(student: ModuleType, case: dict) -> dict:
-    """The student's ring_allreduce on this rank's input, with the bytes of each send and isend."""
-    originals = {name: getattr(dist, name) for name in ("send", "isend")}
-    sent: list[int] = []
-
-    def counted(name: str) -> Callable:
-        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            sent.append(tensor.numel() * tensor.element_size())
-            return originals[name](tensor, *args, **kwargs)
-        return call
+def _ring(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's ring_allreduce on this rank's input (the relay sees what it sends)."""
     tensor = case["inputs"][dist.get_rank()].clone()
-    for name in originals:
-        setattr(dist, name, counted(name))
-    try:
-        student.ring_allreduce(tensor)
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-    return {"result": tensor, "sent": sent}
+    student.ring_allreduce(tensor)
+    return tensor
 
 
-def _buckets(student: ModuleType, case: dict) -> dict:
-    """Two steps of the student's GradientBuckets on a tied-weight model: the averaged gradients,
-    and each all-reduce launched (elements, asynchronous, during backward)."""
+def _buckets(student: ModuleType, case: dict) -> list:
+    """Two steps of the student's GradientBuckets on a tied-weight model: the averaged gradients of
+    each (the relay sees each all-reduce, and the marks say when the backward runs)."""
     from edulib.models import tied_lm
 
-    original, launches, during = dist.all_reduce, [], [False]
-
-    def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        launches[-1].append([tensor.numel(), bool(kwargs.get("async_op")), during[0]])
-        return original(tensor, *args, **kwargs)
     model, grads = tied_lm(case["vocab"], case["hidden"], case["seed"]), []
-    dist.all_reduce = counted
-    try:
-        buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
-        for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
-            launches.append([])
-            logits = model(tokens[dist.get_rank()]).flatten(0, -2)
-            loss = torch.nn.functional.cross_entropy(logits, targets[dist.get_rank()].flatten())
-            during[0] = True
-            loss.backward()
-            during[0] = False
-            buckets.finish()
-            grads.append([parameter.grad.clone() for parameter in model.parameters()])
-            model.zero_grad(set_to_none=False)
-    finally:
-        dist.all_reduce = original
-    return {"grads": grads, "launches": launches}
+    buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
+    for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
+        relay.mark("step")
+        logits = model(tokens[dist.get_rank()]).flatten(0, -2)
+        loss = torch.nn.functional.cross_entropy(logits, targets[dist.get_rank()].flatten())
+        relay.mark("backward")
+        loss.backward()
+        relay.mark("finish")
+        buckets.finish()
+        grads.append([parameter.grad.clone() for parameter in model.parameters()])
+        model.zero_grad(set_to_none=False)
+    return grads
 
 
 def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
@@ -202,34 +179,19 @@ def _sequence_pair(student: ModuleType, case: dict) -> dict:
                                            case["scatter_grad"][rank]))}
 
 
-def _pipeline(student: ModuleType, case: dict) -> dict:
-    """The student's run_pipeline on this rank's stage: its gradients and its messages, in order."""
+def _pipeline(student: ModuleType, case: dict) -> list:
+    """The student's run_pipeline on this rank's stage: its gradients (the relay sees its messages)."""
     from edulib.models import mlp, split
 
     ranks, rank = dist.get_world_size(), dist.get_rank()
     stage = split(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
-    originals = {name: getattr(dist, name) for name in ("send", "isend", "recv", "irecv")}
-    messages: list[list] = []
-
-    def counted(name: str) -> Callable:
-        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            peer = args[0] if args else kwargs.get("dst", kwargs.get("src"))
-            messages.append([name.lstrip("i"), peer, tensor.numel()])
-            return originals[name](tensor, *args, **kwargs)
-        return call
     microbatches = len(case["inputs"])
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(output, target) / microbatches
-    for name in originals:
-        setattr(dist, name, counted(name))
-    try:
-        student.run_pipeline(case["actions"][rank], stage, [x.clone() for x in case["inputs"]],
-                             list(case["targets"]), (case["batch"], case["width"]), loss)
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-    return {"grads": [parameter.grad for parameter in stage.parameters()], "messages": messages}
+    student.run_pipeline(case["actions"][rank], stage, [x.clone() for x in case["inputs"]],
+                         list(case["targets"]), (case["batch"], case["width"]), loss)
+    return [parameter.grad for parameter in stage.parameters()]
 
 
 def _shard_collectives(student: ModuleType, case: dict) -> dict:
@@ -268,8 +230,8 @@ def _sharded_adamw(student: ModuleType, case: dict) -> dict:
 
 def _zero3_unit(student: ModuleType, case: dict) -> dict:
     """The student's ZeroThreeLinear on this rank's batch: output, gradients, the bytes the module
-    keeps, the bytes of other tensors alive between forward and backward, and the collectives the
-    backward ran (all-gathers, reduce-scatters, all-reduces)."""
+    keeps and the bytes of other tensors alive between forward and backward (the relay sees what the
+    backward sends and receives, after the mark)."""
     unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
     x = case["x"].clone().requires_grad_()
     saved: list[torch.Tensor] = []
@@ -287,24 +249,9 @@ def _zero3_unit(student: ModuleType, case: dict) -> dict:
         mine.add(shard.untyped_storage().data_ptr())
     held = sum(_storages([saved, [getattr(node, "__dict__", {}) for node in seen]], mine).values())
     kept = sum(_storages(list(unit.state_dict(keep_vars=True).values()) + [vars(unit)], set()).values())
-    names = {"all_gather": 0, "all_gather_into_tensor": 0, "reduce_scatter": 1, "reduce_scatter_tensor": 1,
-             "all_reduce": 2}
-    originals, counts = {name: getattr(dist, name) for name in names}, [0, 0, 0]
-
-    def counted(name: str) -> Callable:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            counts[names[name]] += 1
-            return originals[name](*args, **kwargs)
-        return call
-    for name in names:
-        setattr(dist, name, counted(name))
-    try:
-        y.backward(case["grad_y"])
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None), "held": held, "kept": kept,
-            "backward": counts}
+    relay.mark("backward")
+    y.backward(case["grad_y"])
+    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None), "held": held, "kept": kept}
 
 
 def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
@@ -314,31 +261,17 @@ def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
 
 def _topk(student: ModuleType, case: dict) -> dict:
     """The student's topk_average called `steps` times on this rank's gradients, carrying its
-    error; each call's result, the error after it, and the bytes each all-gather sent."""
-    originals = {name: getattr(dist, name) for name in ("all_gather", "all_gather_into_tensor")}
-    sent: list[int] = []
-
-    def counted(name: str) -> Callable:
-        def call(output: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            sent.append((dist.get_world_size() - 1) * tensor.numel() * tensor.element_size())
-            return originals[name](output, tensor, *args, **kwargs)
-        return call
+    error; each call's result and the error after it (a mark before each call lets the relay's
+    count of what it sent be split by call)."""
     rank = dist.get_rank()
     error = torch.zeros_like(case["gradients"][0][rank])
-    results, errors, per_call = [], [], []
-    for name in originals:
-        setattr(dist, name, counted(name))
-    try:
-        for step in range(len(case["gradients"])):
-            before = len(sent)
-            gradient = case["gradients"][step][rank].clone()
-            results.append(student.topk_average(gradient, error, case["ratio"]))
-            errors.append(error.clone())
-            per_call.append(sum(sent[before:]))
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-    return {"results": results, "errors": errors, "sent": per_call}
+    results, errors = [], []
+    for step in range(len(case["gradients"])):
+        relay.mark("call")
+        gradient = case["gradients"][step][rank].clone()
+        results.append(student.topk_average(gradient, error, case["ratio"]))
+        errors.append(error.clone())
+    return {"results": results, "errors": errors}
 
 
 def _topk_training(student: ModuleType, case: dict) -> torch.Tensor:
