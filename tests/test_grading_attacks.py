@@ -720,3 +720,104 @@ def test_without_the_sandbox_scratch_files_and_the_network_stay_in_the_tree(tmp_
     with pytest.raises(BlockingIOError):
         listener.accept()
     listener.close()
+
+
+# -- the trusted wire: what the relay saw is what counts ----------------------------------------
+
+RING_ROWS = ("ring all-reduce", "ring all-reduce (hidden)")
+
+
+def _ring_points(results: list, student: str) -> int:
+    return sum(r.points for r in results if r.student == student and r.check in RING_ROWS)
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_naive_all_reduce_on_the_groups_own_methods_that_forges_counts_earns_nothing(tmp_path, sandbox):
+    """The third round's attack: the real work through the ProcessGroup object's own methods, which
+    nothing wrapped, and the judge's expected bytes appended to the counters in the wrappers'
+    closures. The relay is the group: it sees the all-reduce, and there are no counters to forge."""
+    points, results, _ = _class(tmp_path, {"forger": """
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            group = dist.distributed_c10d._get_default_group()
+            group.allreduce([tensor]).wait()
+            for name in ("send", "isend", "all_reduce", "all_gather"):
+                for cell in getattr(getattr(dist, name), "__closure__", None) or ():
+                    try:
+                        if type(cell.cell_contents) is list:
+                            cell.cell_contents.extend([4 * tensor.numel()] * 64)
+                    except ValueError:  # an empty cell
+                        pass
+    """}, sandbox, name="lesson02_allreduce")
+    assert _ring_points(results, "forger") == 0
+    assert "rank 0 called all_reduce: the ring moves its chunks with send and recv" in next(
+        r.feedback for r in results if r.check == "ring all-reduce")
+
+
+def test_side_channels_carry_no_points_and_a_rank_has_no_network(tmp_path):
+    """Two ways around the relay: sum through files in the shared /tmp and send zeros of a ring's
+    sizes to the right neighbour (the relay sees values that are no partial sums); or open a network
+    of the ranks' own on the loopback (a graded rank cannot make a socket)."""
+    points, results, _ = _class(tmp_path, {"filer": """
+        import os, time
+        import torch
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            rank, n = dist.get_rank(), dist.get_world_size()
+            torch.save(tensor.clone(), f"/tmp/part{rank}.pt")
+            while len([f for f in os.listdir("/tmp") if f.startswith("part")]) < n:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            total = sum(torch.load(f"/tmp/part{r}.pt") for r in range(n))
+            base, extra = divmod(tensor.numel(), n)
+            chunks = tensor.split([base + (c < extra) for c in range(n)])
+            for step in range(2 * (n - 1)):
+                send = (rank - step) % n if step < n - 1 else (rank - step + n) % n
+                if chunks[send].numel():
+                    dist.isend(torch.zeros_like(chunks[send]), (rank + 1) % n)
+                receive = (send - 1) % n
+                if chunks[receive].numel():
+                    dist.recv(torch.empty_like(chunks[receive]), (rank - 1) % n)
+            tensor.copy_(total)
+    """, "networker": """
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            store = dist.TCPStore("127.0.0.1", 29500 + dist.get_rank(), is_master=True)
+            dist.new_group(backend="gloo")
+    """}, name="lesson02_allreduce")
+    assert _ring_points(results, "filer") == 0 and _ring_points(results, "networker") == 0
+    filer = next(r.feedback for r in results if r.student == "filer" and r.check == "ring all-reduce")
+    assert "which is no sum of its own and other ranks' inputs" in filer, filer
+    networker = next(r.feedback for r in results if r.student == "networker" and r.check == "ring all-reduce")
+    assert "EACCES" in networker, networker
+
+
+RING_REDUCE_SCATTER = '''
+def reduce_scatter_mean(full):
+    n, rank = dist.get_world_size(), dist.get_rank()
+    bounds = shard_bounds(full.numel(), n)
+    chunks = [full[bounds[c]:bounds[c + 1]].clone() for c in range(n)]
+    for step in range(n - 1):
+        send, receive = (rank - step - 1) % n, (rank - step - 2) % n
+        work = dist.isend(chunks[send], (rank + 1) % n)
+        buffer = torch.empty_like(chunks[receive])
+        dist.recv(buffer, (rank - 1) % n)
+        chunks[receive] += buffer
+        work.wait()
+    return chunks[rank] / n
+'''
+
+
+def test_a_reduce_scatter_written_as_lesson_02s_ring_scores_full_marks(tmp_path):
+    """A correct reduce_scatter_mean with isend and recv lost 6 of 16 points: the ZeRO-3 check
+    counted dist.reduce_scatter calls. It now judges what each rank received in the backward."""
+    solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
+    start = solution.index("def reduce_scatter_mean")
+    end = solution.index("class ShardedAdamW")
+    ring = solution[:start] + RING_REDUCE_SCATTER.lstrip() + "\n\n" + solution[end:]
+    points, results, _ = _class(tmp_path, {"ringer": ring}, name="lesson05_sharding")
+    full = sum(c.points + c.hidden_points for c in CHECKS["lesson05_sharding"])
+    assert points == {"ringer": full} == {"ringer": 16}, [r.feedback for r in results if not r.points]

@@ -317,9 +317,26 @@ def _ring_judge(case: Case, answer: Any) -> None:
                         f"rank {rank} holds wrong sums in {len(wrong)} of {ranks} chunks.{hint}")
 
 
+def _partial_sum(event: dict, rank: int, inputs: list[torch.Tensor]) -> bool:
+    """Whether a message's values are the sum, over the sender and some other ranks, of their inputs
+    over one run of elements (the only thing a ring ever sends; the inputs are small integers, so
+    sums are exact). A message too large for the relay to keep its values passes."""
+    if event.get("values") is None:
+        return True
+    values = torch.tensor([v for tensor in event["values"] for v in tensor], dtype=torch.float64)
+    others = [r for r in range(len(inputs)) if r != rank]
+    for low in range(len(inputs[0]) - values.numel() + 1):
+        parts = [tensor[low:low + values.numel()].double() for tensor in inputs]
+        for chosen in itertools.chain.from_iterable(itertools.combinations(others, k)
+                                                    for k in range(len(others) + 1)):
+            if torch.equal(parts[rank] + sum((parts[r] for r in chosen), torch.zeros_like(values)), values):
+                return True
+    return False
+
+
 def _ring_watch(case: Case, wire: dict) -> None:
     """What the relay saw: each rank sends only to one neighbour, with messages and no collective,
-    a ring's bytes (every chunk but one in each phase)."""
+    partial sums of chunks, and a ring's bytes (every chunk but one in each phase)."""
     ranks, length = case.inputs["ranks"], len(case.inputs["inputs"][0])
     for rank in range(ranks):
         events = _events(wire, rank)
@@ -332,6 +349,11 @@ def _ring_watch(case: Case, wire: dict) -> None:
         if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
             raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
                         f"neighbour only", "sent to a rank that is not its ring neighbour")
+        for event in events:
+            if event["op"] == "send" and not _partial_sum(event, rank, case.inputs["inputs"]):
+                raise Wrong(f"rank {rank} sent {event['values']}, which is no sum of its own and other "
+                            "ranks' inputs over a run of elements: a ring passes partial sums of chunks",
+                            "sent values that are not partial sums of the ranks' chunks")
         sent, want = _moved(events, "sent"), _ring_sends(length, ranks, rank)
         if sent != want:
             raise Wrong(f"rank {rank} sent {sent} bytes; a ring sends {want} (every chunk but one, in each "
@@ -830,9 +852,10 @@ def _zero3_judge(case: Case, answer: Any) -> None:
 
 
 def _zero3_watch(case: Case, wire: dict) -> None:
-    """What the relay saw of the backward: each rank receives the weights it lacks again and its
-    shard of the other ranks' gradients, and no more than an all-gather and a reduce-scatter of the
-    largest shard bring (an all-reduce of the whole gradient brings about half as much again)."""
+    """What the relay saw of the backward: each rank receives the weights it lacks again and the
+    other ranks' gradients for its shard (summed on the way or not), and no more than an all-gather
+    and a reduce-scatter of the largest shard bring (an all-reduce of the whole gradient brings
+    about half as much again)."""
     inputs, ranks = case.inputs, case.inputs["ranks"]
     unit = inputs["weight"].numel() + inputs["bias"].numel()
     bounds = chunk_bounds(unit, ranks)
@@ -840,7 +863,7 @@ def _zero3_watch(case: Case, wire: dict) -> None:
     for rank in range(ranks):
         mine = bounds[rank + 1] - bounds[rank]
         received = _moved(_after(_events(wire, rank), "backward"), "received")
-        least, most = 4 * (unit - mine + (ranks - 1) * mine), 8 * (ranks - 1) * largest
+        least, most = 4 * unit, 8 * (ranks - 1) * largest  # its missing weights, its shard's sums at least
         if not least <= received <= most:
             raise Wrong(f"rank {rank} received {received} bytes in the backward; gathering the "
                         f"{unit - mine} parameters it lacks and reduce-scattering its shard of {mine} takes "
