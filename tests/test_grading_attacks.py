@@ -821,3 +821,72 @@ def test_a_reduce_scatter_written_as_lesson_02s_ring_scores_full_marks(tmp_path)
     points, results, _ = _class(tmp_path, {"ringer": ring}, name="lesson05_sharding")
     full = sum(c.points + c.hidden_points for c in CHECKS["lesson05_sharding"])
     assert points == {"ringer": full} == {"ringer": 16}, [r.feedback for r in results if not r.points]
+
+
+# -- the library's own answer, however it is loaded -----------------------------------------------
+
+_COPY = "edulib/comm/algorithms.py"  # where the halving-doubling schedule the exercise asks for lives
+WAYS_IN = {
+    "spec_from_file_location": """
+        import importlib.util, edulib
+        path = edulib.__path__[0] + "/comm/algorithms.py"
+        spec = importlib.util.spec_from_file_location("my_algorithms", path)
+        copy = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(copy)
+        answer = copy.halving_doubling
+    """,
+    "exec of the source": """
+        import edulib
+        namespace = {"__name__": "my_algorithms"}
+        exec(open(edulib.__path__[0] + "/comm/algorithms.py").read(), namespace)
+        answer = namespace["halving_doubling"]
+    """,
+    "the bytecode": """
+        import glob, importlib.machinery, edulib
+        path = glob.glob(edulib.__path__[0] + "/comm/__pycache__/algorithms.*.pyc")[0]
+        copy = importlib.machinery.SourcelessFileLoader("my_algorithms", path).load_module()
+        answer = copy.halving_doubling
+    """,
+    "sys.modules and import": """
+        import sys
+        for name in [n for n in sys.modules if n.startswith("edulib.comm")]:
+            del sys.modules[name]
+        import edulib.comm.algorithms
+        answer = edulib.comm.algorithms.halving_doubling
+    """,
+    "reload": """
+        import importlib, edulib.comm.algorithms
+        answer = importlib.reload(edulib.comm.algorithms).halving_doubling
+    """,
+    "pickle": """
+        import pickle, edulib.comm.algorithms
+        answer = pickle.loads(pickle.dumps(edulib.comm.algorithms.halving_doubling))
+    """,
+    "inspect": """
+        import inspect, edulib.comm.algorithms
+        namespace = {}
+        exec(inspect.getsource(edulib.comm.algorithms), namespace)
+        answer = namespace["halving_doubling"]
+    """,
+}
+CALLER = """
+def halving_doubling_schedule(n):
+    return answer(n)
+"""
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_the_librarys_own_answer_earns_nothing_however_it_is_loaded(tmp_path, sandbox):
+    """Out of reach, not detected: the files of every module that holds an exercise's answer are
+    unreadable to the submission's process (Landlock), and the copies already imported hold
+    stand-ins. Each way in scores 0, and the honest classmate full marks."""
+    plants = {way.replace(" ", "_").replace(".", "_"): body + CALLER for way, body in WAYS_IN.items()}
+    solution = (ROOT / "solutions" / "lesson02_allreduce.py").read_text()
+    points, results, warnings = _class(tmp_path, {**plants, "honest": solution}, sandbox,
+                                       name="lesson02_allreduce")
+    rows = ("halving-doubling schedule", "halving-doubling schedule (hidden)")
+    earned = {student: sum(r.points for r in results if r.student == student and r.check in rows)
+              for student in points}
+    assert earned == {**dict.fromkeys(plants, 0), "honest": 3}, [
+        (r.student, r.feedback) for r in results if r.check == rows[0]]
+    assert not any("Landlock" in w for w in warnings)

@@ -41,7 +41,8 @@ def main() -> None:
     submission = Path(request["submission"])
     sys.path.insert(0, str(submission.parent))
     forbid.forbid(request["forbidden"])
-    send(stage="importing")
+    hidden = forbid.hide(forbid.sources(request["forbidden"]))
+    send(stage="importing", hidden=hidden)
     try:
         module = importlib.import_module(submission.stem)
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too

@@ -42,6 +42,8 @@ STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Pytho
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
 JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
 STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
+UNHIDDEN = ("this kernel offers no Landlock: a submission could read edulib's own answers from their files "
+            "(only the stand-ins for the answering functions stop it)")
 KEPT = 128 * 2**20  # bytes of answers kept from one tree until they are judged
 HEADER = 8192  # bytes of a line's header (which call, what kind of outcome, or a stage)
 TOO_LARGE = b'{"raised": "an answer larger than the grader reads (16 MiB as JSON)"}'
@@ -95,6 +97,7 @@ class _Tree:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = "starting"
     message: str = ""
+    hidden: object = None  # whether the library's answers were out of reach (Landlock), as the tree said
     status: dict = field(default_factory=dict)
     output: bytes = b""
 
@@ -328,6 +331,7 @@ def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
         calls.answer(message.get("call"), message.get("kind"), body)
     elif type(message.get("stage")) is str and calls.current == -1:
         tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
+        tree.hidden = message.get("hidden", tree.hidden)
         if tree.stage == "imported":
             calls.advance()
 
@@ -435,6 +439,8 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
     while pending:
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
         tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail)
+        if tree.hidden is False and UNHIDDEN not in warnings:
+            warnings.append(UNHIDDEN)
         if tree.stage == "import failed":
             text = f"the module raised while being imported: {tree.message}"
             verdicts.update({check.name: ((text, text), 0.0) for check in pending})
