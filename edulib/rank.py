@@ -17,6 +17,7 @@ import os
 import pickle
 import queue
 import sys
+import sysconfig
 import threading
 import traceback
 from collections.abc import Callable
@@ -74,10 +75,11 @@ class _Forward(io.TextIOBase):
 
 def where(frame: FrameType | None) -> tuple[str, str]:
     """Name what a stack is doing: (the torch.distributed call the user made, the innermost user
-    line). The user's line is the innermost in a file outside torch and edulib (a student's
-    exercise, a script, a cell), else the innermost outside torch."""
+    line). The user's line is the innermost in a file outside torch, edulib and Python's own library
+    (a student's exercise, a script, a cell), else the innermost outside torch."""
     operation, location, inside_edulib = "", "", ""
     package = os.path.dirname(os.path.abspath(__file__)).replace(os.sep, "/") + "/"
+    library = sysconfig.get_paths()["stdlib"].replace(os.sep, "/") + "/"
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if "/torch/distributed/" in path:
@@ -87,7 +89,7 @@ def where(frame: FrameType | None) -> tuple[str, str]:
                 operation = frame.f_code.co_name
         elif "/torch/" not in path and not path.endswith("/edulib/rank.py"):
             line = f"{frame.f_code.co_name} ({os.path.basename(path)}, line {frame.f_lineno})"
-            if path.startswith((package, "<")):  # edulib, or a frozen module or a `python -c` string
+            if path.startswith((package, library, "<")):  # edulib, Python's own, or a `python -c` string
                 inside_edulib = inside_edulib or line
             elif not location:
                 location = line

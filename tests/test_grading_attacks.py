@@ -890,3 +890,64 @@ def test_the_librarys_own_answer_earns_nothing_however_it_is_loaded(tmp_path, sa
     assert earned == {**dict.fromkeys(plants, 0), "honest": 3}, [
         (r.student, r.feedback) for r in results if r.check == rows[0]]
     assert not any("Landlock" in w for w in warnings)
+
+
+# -- bounded trees ---------------------------------------------------------------------------------
+
+def test_dev_is_read_only_and_dev_shm_is_sized_in_the_sandbox(tmp_path):
+    """/dev was an unsized writable tmpfs: 1 GiB went into /dev/shm."""
+    points, results, _ = _class(tmp_path, {"filler": """
+        import os
+        for name in ["/dev/planted"] + [f"/dev/shm/planted{i}" for i in range(64)]:
+            try:
+                with open(name, "wb") as out:
+                    for _ in range(16):  # at most 16 MiB a file (the file-size limit)
+                        out.write(b"x" * 2**20)
+            except OSError:
+                pass
+        held = sum(os.path.getsize(f"/dev/shm/{name}") for name in os.listdir("/dev/shm"))
+        raise RuntimeError(f"/dev/shm holds {held >> 20} MiB, /dev/planted: {os.path.exists('/dev/planted')}")
+    """ + STUB})
+    assert points == {"filler": 0}
+    assert "/dev/shm holds 64 MiB, /dev/planted: False" in results[0].feedback, results[0].feedback
+
+
+def test_a_tree_is_capped_in_threads_and_in_memory_as_a_whole(tmp_path):
+    """1,500 threads in one process were allowed, and nothing capped a tree's total memory (only
+    each process's address space): three processes of 1.6 GiB each now exceed the tree's 4 GiB.
+    Each plant answers correctly only if its excess went through, so a cap that fails shows."""
+    probe = {}
+    from edulib.grading import warden
+    probe["made"], probe["uncapped"] = warden._cgroups({"tree_memory": 2**30, "tree_tasks": 64})
+    for folder in probe["made"]:
+        os.rmdir(folder)
+    if probe["uncapped"]:
+        pytest.skip(f"no cgroup caps a tree's {probe['uncapped']} here (the report says so)")
+    points, results, _ = _class(tmp_path, {"threads": HONEST + textwrap.dedent("""
+        def grid_groups(dp, pp, tp):
+            import threading, time
+            for _ in range(1500):
+                threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+            return _honest(dp, pp, tp)
+    """), "memory": HONEST + textwrap.dedent("""
+        def grid_groups(dp, pp, tp):
+            import os, time
+            children = []
+            for _ in range(3):
+                pid = os.fork()
+                if pid == 0:
+                    hoard = b"\\x01" * (1600 * 2**20)
+                    time.sleep(3)
+                    os._exit(0 if hoard else 1)
+                children.append(pid)
+            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+            if codes != [0, 0, 0]:
+                raise MemoryError(f"the tree's cap stopped a child: exit codes {codes}")
+            return _honest(dp, pp, tp)
+    """)})
+    grid = {student: sum(r.points for r in results if r.student == student and r.check.startswith("grid"))
+            for student in points}
+    assert grid == {"threads": 0, "memory": 0}, [r.feedback for r in results]
+    feedback = {r.student: r.feedback for r in results if r.check == "grid groups"}
+    assert "can't start new thread at grid_groups (lesson07_hybrid.py" in feedback["threads"], feedback
+    assert "the tree's cap stopped a child" in feedback["memory"], feedback

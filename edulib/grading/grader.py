@@ -59,6 +59,8 @@ class Limits:
     memory: int = 3 * 2**30  # bytes of address space per process
     processes: int = 24  # processes in the tree at once
     file_size: int = 16 * 2**20  # bytes per file written
+    tree_memory: int = 4 * 2**30  # bytes of memory the whole tree may use (a cgroup, where one can be made)
+    tree_tasks: int = 512  # processes and threads in the whole tree at once (likewise)
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "call_fd": call_read, "status_fd": status_write, "cpu_time": cpu,
               "wall": 2 * cpu + 30, "memory": limits.memory, "processes": limits.processes,
-              "file_size": limits.file_size, "wire_fds": wire_fds}
+              "file_size": limits.file_size, "wire_fds": wire_fds, "tree_memory": limits.tree_memory,
+              "tree_tasks": limits.tree_tasks}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
@@ -358,6 +361,8 @@ def _why(tree: _Tree, cpu: float) -> str:
         return f"no answer within {status.get('wall', 0):.0f} s: a deadlock?"
     if status.get("limit") == "processes":
         return f"started more than {Limits.processes} processes {where}"
+    if status.get("out_of_memory"):
+        return f"the module's processes used more than {Limits.tree_memory >> 30} GiB of memory {where}"
     code = status.get("exit")
     tail = _tail(tree.output)
     return f"the module exited {where} (exit code {code})" + (f": {tail}" if tail else "")
@@ -441,6 +446,10 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
         tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail)
         if tree.hidden is False and UNHIDDEN not in warnings:
             warnings.append(UNHIDDEN)
+        uncapped = tree.status.get("uncapped") or []
+        if uncapped and not any(w.startswith("no cgroup") for w in warnings):
+            warnings.append(f"no cgroup could cap each tree's {' and '.join(map(str, uncapped))} here: only "
+                            "the per-process limits (address space, processes, CPU time) held")
         if tree.stage == "import failed":
             text = f"the module raised while being imported: {tree.message}"
             verdicts.update({check.name: ((text, text), 0.0) for check in pending})

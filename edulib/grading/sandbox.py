@@ -33,6 +33,7 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SUBMISSION = "/submission"  # where a student's snapshot appears inside the sandbox
 SUBMISSION_PRIVATE = "/tmp/submission"  # where it appears without the sandbox, under a private /tmp
 SCRATCH_BYTES = 256 * 2**20  # the private /tmp's size: files there live in the machine's memory
+SHM_BYTES = 64 * 2**20  # the private /dev/shm's size (the rest of /dev is read-only)
 ETC_FILES = {  # written by the grader: what Python, the resolver and gloo look up, and nothing else
     "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
     "passwd": f"root:x:0:0::/:/bin/false\nnobody:x:{NOBODY}:{NOBODY}::/tmp:/bin/false\n",
@@ -48,7 +49,7 @@ PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # a fresh, sized tmpfs on each, for 
 # tmpfs on each shared scratch folder, the scratch folder made again in it, the loopback brought up.
 _PRIVATE_SCRIPT = (
     'cd "$EDULIB_SNAPSHOT" && for folder in ' + " ".join(PRIVATE) + '; do [ ! -d "$folder" ] || '
-    f'mount -t tmpfs -o size={256 * 2**20},mode=1777 tmpfs "$folder" || exit 97; done; '
+    f'mount -t tmpfs -o size={SCRATCH_BYTES},mode=1777 tmpfs "$folder" || exit 97; done; '
     f'mkdir {SUBMISSION_PRIVATE} && mount --bind /proc/self/cwd {SUBMISSION_PRIVATE} '  # the hidden snapshot
     f'&& mount -o remount,bind,ro {SUBMISSION_PRIVATE} '
     '&& mkdir -p "$TMPDIR" && { [ -z "$EDULIB_OWNER" ] || chown "$EDULIB_OWNER" "$TMPDIR"; } '
@@ -129,7 +130,8 @@ def wrap(argv: Sequence[str], snapshot: Path, etc: Path, scratch: str = "/tmp") 
     for path in installed():
         command += ["--ro-bind", str(path), str(path)]
     command += ["--ro-bind", str(etc), "/etc", "--ro-bind", str(snapshot), SUBMISSION,
-                "--dev", "/dev", "--proc", "/proc", "--chdir", scratch]
+                "--dev", "/dev", "--remount-ro", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+                "--proc", "/proc", "--chdir", scratch]
     return [*command, "--", *argv]
 
 

@@ -3,14 +3,17 @@
 The grader starts this script (standard library only, so it starts in milliseconds) with a JSON
 configuration on stdin. It makes itself a child subreaper, so every process the submission
 starts, detached or not, stays its descendant; it starts the command under `resource` limits
-(address space, CPU seconds, file size, processes); and it watches the tree's CPU time, its wall
-time and its size. When the command exits or a limit is reached, it kills every descendant,
+(address space, CPU seconds, file size, processes) and, where the system lets it make cgroups
+(v2, or v1's memory and pids controllers), in a cgroup of its own that caps the whole tree's
+memory and its tasks (threads included); and it watches the tree's CPU time, its wall time and its
+size. When the command exits or a limit is reached, it kills every descendant,
 reaps them until none is left, and only then writes its status (JSON) on the status pipe.
 It is not dumpable, so the submission cannot open that pipe through /proc.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -84,16 +87,69 @@ def _kill_all(main: int, status: dict) -> None:
         time.sleep(0.01)
 
 
-def _limits(config: dict) -> None:
+def _cgroups(config: dict) -> tuple[list[str], list[str]]:
+    """Make the tree's cgroups below this process's own: the folders made (each capped), and what
+    could not be capped ("memory", "tasks"). cgroup v2 where the system runs it, else v1's
+    controllers, each where it is mounted and writable."""
+    name, made, capped = f"edulib-tree-{os.getpid()}", [], set()
+    caps = {"memory": config["tree_memory"], "tasks": config["tree_tasks"]}
+    try:
+        with open("/proc/self/cgroup") as lines:
+            mine = dict(line.strip().split(":", 2)[1:] for line in lines if line.count(":") >= 2)
+    except OSError:
+        mine = {}
+    v2 = set(mine) == {""} and os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    layout = ({"": ("/sys/fs/cgroup", {"memory": "memory.max", "tasks": "pids.max"})} if v2 else
+              {"memory": ("/sys/fs/cgroup/memory", {"memory": "memory.limit_in_bytes"}),
+               "pids": ("/sys/fs/cgroup/pids", {"tasks": "pids.max"})})
+    for controller, (root, files) in layout.items():
+        if controller not in mine:
+            continue
+        folder = os.path.join(root + mine[controller], name)
+        try:
+            os.mkdir(folder)
+        except OSError:
+            continue
+        made.append(folder)
+        for what, file in files.items():
+            with contextlib.suppress(OSError), open(os.path.join(folder, file), "w") as limit:
+                limit.write(str(caps[what]))
+                capped.add(what)
+    return made, sorted(set(caps) - capped)
+
+
+def _join(folders: list[str]) -> None:
+    """Put this process (the command, before it starts) into the tree's cgroups."""
+    for folder in folders:
+        with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+
+
+def _limits(config: dict, folders: list[str]) -> None:
     """In the command's process, before it starts: the resource limits, and death with the warden
     (the command is the sandbox or the pid namespace's parent, so its tree dies with it)."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _join(folders)
     for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu_time"]) + 5),
                         ("RLIMIT_FSIZE", config["file_size"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
     if os.getuid() != 0:  # the kernel does not hold root to a process count
         mine = sum(uid == os.getuid() for _, _, uid in _processes().values())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + config["processes"],) * 2)
+
+
+def _oom(folder: str) -> bool:
+    """Whether the tree's memory cap was hit (v1's failure count, v2's events)."""
+    for file, word in (("memory.failcnt", None), ("memory.events", "oom_kill")):
+        try:
+            with open(os.path.join(folder, file)) as counts:
+                text = counts.read()
+        except OSError:
+            continue
+        if word is None:
+            return int(text or 0) > 0
+        return any(line.split()[0] == word and int(line.split()[1]) > 0 for line in text.splitlines())
+    return False
 
 
 def main() -> None:
@@ -103,16 +159,17 @@ def main() -> None:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     status_pipe = os.fdopen(config["status_fd"], "w")
+    folders, uncapped = _cgroups(config)
     began = time.monotonic()
     child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
                              pass_fds=(config["answer_fd"], config["call_fd"], *config["wire_fds"]),
                              start_new_session=True,
-                             preexec_fn=lambda: _limits(config))
+                             preexec_fn=lambda: _limits(config, folders))
     for fd in (config["answer_fd"], config["call_fd"], *config["wire_fds"]):
         os.close(fd)
     child.stdin.write(config["request"].encode())
     child.stdin.close()
-    status: dict = {"exit": None, "limit": None, "most_processes": 1}
+    status: dict = {"exit": None, "limit": None, "most_processes": 1, "uncapped": uncapped}
     while True:
         _reap(child.pid, status)
         if status["exit"] is not None:
@@ -136,6 +193,10 @@ def main() -> None:
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     status["cpu_time"] = max(status.get("cpu_time", 0.0), used.ru_utime + used.ru_stime)
     status["wall"] = time.monotonic() - began
+    for folder in folders:  # empty now: every process of the tree is gone
+        with contextlib.suppress(OSError):
+            status["out_of_memory"] = status.get("out_of_memory") or _oom(folder)
+            os.rmdir(folder)
     status_pipe.write(json.dumps(status))
     status_pipe.close()
 
