@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import platform
 import shutil
@@ -15,11 +16,50 @@ from edulib.grading import grade
 from edulib.table import format_table
 
 
+def ping_pong(messages: int, elements: int) -> float:
+    """On two ranks: rank 0 sends `elements` floats and rank 1 sends them back, `messages` messages
+    in all; the seconds each message took."""
+    import torch
+    import torch.distributed as dist
+
+    tensor, peer = torch.zeros(elements), 1 - dist.get_rank()
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(messages // 2):
+        for turn in (0, 1):
+            (dist.send if dist.get_rank() == turn else dist.recv)(tensor, peer)
+    return (time.perf_counter() - began) / messages
+
+
+def relay_cost(messages: int = 2000, elements: int = 256) -> dict[str, float]:
+    """Seconds per message between two ranks: through the grader's relay, and on gloo (in a fresh
+    process: the relay's ranks are forked from it)."""
+    import threading
+
+    from edulib.grading.relay import Relay, join
+    from edulib.launch import Pool
+
+    with Pool(2, backend="gloo", start="fork") as pool:
+        gloo = max(pool.run(ping_pong, messages, elements))
+    relay, stop = Relay(2), threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            relay.pump(0.01)
+    relay.begin([0, 1])
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with Pool(2, start="fork", join=join, wires=relay.rank_ends) as pool:
+        relayed = max(pool.run(ping_pong, messages, elements))
+    stop.set()
+    server.join()
+    return {"gloo": gloo, "relay": relayed}
+
+
 def bench_grade(students: int = 30) -> str:
     """Time `edulib grade` on the solutions and on a class of `students` (half of them hand in
-    the solutions, half the untouched exercises), against starting Python with torch once."""
-
-
+    the solutions, half the untouched exercises), against starting Python with torch once; and
+    the relay's cost per message against gloo's."""
     root = Path(__file__).resolve().parent.parent
     began = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
@@ -40,6 +80,9 @@ def bench_grade(students: int = 30) -> str:
         results = grade(Path(folder), progress=False)
         whole = time.perf_counter() - began
     perfect = sum(r.points == r.max_points for r in results) / len(results)
+    measure = "from edulib.bench.grade import relay_cost; print(relay_cost())"
+    probe = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, check=True)
+    cost = ast.literal_eval(probe.stdout.strip().splitlines()[-1])
     rows = [("python -c 'import torch' (baseline)", f"{baseline:.2f} s", "1.0x"),
             (f"edulib grade solutions/ ({trees} exercises, one process tree each), sandboxed",
              f"{alone:.1f} s", f"{alone / baseline:.1f}x"),
@@ -49,6 +92,10 @@ def bench_grade(students: int = 30) -> str:
             (f"a class of {students} (half solutions, half untouched exercises), sandboxed",
              f"{whole / 60:.1f} min",
              f"{whole / baseline:.0f}x"),
-            ("  per student", f"{whole / students:.1f} s", f"{whole / students / baseline:.1f}x")]
+            ("  per student", f"{whole / students:.1f} s", f"{whole / students / baseline:.1f}x"),
+            ("a message of 1 KiB between 2 ranks on gloo (baseline of the next row)",
+             f"{cost['gloo'] * 1e6:.0f} us", "1.0x"),
+            ("  the same through the grader's relay (graded ranks)", f"{cost['relay'] * 1e6:.0f} us",
+             f"{cost['relay'] / cost['gloo']:.1f}x")]
     return (f"grading on {platform.node()} ({os.cpu_count()} cores); {perfect:.0%} of the class's rows "
             "scored full marks\n\n" + format_table(["what", "time", "ratio to baseline"], rows))
