@@ -951,3 +951,34 @@ def test_a_tree_is_capped_in_threads_and_in_memory_as_a_whole(tmp_path):
     feedback = {r.student: r.feedback for r in results if r.check == "grid groups"}
     assert "can't start new thread at grid_groups (lesson07_hybrid.py" in feedback["threads"], feedback
     assert "the tree's cap stopped a child" in feedback["memory"], feedback
+
+
+def test_a_tree_run_as_a_user_of_its_own_is_held_to_its_task_count(tmp_path):
+    """Even as root: the warden runs the tree as a user no process runs as, with RLIMIT_NPROC at the
+    tree's task limit (the kernel holds any user but root to it), so threads past it fail."""
+    import json as jsonlib
+    import subprocess as run
+
+    python = "/usr/bin/python3"
+    if os.getuid() != 0 or not Path(python).exists():
+        pytest.skip("needs root (to become a user of its own) and a system Python any user can run")
+    from edulib.grading import warden
+
+    status_read, status_write = os.pipe()
+    answer_read, answer_write = os.pipe()
+    call_read, call_write = os.pipe()
+    spawn = ("import os, resource, threading, time\n"
+             "assert os.getuid() != 0 and resource.getrlimit(resource.RLIMIT_NPROC) == (20, 20)\n"
+             "try:\n    [threading.Thread(target=time.sleep, args=(1,)).start() for _ in range(100)]\n"
+             "except RuntimeError:\n    raise SystemExit(7)\n")
+    config = {"argv": bubblewrap.as_user(bubblewrap.own_user(), [python, "-I", "-c", spawn]), "cwd": "/",
+              "env": {}, "request": "{}", "answer_fd": answer_write, "call_fd": call_read,
+              "status_fd": status_write, "cpu_time": 30, "wall": 60, "memory": 2**30, "processes": 24,
+              "file_size": 2**20, "wire_fds": [], "tree_memory": 2**30, "tree_tasks": 20, "own_user": True}
+    done = run.run([sys.executable, "-I", warden.__file__], input=jsonlib.dumps(config).encode(),
+                   pass_fds=(status_write, answer_write, call_read), timeout=120, capture_output=True)
+    for fd in (status_write, answer_write, call_read, call_write, answer_read):
+        os.close(fd)
+    with os.fdopen(status_read) as status:
+        found = jsonlib.loads(status.read())
+    assert done.returncode == 0 and found["exit"] == 7, (found, done.stdout[-2000:])

@@ -135,9 +135,12 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     status_read, status_write = os.pipe()
     call_read, call_write = os.pipe()
     child = [sys.executable, "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I ignores PYTHON* variables
+    own_user = jail.etc is not None and bubblewrap.unprivileged_sandbox()
     if jail.etc is not None:
         argv, inside = bubblewrap.wrap(child, submission.parent, jail.etc), Path(bubblewrap.SUBMISSION)
         cwd, env = "/", {}
+        if own_user:  # bubblewrap as a user of its own, whose count of tasks the kernel caps
+            argv = bubblewrap.as_user(bubblewrap.own_user(), argv)
     else:
         argv, extra, inside = bubblewrap.contain(child, submission.parent)
         cwd, env = scratch, {**bubblewrap.environment(scratch), **extra}
@@ -149,7 +152,7 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
               "answer_fd": answer_write, "call_fd": call_read, "status_fd": status_write, "cpu_time": cpu,
               "wall": 2 * cpu + 30, "memory": limits.memory, "processes": limits.processes,
               "file_size": limits.file_size, "wire_fds": wire_fds, "tree_memory": limits.tree_memory,
-              "tree_tasks": limits.tree_tasks}
+              "tree_tasks": limits.tree_tasks, "own_user": own_user}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",

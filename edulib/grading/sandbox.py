@@ -135,6 +135,39 @@ def wrap(argv: Sequence[str], snapshot: Path, etc: Path, scratch: str = "/tmp") 
     return [*command, "--", *argv]
 
 
+def own_user() -> int:
+    """A user id no process on this machine runs as now: a tree run as it is held to RLIMIT_NPROC
+    (which the kernel does not apply to root) by its own count alone."""
+    taken = set()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            taken.add(os.stat(f"/proc/{name}").st_uid)
+        except OSError:
+            continue
+    return next(uid for uid in range(61000, 65000) if uid not in taken)
+
+
+def as_user(uid: int, argv: Sequence[str]) -> list[str]:
+    """`argv` run as user and group `uid`, with no supplementary groups."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+
+
+@functools.cache
+def unprivileged_sandbox() -> bool:
+    """Whether this process is root and bubblewrap still runs the submission's Python when started
+    as a user of its own (so that user's process count can be capped)."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="edulib-probe-") as folder:
+        os.chmod(folder, 0o755)
+        etc = write_etc(Path(folder) / "etc")
+        argv = wrap([sys.executable, "-I", "-B", "-c", "import edulib.grading.child"], Path(folder), etc)
+        probe = subprocess.run(as_user(own_user(), argv), capture_output=True, timeout=60, cwd="/")
+    return probe.returncode == 0
+
+
 @functools.cache
 def pid_namespace() -> bool:
     """Whether util-linux's unshare can give a tree its own pid namespace here."""
@@ -205,7 +238,7 @@ def contain(argv: Sequence[str], snapshot: Path) -> tuple[list[str], dict[str, s
     and as an unprivileged user, where this system allows each; the command, the environment
     variables it needs besides the submission's, and where the snapshot folder appears to it."""
     if drops_privileges():
-        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+        argv = as_user(NOBODY, argv)
     if not private_scratch():
         return [*_unshare(False), *argv] if pid_namespace() else list(argv), {}, snapshot
     return [*_unshare(True), *argv], _private_environment(snapshot), Path(SUBMISSION_PRIVATE)

@@ -133,7 +133,9 @@ def _limits(config: dict, folders: list[str]) -> None:
     for name, value in (("RLIMIT_AS", config["memory"]), ("RLIMIT_CPU", int(config["cpu_time"]) + 5),
                         ("RLIMIT_FSIZE", config["file_size"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
-    if os.getuid() != 0:  # the kernel does not hold root to a process count
+    if config.get("own_user"):  # the tree runs as a user no other process runs as: its tasks alone
+        resource.setrlimit(resource.RLIMIT_NPROC, (config["tree_tasks"],) * 2)
+    elif os.getuid() != 0:  # the kernel does not hold root to a process count
         mine = sum(uid == os.getuid() for _, _, uid in _processes().values())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + config["processes"],) * 2)
 
@@ -160,6 +162,8 @@ def main() -> None:
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     status_pipe = os.fdopen(config["status_fd"], "w")
     folders, uncapped = _cgroups(config)
+    if config.get("own_user"):  # RLIMIT_NPROC caps the tree's tasks all the same
+        uncapped = [what for what in uncapped if what != "tasks"]
     began = time.monotonic()
     child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
                              pass_fds=(config["answer_fd"], config["call_fd"], *config["wire_fds"]),
