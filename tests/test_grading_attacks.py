@@ -757,8 +757,9 @@ def test_a_naive_all_reduce_on_the_groups_own_methods_that_forges_counts_earns_n
 
 def test_side_channels_carry_no_points_and_a_rank_has_no_network(tmp_path):
     """Two ways around the relay: sum through files in the shared /tmp and send zeros of a ring's
-    sizes to the right neighbour (the relay sees values that are no partial sums); or open a network
-    of the ranks' own on the loopback (a graded rank cannot make a socket)."""
+    sizes to the right neighbour (a graded rank can write no file; were it able to, the relay would
+    see values that are no partial sums: test_grading_judges); or open a network of the ranks' own
+    on the loopback (a graded rank cannot make a socket)."""
     points, results, _ = _class(tmp_path, {"filer": """
         import os, time
         import torch
@@ -790,7 +791,7 @@ def test_side_channels_carry_no_points_and_a_rank_has_no_network(tmp_path):
     """}, name="lesson02_allreduce")
     assert _ring_points(results, "filer") == 0 and _ring_points(results, "networker") == 0
     filer = next(r.feedback for r in results if r.student == "filer" and r.check == "ring all-reduce")
-    assert "which is no sum of its own and other ranks' inputs" in filer, filer
+    assert "Permission denied at ring_allreduce" in filer, filer  # a graded rank writes no file
     networker = next(r.feedback for r in results if r.student == "networker" and r.check == "ring all-reduce")
     assert "EACCES" in networker, networker
 

@@ -147,3 +147,23 @@ def test_the_tensor_shaped_dict_that_stopped_a_class_is_a_named_zero():
     case = cases_of(exercise, check)[0]
     text = _verdict(check, case, {"answer": {"tensor": [1], "shape": [], "data": ""}})
     assert "wrong kind" in text and not _passed(check, case, text)
+
+
+def test_the_ring_judge_refuses_messages_that_are_no_partial_sums():
+    """Ranks that summed through a side channel and sent values of a ring's sizes for show: the
+    relay's log holds each message's values, and the judge asks each to be a partial sum."""
+    from edulib.grading.checks import Wrong, _partial_sum, _ring_watch
+
+    exercise, check = next((e, c) for e, c in ALL if c.collect == "ring")
+    case = cases_of(exercise, check)[0]
+    inputs = case.inputs["inputs"]
+
+    def send(rank: int, values: list) -> dict:
+        return {"rank": rank, "op": "send", "peer": (rank + 1) % len(inputs), "elements": len(values),
+                "bytes": 4 * len(values), "values": [values]}
+    assert _partial_sum(send(0, inputs[0][2:5].tolist()), 0, inputs)  # its own chunk
+    assert _partial_sum(send(1, (inputs[1][2:5] + inputs[2][2:5]).tolist()), 1, inputs)  # and another's
+    assert not _partial_sum(send(1, inputs[2][2:5].tolist()), 1, inputs)  # without its own part
+    assert not _partial_sum(send(0, [0.5, 0.5, 0.5]), 0, inputs)
+    with pytest.raises(Wrong, match="which is no sum of its own and other ranks' inputs"):
+        _ring_watch(case, {"events": [send(0, [0.5, 0.5, 0.5])], "problems": []})

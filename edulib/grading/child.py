@@ -32,7 +32,7 @@ def main() -> None:
         answers.write(json.dumps({"call": call, "kind": kind}) + "\t" + json.dumps(outcome, allow_nan=False)
                       + "\n")
 
-    from edulib.grading import forbid
+    from edulib.grading import confine, forbid
     from edulib.grading.plain import decode
     from edulib.grading.student import COLLECTORS, WIRES, close_pools
 
@@ -41,7 +41,7 @@ def main() -> None:
     submission = Path(request["submission"])
     sys.path.insert(0, str(submission.parent))
     forbid.forbid(request["forbidden"])
-    hidden = forbid.hide(forbid.sources(request["forbidden"]))
+    hidden = confine.hide(forbid.sources(request["forbidden"]))
     send(stage="importing", hidden=hidden)
     try:
         module = importlib.import_module(submission.stem)

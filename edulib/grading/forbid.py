@@ -7,7 +7,7 @@ with the check's answers, and the grader scores it 0 with "this exercise must im
 itself", even when the submission catches the exception. Reloading a module to get the
 original back is refused the same way, and a stand-in has no `__wrapped__` to reach it through.
 
-Then `hide` takes the files of those modules out of reach (Landlock, where the kernel offers it):
+Then `confine.hide` takes the files of those modules out of reach (Landlock, where the kernel offers it):
 from then on the submission's process and its ranks cannot read their sources or bytecode, so a
 second copy cannot be loaded (`importlib`, `spec_from_file_location`, `exec` of the source text,
 `reload`, `inspect`); the copies already imported hold the stand-ins. What stays possible is to
@@ -17,11 +17,8 @@ stand-ins alone: every answer is judged against the grader's own reference and w
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib
-import os
-import struct
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -92,10 +89,6 @@ def forbid(names: Iterable[tuple[str, str]]) -> None:
     sys.meta_path.insert(0, _NoReload(modules))
 
 
-_EXECUTE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 2, 1 << 3  # Landlock's access rights for reading
-_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # its system calls, the same on every arch
-
-
 def sources(names: Iterable[tuple[str, str]]) -> set[Path]:
     """The files of the edulib modules that define these names: sources and their bytecode."""
     import edulib
@@ -113,37 +106,3 @@ def sources(names: Iterable[tuple[str, str]]) -> set[Path]:
             found |= {entry.resolve() for entry in cache.iterdir()
                       if entry.name.startswith(source.stem + ".")}
     return found
-
-
-def hide(files: set[Path]) -> bool:
-    """From now on neither this process nor any it starts can read `files`; all else stays as readable
-    as it was (Landlock grants read access to every other entry beside the path to each file). False
-    where the kernel offers no Landlock."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    handled = _EXECUTE | _READ_FILE | _READ_DIR
-    attr = ctypes.create_string_buffer(struct.pack("Q", handled))
-    ruleset = libc.syscall(_CREATE_RULESET, attr, 8, 0)
-    if ruleset < 0:
-        return False
-    try:
-        def allow(path: str, access: int) -> None:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                return
-            rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
-            libc.syscall(_ADD_RULE, ruleset, 1, rule, 0)
-            os.close(fd)
-        allow("/", _READ_DIR)  # names may be listed anywhere
-        hidden = {str(path) for path in files}
-        on_the_way = {str(parent) for path in files for parent in path.parents}
-        for folder in on_the_way:
-            for entry in os.scandir(folder):
-                if entry.path in hidden or entry.path in on_the_way:
-                    continue
-                allow(entry.path, handled if os.path.isdir(entry.path) else _EXECUTE | _READ_FILE)
-        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, which Landlock needs
-            return False
-        return libc.syscall(_RESTRICT_SELF, ruleset, 0) == 0
-    finally:
-        os.close(ruleset)

@@ -44,6 +44,8 @@ JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader
 STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
 UNHIDDEN = ("this kernel offers no Landlock: a submission could read edulib's own answers from their files "
             "(only the stand-ins for the answering functions stop it)")
+OPEN_RANKS = ("this kernel offers no seccomp filter or Landlock for the graded ranks: they could reach each "
+              "other outside the relay (their messages through it are still judged)")
 KEPT = 128 * 2**20  # bytes of answers kept from one tree until they are judged
 HEADER = 8192  # bytes of a line's header (which call, what kind of outcome, or a stage)
 TOO_LARGE = b'{"raised": "an answer larger than the grader reads (16 MiB as JSON)"}'
@@ -100,6 +102,7 @@ class _Tree:
     stage: str = "starting"
     message: str = ""
     hidden: object = None  # whether the library's answers were out of reach (Landlock), as the tree said
+    open_ranks: bool = False  # a rank said it could not give up sockets, files and shared memory
     status: dict = field(default_factory=dict)
     output: bytes = b""
 
@@ -208,6 +211,8 @@ class _Calls:
             kind, raw = "raised", TOO_LARGE
         self.tree.kept += len(raw)
         wire = self.relay.log() if self.relay is not None and check.wire else None
+        if wire and any(e["op"] == "mark" and e["label"] == "not isolated" for e in wire["events"]):
+            self.tree.open_ranks = True
         reply = Reply(kind if type(kind) is str else "", raw, wire)
         self.tree.outcomes.setdefault(check.name, []).append(reply)
         took = time.monotonic() - self.sent_at
@@ -447,8 +452,9 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
     while pending:
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
         tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail)
-        if tree.hidden is False and UNHIDDEN not in warnings:
-            warnings.append(UNHIDDEN)
+        for said, text in ((tree.hidden is False, UNHIDDEN), (tree.open_ranks, OPEN_RANKS)):
+            if said and text not in warnings:
+                warnings.append(text)
         uncapped = tree.status.get("uncapped") or []
         if uncapped and not any(w.startswith("no cgroup") for w in warnings):
             warnings.append(f"no cgroup could cap each tree's {' and '.join(map(str, uncapped))} here: only "

@@ -274,45 +274,18 @@ def mark(label: str) -> None:
     wire.submit({"op": "mark", "label": label, "group": [dist.get_rank()]}, [], [], reply=False)
 
 
-# seccomp's classic BPF: load a word of seccomp_data, compare, return a verdict
-_LOAD, _EQUAL, _AT_LEAST, _RETURN = 0x20, 0x15, 0x35, 0x06
-_ALLOW, _REFUSE = 0x7FFF0000, 0x00050000 | 13  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EACCES
-_ARCHES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # AUDIT_ARCH_*, socket(2)'s number
-
-
-def no_sockets() -> bool:
-    """From here on, in this process and all it starts, socket(2) fails (EACCES), as does any call of
-    another architecture's ABI: a graded rank reaches other ranks only through its wire. False where
-    this machine offers no seccomp filter for it."""
-    import ctypes
-    import platform
-
-    arch = _ARCHES.get(platform.machine())
-    if arch is None:
-        return False
-    program = [(_LOAD, 0, 0, 4), (_EQUAL, 1, 0, arch[0]), (_RETURN, 0, 0, _REFUSE),  # another ABI
-               (_LOAD, 0, 0, 0), (_AT_LEAST, 2, 0, 0x40000000),  # x32's numbers
-               (_EQUAL, 1, 0, arch[1]), (_RETURN, 0, 0, _ALLOW), (_RETURN, 0, 0, _REFUSE)]
-    filters = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
-    buffer = ctypes.create_string_buffer(filters)
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    libc = ctypes.CDLL(None, use_errno=True)
-    fprog = Program(len(program), ctypes.addressof(buffer))
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        return False
-    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-
-
 def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int) -> None:
-    """In a graded rank: give up sockets, then join the default group through the relay on these
-    two pipes (no store on the network, no backend of its own)."""
-    no_sockets()
+    """In a graded rank: give up every other way to reach a process (`confine.isolate_rank`), then
+    join the default group through the relay on these two pipes (no store on the network, no backend
+    of its own); the relay hears whether the isolation held."""
+    from edulib.grading.confine import isolate_rank
+
+    isolated = isolate_rank()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)
     if "relay" not in dist.Backend.backend_list:
         dist.Backend.register_backend("relay", _create, extended_api=True, devices=["cpu"])
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
+    mark("isolated" if isolated else "not isolated")
 
 
 # -- the relay's side -----------------------------------------------------------------------------
