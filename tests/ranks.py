@@ -531,6 +531,39 @@ def linear_restored_after_an_error() -> bool:
     return nn.Linear is Linear and nn.Sequential is Sequential
 
 
+def _socket() -> bool:
+    """Whether this process may make a socket."""
+    import socket
+
+    try:
+        socket.socket().close()
+    except OSError:
+        return False
+    return True
+
+
+def _file() -> bool:
+    """Whether this process may write a file."""
+    try:
+        with open(f"/tmp/edulib-relay-probe-{os.getpid()}", "w"):
+            pass
+    except OSError:
+        return False
+    os.unlink(f"/tmp/edulib-relay-probe-{os.getpid()}")
+    return True
+
+
+def _shared_memory() -> bool:
+    """Whether this process may make a System V shared memory segment (IPC_PRIVATE, 4 KiB)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    segment = libc.shmget(0, 4096, 0o1600)
+    if segment >= 0:
+        libc.shmctl(segment, 0, None)  # IPC_RMID
+    return segment >= 0
+
+
 def every_operation() -> dict:
     """On the relay: each torch.distributed operation once, with results a test can check."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -561,6 +594,8 @@ def every_operation() -> dict:
     sent.wait()
     found["ring"] = incoming.tolist()
     dist.barrier()
+    found["isolated"] = [what for what, attempt in (("socket", _socket), ("file", _file),
+                                                      ("shared memory", _shared_memory)) if not attempt()]
     return found
 
 

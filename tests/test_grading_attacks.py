@@ -983,3 +983,27 @@ def test_a_tree_run_as_a_user_of_its_own_is_held_to_its_task_count(tmp_path):
     with os.fdopen(status_read) as status:
         found = jsonlib.loads(status.read())
     assert done.returncode == 0 and found["exit"] == 7, (found, done.stdout[-2000:])
+
+
+def test_memory_shared_before_the_ranks_were_forked_joins_nothing(tmp_path):
+    """A mapping the submission makes as it is imported would be inherited by every rank forked
+    after it: a board outside the relay. The ranks are forked before the import (and a restarted
+    rank unmaps any writable shared mapping it inherits), so each rank's board is its own."""
+    points, results, _ = _class(tmp_path, {"boarder": """
+        import mmap, time
+        import torch
+        import torch.distributed as dist
+
+        BOARD = mmap.mmap(-1, 1 << 16)  # MAP_SHARED: shared with every process forked after this line
+
+        def ring_allreduce(tensor):
+            rank, n, size = dist.get_rank(), dist.get_world_size(), 4 * tensor.numel()
+            BOARD[rank * size:(rank + 1) * size] = tensor.numpy().tobytes()
+            time.sleep(1)
+            parts = [torch.frombuffer(bytearray(BOARD[r * size:(r + 1) * size]), dtype=torch.float32)
+                     for r in range(n)]
+            tensor.copy_(sum(parts))
+    """}, name="lesson02_allreduce")
+    assert _ring_points(results, "boarder") == 0
+    feedback = next(r.feedback for r in results if r.check == "ring all-reduce")
+    assert "holds the sum in chunks" in feedback, feedback

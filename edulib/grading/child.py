@@ -34,7 +34,7 @@ def main() -> None:
 
     from edulib.grading import confine, forbid
     from edulib.grading.plain import decode
-    from edulib.grading.student import COLLECTORS, WIRES, close_pools
+    from edulib.grading.student import COLLECTORS, WIRES, close_pools, start_pools
 
     WIRES.update({int(count): [tuple(ends) for ends in wires] for count, wires in request["wires"].items()})
 
@@ -42,7 +42,8 @@ def main() -> None:
     sys.path.insert(0, str(submission.parent))
     forbid.forbid(request["forbidden"])
     hidden = confine.hide(forbid.sources(request["forbidden"]))
-    send(stage="importing", hidden=hidden)
+    start_pools()
+    send(stage="importing", hidden=hidden, isolated=confine.available())
     try:
         module = importlib.import_module(submission.stem)
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too

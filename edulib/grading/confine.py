@@ -92,10 +92,29 @@ def _no_calls(numbers: tuple[int, ...], arch: int) -> bool:
     return _libc.prctl(_SECCOMP, 2, ctypes.byref(fprog), 0, 0) == 0  # SECCOMP_MODE_FILTER
 
 
+def available() -> bool:
+    """Whether this machine offers what `isolate_rank` uses: a seccomp filter for its architecture,
+    and Landlock."""
+    return platform.machine() in _ARCHES and _libc.syscall(_CREATE_RULESET, None, 0, 1) >= 1
+
+
+def _drop_shared_memory() -> None:
+    """Unmap every writable shared mapping this process inherited (one that the submission's process
+    made before this rank was forked from it would join the ranks outside the relay)."""
+    _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    with open("/proc/self/maps") as maps:
+        shared = [line.split()[0] for line in maps if line.split()[1][1] == "w" and line.split()[1][3] == "s"]
+    for span in shared:
+        start, end = (int(end, 16) for end in span.split("-"))
+        _libc.munmap(start, end - start)
+
+
 def isolate_rank() -> bool:
-    """In a graded rank, before it joins its group: no sockets, no shared memory or message queues,
-    no reading or tracing another process, no file written or made (but /dev/null)."""
+    """In a graded rank, before it joins its group: no sockets, no shared memory or message queues
+    (and none inherited), no reading or tracing another process, no file written or made (but
+    /dev/null)."""
     _libc.prctl(_DUMPABLE, 0, 0, 0, 0)  # no other process of its user may open its memory
+    _drop_shared_memory()
     arch = _ARCHES.get(platform.machine())
     calls = arch is not None and _no_calls(arch[1], arch[0])
     files = _landlock(sum(_WRITES.values()), {"/dev/null": _WRITE_FILE | _WRITES[3]})

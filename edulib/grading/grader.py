@@ -102,7 +102,7 @@ class _Tree:
     stage: str = "starting"
     message: str = ""
     hidden: object = None  # whether the library's answers were out of reach (Landlock), as the tree said
-    open_ranks: bool = False  # a rank said it could not give up sockets, files and shared memory
+    open_ranks: bool = False  # the tree said its ranks could not give up sockets, files, shared memory
     status: dict = field(default_factory=dict)
     output: bytes = b""
 
@@ -211,8 +211,6 @@ class _Calls:
             kind, raw = "raised", TOO_LARGE
         self.tree.kept += len(raw)
         wire = self.relay.log() if self.relay is not None and check.wire else None
-        if wire and any(e["op"] == "mark" and e["label"] == "not isolated" for e in wire["events"]):
-            self.tree.open_ranks = True
         reply = Reply(kind if type(kind) is str else "", raw, wire)
         self.tree.outcomes.setdefault(check.name, []).append(reply)
         took = time.monotonic() - self.sent_at
@@ -343,6 +341,7 @@ def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
     elif type(message.get("stage")) is str and calls.current == -1:
         tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
         tree.hidden = message.get("hidden", tree.hidden)
+        tree.open_ranks = tree.open_ranks or message.get("isolated") is False
         if tree.stage == "imported":
             calls.advance()
 

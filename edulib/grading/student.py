@@ -58,11 +58,9 @@ def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> di
     """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
     case; the outcome (one answer per rank)."""
     ranks = case["ranks"]
-    if ranks not in _pools:  # its ranks reach each other only through the grader's relay
-        _pools[ranks] = Pool(ranks, timeout=RANK_TIMEOUT, start="fork", join=relay.join, wires=WIRES[ranks])
     split = SPLITS.get(worker, lambda case, rank: case)
     try:
-        answers = _pools[ranks].run_each(rank_call, [(module.__name__, worker, forbidden, split(case, rank))
+        answers = _pool(ranks).run_each(rank_call, [(module.__name__, worker, forbidden, split(case, rank))
                                                      for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
@@ -70,6 +68,20 @@ def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> di
             found["deadlock"] = True
         return found
     return {"answer": answers}
+
+
+def _pool(ranks: int) -> Pool:
+    """The pool of `ranks` ranks, which reach each other only through the grader's relay."""
+    if ranks not in _pools:
+        _pools[ranks] = Pool(ranks, timeout=RANK_TIMEOUT, start="fork", join=relay.join, wires=WIRES[ranks])
+    return _pools[ranks]
+
+
+def start_pools() -> None:
+    """Start every pool now, before the submission is imported: its ranks are forked from a process
+    in which no student code has run (nothing of it, a shared mapping say, is inherited)."""
+    for ranks in WIRES:
+        _pool(ranks).start()
 
 
 def close_pools() -> None:
