@@ -283,7 +283,7 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
     isolate_rank()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)
     if "relay" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("relay", _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend("relay", _create, extended_api=True)
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
 
 
