@@ -441,7 +441,7 @@ def test_a_forbidden_function_has_no_wrapped_original(tmp_path):
 
 def test_an_escaping_reader_of_the_call_pipe_finds_no_later_case(tmp_path):
     """A student who reads the call pipe while answering finds nothing: the next call is sent only
-    once this one's answer is in."""
+    once this one's answer is in, and the process that runs the submission does not hold it."""
     body = HONEST + """
 import os, select, sys
 
@@ -450,7 +450,11 @@ def grid_groups(dp, pp, tp):
     while "request" not in frame.f_locals:
         frame = frame.f_back
     fd = frame.f_locals["request"]["call_fd"]
-    if select.select([fd], [], [], 0.2)[0]:
+    try:
+        ready = select.select([fd], [], [], 0.2)[0]
+    except OSError:  # not even open where the submission runs
+        ready = []
+    if ready:
         raise RuntimeError(f"read {len(os.read(fd, 1 << 20))} bytes of a later call")
     return _honest(dp, pp, tp)
 """
@@ -1007,3 +1011,23 @@ def test_memory_shared_before_the_ranks_were_forked_joins_nothing(tmp_path):
     assert _ring_points(results, "boarder") == 0
     feedback = next(r.feedback for r in results if r.check == "ring all-reduce")
     assert "holds the sum in chunks" in feedback, feedback
+
+
+def test_no_student_code_runs_where_the_ranks_pipes_are(tmp_path):
+    """The process that dispatches to the ranks holds their command and result pipes; it never
+    imports the submission. The solo process that runs the in-process checks holds none of them."""
+    solution = (ROOT / "solutions" / "lesson02_allreduce.py").read_text()
+    body = solution + textwrap.dedent("""
+        _honest_schedule = halving_doubling_schedule
+
+        def halving_doubling_schedule(n):
+            import gc
+            from edulib.launch import Pool
+            found = [thing for thing in gc.get_objects() if isinstance(thing, Pool) and thing.pids]
+            if found:
+                raise RuntimeError(f"the ranks' pipes are in reach: {len(found)} pools")
+            return _honest_schedule(n)
+    """)
+    points, results, _ = _class(tmp_path, {"snooper": body}, name="lesson02_allreduce")
+    rows = [r for r in results if r.check.startswith(("halving-doubling", "ring all-reduce"))]
+    assert all(r.points == r.max_points for r in rows), [r.feedback for r in rows]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from edulib.grading import forbid, relay
-from edulib.grading.plain import NotPlain, encode
+from edulib.grading.plain import NotPlain, decode, encode
 from edulib.launch import Pool, RankError, RankTimeout
 from edulib.rank import where
 
@@ -54,13 +54,13 @@ def _rank_outcome(error: RankError) -> dict:
     return {"raised": f"rank {error.rank} {error.what}".split("\n")[0]}
 
 
-def on_ranks(module: ModuleType, worker: str, case: dict, forbidden: list) -> dict:
+def on_ranks(module: str, worker: str, case: dict, forbidden: list) -> dict:
     """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
-    case; the outcome (one answer per rank)."""
+    case and importing the submission `module` itself; the outcome (one answer per rank)."""
     ranks = case["ranks"]
     split = SPLITS.get(worker, lambda case, rank: case)
     try:
-        answers = _pool(ranks).run_each(rank_call, [(module.__name__, worker, forbidden, split(case, rank))
+        answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank))
                                                      for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
@@ -420,8 +420,9 @@ def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
 
 
 def _on_ranks(worker: str) -> Callable:
-    """A collector that runs rank worker `worker` on real ranks on one case."""
-    def collect(module: ModuleType, case: dict, forbidden: list) -> dict:
+    """A collector that runs rank worker `worker` on real ranks on one case (the ranks import the
+    submission by its name; the process that dispatches to them never does)."""
+    def collect(module: str, case: dict, forbidden: list) -> dict:
         return on_ranks(module, worker, case, forbidden)
     return collect
 
@@ -465,3 +466,10 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
                                                               c["every"])),
     "topk_training": _on_ranks("topk_training"),
 }
+
+ON_RANKS = {name for name, collect in COLLECTORS.items() if collect.__qualname__.startswith("_on_ranks")}
+
+
+def collect_on_ranks(collect: str, module: str, case: Any, forbidden: list) -> dict:
+    """One call of a collector that runs on ranks, its case still as it came (encoded)."""
+    return COLLECTORS[collect](module, decode(case), forbidden)
