@@ -279,11 +279,12 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
     join the default group through the relay on these two pipes (no store on the network, no backend
     of its own)."""
     from edulib.grading.confine import isolate_rank
+    from edulib.rank import device
 
     isolate_rank()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)
     if "relay" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("relay", _create, extended_api=True)
+        dist.Backend.register_backend("relay", _create, extended_api=True, devices=[device().type])
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
 
 
