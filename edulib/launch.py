@@ -398,6 +398,16 @@ class _Forked:
         return self.returncode
 
 
+def close_all_but(keep: set[int]) -> None:
+    """In a process just forked: close every file descriptor it inherited but `keep`."""
+    for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
     """Start a rank by forking this process, which has imported torch already: it starts in
     milliseconds rather than seconds. Only for a process that has run no parallel torch work yet
@@ -410,12 +420,7 @@ def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(output_write, 1)
             os.dup2(output_write, 2)
-            for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
-                if fd > 2 and fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+            close_all_but({0, 1, 2, *keep})
             from edulib.rank import serve
             serve(argv)
         finally:

@@ -60,13 +60,9 @@ def _fork_solo(submission: Path, forbidden: list, answer_fd: int) -> tuple[int, 
     to_solo, from_solo = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
-        keep = {0, 1, 2, answer_fd, to_solo[0], from_solo[1]}
-        for fd in map(int, os.listdir("/proc/self/fd")):
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        from edulib.launch import close_all_but
+
+        close_all_but({0, 1, 2, answer_fd, to_solo[0], from_solo[1]})
         try:
             _solo(submission, forbidden, os.fdopen(answer_fd, "w", buffering=1), to_solo[0], from_solo[1])
         finally:

@@ -452,8 +452,11 @@ class Relay:
             self.problems.append(f"rank {rank}: {op}: {error}")
             self._reply(rank, header, error=f"the relay refused {op}: {error}")
 
-    def _event(self, rank: int, op: str, **facts: Any) -> None:
+    def _event(self, rank: int, op: str, **facts: Any) -> dict:
+        """Log one operation of `rank`, in the order it asked; the entry (a collective's bytes are
+        filled in once every member has asked)."""
         self.events.append({"rank": rank, "op": op, **facts})
+        return self.events[-1]
 
     def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes) -> None:
         peer = header["peer"]
@@ -505,9 +508,8 @@ class Relay:
         members = tuple(header["group"])
         turn = self.counts.get((members, rank), 0)
         self.counts[(members, rank)] = turn + 1
-        event = {"rank": rank, "op": header["op"], "group": list(members),
-                 "elements": sum(t.numel() for t in inputs), "sent": 0, "received": 0}
-        self.events.append(event)  # in the order the rank asked; its bytes once every member has
+        event = self._event(rank, header["op"], group=list(members), elements=sum(t.numel() for t in inputs),
+                            sent=0, received=0)
         parts = self.collectives.setdefault((members, turn), {})
         parts[rank] = (header, inputs, event)
         if len(parts) < len(members):
