@@ -16,6 +16,7 @@ import pytest
 from edulib.cli import main
 from edulib.grading import CHECKS, grade, make_exercise, report
 from edulib.grading.grader import cases_of
+from edulib.grading.reports import find_exercise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +123,31 @@ def test_untouched_exercises_say_not_implemented_with_the_hint():
         assert result.seconds < next(c for c in CHECKS[result.exercise]
                                      if result.check.startswith(c.name)).time_limit, result
         assert "not implemented yet: " in result.feedback, result.feedback
+
+
+@pytest.mark.parametrize("where", ["notebooks", ".", "exercises", "edulib/grading"])
+def test_score_finds_the_exercise_from_a_lesson_folder_or_the_repository_root(where, monkeypatch):
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(ROOT / where)
+    assert find_exercise("lesson04_pipeline") == ROOT / "exercises" / "lesson04_pipeline.py"
+
+
+def test_score_finds_the_exercise_beside_the_notebook_jupyter_names(tmp_path, monkeypatch):
+    (tmp_path / "course" / "notebooks").mkdir(parents=True)
+    (tmp_path / "course" / "exercises").mkdir()
+    (tmp_path / "course" / "exercises" / "lesson02_allreduce.py").write_text("")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "course" / "notebooks" / "02_allreduce.ipynb"))
+    monkeypatch.chdir(tmp_path)
+    assert find_exercise("lesson02_allreduce") == tmp_path / "course" / "exercises" / "lesson02_allreduce.py"
+
+
+def test_score_says_where_it_looked_when_the_exercise_is_nowhere(tmp_path, monkeypatch):
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"looked in {tmp_path / 'exercises'}.*folder="):
+        find_exercise("lesson04_pipeline")
+    with pytest.raises(ValueError, match="no exercise 'lesson4'.*lesson04_pipeline"):
+        find_exercise("lesson4")
 
 
 def _submit(folder: Path, name: str, body: str) -> Path:

@@ -121,9 +121,33 @@ def write_gradescope(results: list[Result], folder: Path, one_student: bool | No
     return written
 
 
-def score(exercise: str, folder: str | Path = "../exercises") -> str:
-    """Grade your copy of an exercise from a lesson notebook: points and feedback per check (in the
-    sandbox where this machine has bubblewrap: it is your own code, so either way is fair)."""
-    results = grade(Path(folder) / f"{exercise}.py", progress=False, sandbox=bubblewrap.available())
+def _notebook_folder() -> Path | None:
+    """The folder of the notebook this kernel runs, where Jupyter says (JPY_SESSION_NAME), else None."""
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    return Path(session).resolve().parent if session.endswith(".ipynb") else None
+
+
+def find_exercise(exercise: str, folder: str | Path | None = None) -> Path:
+    """Where `exercise`'s file is: in `folder` if given, else in an exercises/ folder at or above the
+    notebook's own folder or the working directory (a lesson folder, the repository root, a release)."""
+    if exercise not in CHECKS:
+        raise ValueError(f"there is no exercise {exercise!r}; the exercises are {', '.join(CHECKS)}")
+    if folder is not None:
+        looked = [Path(folder).resolve()]
+    else:
+        starts = [start for start in (_notebook_folder(), Path.cwd().resolve()) if start is not None]
+        looked = list(dict.fromkeys(base / "exercises" for start in starts for base in (start, *start.parents)))
+    for place in looked:
+        if (place / f"{exercise}.py").is_file():
+            return place / f"{exercise}.py"
+    raise FileNotFoundError(f"cannot find {exercise}.py; looked in {', '.join(map(str, looked))}. Pass the "
+                            f"folder that holds it: score({exercise!r}, folder='path/to/exercises')")
+
+
+def score(exercise: str, folder: str | Path | None = None) -> str:
+    """Grade your copy of an exercise from a lesson notebook or a terminal: points and feedback per
+    check (in the sandbox where this machine has bubblewrap: it is your own code, so either way is
+    fair). The file is found as find_exercise says."""
+    results = grade(find_exercise(exercise, folder), progress=False, sandbox=bubblewrap.available())
     got, most = sum(r.points for r in results), sum(r.max_points for r in results)
     return _table(results, lessons=False) + f"\n\n{exercise}: {got}/{most} points"
