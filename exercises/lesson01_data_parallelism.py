@@ -19,19 +19,23 @@ from torch import nn
 
 
 def server_step(parameters: torch.Tensor, gradients: list[torch.Tensor], lr: float) -> torch.Tensor:
-    """The server's update: average the workers' gradients and take one SGD step (a new tensor)."""
+    """The parameters after one synchronous SGD step on the K workers' gradients (each shaped like
+    `parameters`), as a new tensor; `parameters` and `gradients` are left unchanged."""
     raise NotImplementedError("what does one synchronous SGD step do with the K workers' gradients?")
 
 
 class GradientBuckets:
-    """Average a model's gradients over all ranks in buckets, each all-reduced as one flat tensor.
+    """Average a model's gradients over all ranks in buckets, one collective per bucket.
 
-    Buckets fill in reverse order of model.parameters() (the order backward produces gradients):
-    a parameter joins the current bucket unless that would take the bucket past `bucket_bytes`
-    and the bucket is not empty, in which case it starts a new one. A post-accumulate-grad hook on
-    every parameter counts the gradients that are ready; with `overlap`, a bucket's all-reduce is
-    launched asynchronously (async_op=True) the moment its last gradient is ready, while backward
-    goes on. Without `overlap`, nothing is launched before `finish`.
+    Made once per model, before the first backward; then every step is the plain loop's backward
+    followed by `finish()`. The buckets are the lesson's: parameters taken in the order backward
+    produces their gradients, each bucket as large as it can be without passing `bucket_bytes`
+    (a parameter larger than that has a bucket of its own).
+
+    Graded: after finish(), every .grad equals one process's gradient of the ranks' mean loss; the
+    relay sees one all-reduce of one flat tensor per bucket, of each bucket's size. With `overlap`,
+    each bucket's all-reduce starts during backward, as soon as its gradients are all final, and
+    backward never waits for one; without it, none starts before finish().
     """
 
     def __init__(self, model: nn.Module, bucket_bytes: int, overlap: bool = True) -> None:
@@ -42,10 +46,10 @@ class GradientBuckets:
         raise NotImplementedError('how does a bucket know that its last gradient has arrived?')
 
     def launch(self, index: int) -> None:
-        """Start the all-reduce of bucket `index`, flattened into one tensor, without waiting."""
-        raise NotImplementedError('one collective per bucket, on one flat tensor, that does not block the backward pass')
+        """Start bucket `index`'s all-reduce as one flat tensor and return before it completes."""
+        raise NotImplementedError('which collective, on what tensor, lets backward go on while it runs?')
 
     def finish(self) -> None:
-        """After backward: launch the buckets not launched yet, wait for all of them, and replace
-        every gradient by its average over the ranks; then get ready for the next step."""
+        """After backward: when it returns, every gradient holds its average over the ranks, and
+        the next step's backward may begin."""
         raise NotImplementedError('what must finish before the optimizer reads .grad; is a sum an average?')

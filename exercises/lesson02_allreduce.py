@@ -24,31 +24,35 @@ from edulib.comm import Message, Schedule
 
 
 def ring_allreduce(tensor: torch.Tensor) -> None:
-    """Sum a 1-D tensor over all ranks in place with a ring: reduce-scatter, then all-gather.
+    """Sum a 1-D tensor over all ranks, in place, as the lesson's ring all-reduce.
 
-    Cut the tensor into world_size chunks whose lengths differ by at most one (the first
-    length % world_size are one longer; any length works, so some chunks may be empty); in each
-    of N-1 rounds send one chunk to the next rank with isend and receive one from the previous
-    rank with irecv. An empty chunk is not sent.
+    Any length and any number of ranks N. The tensor is cut into N chunks whose lengths differ by
+    at most one, the longer ones first, so some chunks may be empty; an empty chunk is never sent.
+    Constraints: point-to-point messages only (no collective), each rank sending only to the next
+    rank round the ring and receiving only from the one before it.
+
+    Graded: every rank ends with the sum; the relay sees each message carry one chunk of partial
+    sums, and each rank send 2(N - 1)/N of the tensor, a ring's bytes.
     """
-    raise NotImplementedError('one chunk per rank (lengths need not divide); the ring figure shows which chunk moves each round')
+    raise NotImplementedError('in the ring figure, which chunk does a rank pass on in each round, and what does it add?')
 
 
 def halving_doubling_schedule(n: int) -> Schedule:
-    """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks."""
+    """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks.
+
+    Returns Schedule(name, "all_reduce", n, n, rounds): rounds of Messages whose ops are "reduce"
+    or "copy". Graded by edulib's simulator: every rank ends with the sum, in 2 log2 n rounds,
+    each rank sending 2(n - 1)/n of the vector."""
     raise NotImplementedError("the butterfly figure: each round, who is a rank's partner, and how much of the vector is its own?")
 
 
 def torus_schedule(rows: int, cols: int) -> Schedule:
-    """The 2D-torus all-reduce on rows x cols ranks (rank r * cols + c sits at row r, column c),
-    as an edulib Schedule of rows * cols chunks, every message between torus neighbours.
+    """The lesson's 2D-torus all-reduce on a rows x cols grid of ranks, numbered row by row, as an
+    edulib Schedule of rows * cols chunks.
 
-    1. In each row, a ring reduce-scatter over cols super-chunks (super-chunk j is chunks
-       j * rows .. (j + 1) * rows - 1): column c ends with the row's sum of super-chunk c.
-    2. In each column, a ring all-reduce (reduce-scatter, then all-gather) of that super-chunk,
-       one chunk per row.
-    3. In each row, a ring all-gather of the super-chunks.
-    That is 2(cols - 1) + 2(rows - 1) rounds; each rank sends 2(cols - 1)/cols of the tensor in the
-    rows and 2(rows - 1)/(rows cols) of it in the columns.
+    Constraints: every message goes between torus neighbours (next to each other in a row or a
+    column, wrapping round). Graded by edulib's simulator and cost model: every rank ends with the
+    sum, in 2(cols - 1) + 2(rows - 1) rounds, each rank sending 2(cols - 1)/cols of the tensor
+    along its row and 2(rows - 1)/(rows cols) of it along its column.
     """
-    raise NotImplementedError("a torus is rings along rows, then along columns: the ring's two phases on each line")
+    raise NotImplementedError('a torus is rings along rows and along columns: which ring phase runs on which, on how much?')

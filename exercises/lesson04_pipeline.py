@@ -28,21 +28,21 @@ def one_f_one_b(p: int, m: int) -> list[str]:
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The lecture's bubble fraction: bubble time over ideal time, with v chunks per device."""
-    raise NotImplementedError("the idle time at the timeline's start and end against the time computing: the lecture's bubble")
+    raise NotImplementedError("in the lecture's timeline, how long does a device idle at the start and end, against computing?")
 
 
 def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], targets: list[torch.Tensor],
                  shape: tuple[int, ...], loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
     """Run this rank's row of a pipeline schedule, such as "F0 F1 B0 F2 B1 B2", on real ranks.
 
-    Rank r holds stage r of N = world size. `inputs` are the micro-batches (used by rank 0) and
-    `targets` their targets (used by rank N - 1), whose F computes loss(output, targets[mb]) and
-    whose B starts backward from that loss. Messages carry tensors of `shape` and no tags, so
-    each rank must send and receive in exactly this order:
-      F mb: if r > 0, receive the input from r - 1; run the stage; if r < N - 1, send the output to r + 1.
-      B mb: if r < N - 1, receive the output's gradient from r + 1; backward; if r > 0, send the
-            input's gradient to r - 1.
-    Receive with dist.recv; send with dist.isend and wait for every send at the end (two
-    neighbours may send to each other at once). Gradients accumulate in the stage's parameters.
+    The ranks are the stages, in order: the first feeds `inputs` (its micro-batches), the last
+    ends each micro-batch with loss(output, targets[mb]). Every activation and every activation
+    gradient that crosses between stages has `shape`. Constraints: point-to-point messages only,
+    with no tags, so each rank sends and receives in the order its row does things; two
+    neighbours may send to each other at the same moment, and neither may wait for the other.
+
+    Graded: after the row, every parameter's .grad holds the sum over the micro-batches of its
+    loss gradient, as the unsplit model gives; the relay sees each rank's messages in its row's
+    order.
     """
     raise NotImplementedError("what must a stage keep from a micro-batch's forward to its backward, and what goes upstream?")

@@ -26,14 +26,15 @@ import torch.distributed as dist
 
 
 def shard_bounds(length: int, ranks: int) -> list[int]:
-    """Where each rank's shard of a flat vector of `length` starts: rank r owns
-    [bounds[r], bounds[r + 1]), and the first length % ranks shards are one element longer."""
+    """The ranks + 1 offsets that cut a flat vector of `length` into the ranks' shards, from 0 to
+    `length`: rank r's shard runs from the r-th offset up to the next. Shards differ in length by
+    at most one element, the longer ones first (so some may be empty)."""
     raise NotImplementedError("the lesson's shard figure: which ranks get one element more when the length does not divide?")
 
 
 def gather_shards(shard: torch.Tensor, length: int) -> torch.Tensor:
-    """The whole flat vector of `length`, from every rank's shard (rank r's shard is
-    [bounds[r], bounds[r + 1]) of shard_bounds(length, ranks), possibly empty), on every rank."""
+    """The whole flat vector of `length`, on every rank, from every rank's `shard` (the piece that
+    shard_bounds(length, ranks) gives it, possibly empty)."""
     raise NotImplementedError('dist.all_gather wants equal sizes from every rank: how can shards of two lengths travel?')
 
 
@@ -46,12 +47,15 @@ def reduce_scatter_mean(full: torch.Tensor) -> torch.Tensor:
 class ShardedAdamW:
     """ZeRO's optimizer: AdamW whose fp32 master weights and two moments are sharded over the ranks.
 
-    `parameters` is the model's whole flat weight vector in bf16, the same on every rank. This rank
-    keeps `master`, `exp_avg` and `exp_avg_sq`: fp32 tensors holding its shard only, 12 bytes per
-    element of its shard (the lesson's K = 12) and no other tensor. step(gradient) takes this rank's
-    whole flat bf16 gradient, averages the ranks' gradients in fp32 so that this rank receives its
-    shard only, makes one AdamW step of its shard exactly as torch.optim.AdamW does (decoupled weight
-    decay, bias correction), and returns the whole updated weight vector in bf16 on every rank.
+    `parameters` is the model's whole flat weight vector in bf16, the same on every rank. Between
+    steps this rank keeps `master`, `exp_avg` and `exp_avg_sq`: fp32 tensors of its shard only
+    (shard_bounds'), 12 bytes per element of its shard (the lesson's K = 12), and no other tensor.
+    step(gradient) takes this rank's whole flat bf16 gradient and returns the whole updated weight
+    vector in bf16, on every rank.
+
+    Graded: every step's weights, master weights and moments equal one process's torch.optim.AdamW
+    stepping on the ranks' average gradient (in fp32); the relay sees each rank receive no more of
+    the gradients than its shard of their sum.
     """
 
     def __init__(self, parameters: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),
@@ -67,11 +71,12 @@ class ShardedAdamW:
 class ZeroThreeLinear(torch.nn.Module):
     """One unit of ZeRO-3: a linear layer that keeps only this rank's shard of its parameters.
 
-    The parameters are the flat vector cat(weight.flatten(), bias), cut by shard_bounds; `shard` is
-    this rank's piece, an nn.Parameter and the module's only tensor. forward(x) gathers the whole
-    weight and bias, computes x W^T + b, and keeps nothing of them once it returns; the backward
-    gathers them again, and leaves in shard.grad this rank's shard of the ranks' average gradient
-    (a reduce-scatter), while x gets this rank's own input gradient.
+    The parameters are the flat vector of the weight's entries followed by the bias, cut by
+    shard_bounds; `shard` is this rank's piece, an nn.Parameter and the module's only tensor.
+    forward(x) returns x W^T + b. Constraints: outside a forward or a backward the unit holds
+    nothing of W and b but the shard (nor does autograd keep them for it); after backward,
+    shard.grad holds this rank's shard of the ranks' average gradient of W and b, and x.grad this
+    rank's own input gradient. Graded also by the relay: what each rank receives in the backward.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:

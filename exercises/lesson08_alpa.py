@@ -24,12 +24,13 @@ def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: in
              microbatches: int) -> tuple[float, int]:
     """Alpa's inter-op pass: the least pipeline latency over slicings into stages and submeshes.
 
-    times[s - 1][k][i][m] is the time of clusters k..i (inclusive) as a stage that has s - 1
-    stages after it, on submesh m of sizes[m] devices (inf where it does not fit). The stages use
-    all `devices` exactly. For each t_max among the distinct finite times, smallest first,
-    F(s, k, d; t_max) = min over i, m of times[s - 1][k][i][m] + F(s - 1, i + 1, d - sizes[m]),
-    counting only stages no slower than t_max, and the latency is min over s of F(s, 0, devices)
-    + (B - 1) t_max. Stop before a t_max with B t_max >= the best latency so far (Alpa's rule).
-    Returns (best latency, how many t_max values were tried); (inf, n) if nothing fits.
+    times[a][k][i][m] is the time of clusters k..i (inclusive) as a stage with a more stages after
+    it, on submesh m of sizes[m] devices (inf where it does not fit). A plan cuts the clusters, in
+    order, into stages that use all `devices` exactly; its latency is the sum of its stages' times
+    plus (B - 1) times its slowest stage's, with B = `microbatches`.
+
+    Returns (the least latency, how many t_max values were tried): the lesson's program over the
+    distinct finite times as t_max, smallest first, with Alpa's early stop (a t_max is not tried
+    once B t_max reaches the best latency found); (inf, the number tried) if nothing fits.
     """
     raise NotImplementedError('what does a state remember (stages, first layer, devices left), and when is one finished?')

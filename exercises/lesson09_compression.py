@@ -21,10 +21,13 @@ import torch.distributed as dist
 def topk_average(gradient: torch.Tensor, error: torch.Tensor, ratio: float) -> torch.Tensor:
     """The group's average of every rank's top-k compressed gradient, with error feedback.
 
-    Add this rank's `error` to its `gradient`; keep the k = ceil(ratio x n) entries of largest
-    magnitude (at least one); store what was not kept as the new error, in place; send the kept
-    values (float32) and their indices (int32) to every rank with dist.all_gather; return the
-    average over the ranks of their decoded tensors (zeros except the kept entries), shaped like
-    `gradient`, adding the ranks' tensors in rank order.
+    Returns a tensor shaped like `gradient`, the same on every rank. Each rank compresses to the
+    k entries of largest magnitude, k the ratio of the n entries rounded up (at least one), with the
+    lesson's error feedback: `error` (shaped like `gradient`) is updated in place to what this
+    call's compression left out. The ranks' decoded tensors are added in rank order.
+
+    Constraints: only the kept values (float32) and their indices (int32) leave a rank, k of each
+    to every other rank; graded: every call's average and every rank's error against the grader's
+    own, and those bytes, counted by the relay.
     """
     raise NotImplementedError('compress the gradient plus what you left out last time; why all-gather, not all-reduce?')

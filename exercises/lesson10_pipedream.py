@@ -21,11 +21,12 @@ def version_plan(rows: list[list[str]], policy: str, every: int = 1) -> list[lis
     plan[s][i] for stage s and micro-batch i.
 
     rows[s] is stage s's computations in order: "F3" is micro-batch 3's forward, "B3" its backward.
-    A stage updates its weights after the backward of micro-batch i when (i + 1) % every == 0; a
-    version is the number of updates a stage has applied. The policies are the lesson's:
-    "stashing" (the stage's newest version when the forward runs), "vertical_sync" (the version
-    stage 0 used for that micro-batch) and "2bw" (batch t = i // every runs on version t - 1, never
-    below 0; every is at least the number of stages).
+    Micro-batches come in batches of `every` consecutive ones; a stage updates its weights after
+    the backward of the last micro-batch of each batch. A version is the number of updates a stage
+    has applied. The policies are the lesson's: "stashing" (the stage's newest version when the
+    forward runs), "vertical_sync" (the version stage 0 used for that micro-batch) and "2bw" (every
+    micro-batch of batch t runs on version t - 1, never below 0; every is at least the number of
+    stages).
     """
     raise NotImplementedError("walk a stage's row as the stage lives it: what has it applied when each forward starts?")
 

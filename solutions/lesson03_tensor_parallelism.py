@@ -10,7 +10,8 @@ from edulib.models import attend
 
 
 def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
-    """y_i = x W_i^T for this rank's rows of W, then all-gathered along the last dimension."""
+    """The whole y = x W^T, on every rank. x (..., in) is whole on every rank; `weight_shard` is
+    this rank's block of W's rows (rank r holds the r-th of N equal blocks of output features)."""
     # BEGIN SOLUTION
     # HINT: each rank computes some output features; what does every rank need at the end?
     local = x @ weight_shard.t()
@@ -21,7 +22,8 @@ def column_parallel_forward(x: torch.Tensor, weight_shard: torch.Tensor) -> torc
 
 
 def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor) -> torch.Tensor:
-    """y = sum over ranks of x_i W_i^T: each rank holds its columns of W and of x."""
+    """The whole y = x W^T, on every rank. Rank r holds the r-th of N equal blocks of the input
+    features: `x_shard` is that block of x's last dimension and `weight_shard` those columns of W."""
     # BEGIN SOLUTION
     # HINT: each rank multiplies its slice of the input features: how do partial products become y?
     partial = x_shard @ weight_shard.t()
@@ -32,7 +34,8 @@ def row_parallel_forward(x_shard: torch.Tensor, weight_shard: torch.Tensor) -> t
 
 def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Given the full grad_y of column_parallel_forward, return (grad_x, grad of weight_shard)."""
+    """The backward of column_parallel_forward: given grad_y (whole, on every rank), x and this
+    rank's `weight_shard`, returns (the whole grad_x, on every rank; the gradient of weight_shard)."""
     # BEGIN SOLUTION
     # HINT: which part of grad_y belongs to this rank's output features, and does any rank hold all of grad_x?
     parts, rank = dist.get_world_size(), dist.get_rank()
@@ -45,7 +48,8 @@ def column_parallel_backward(grad_y: torch.Tensor, x: torch.Tensor, weight_shard
 
 def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_shard: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Given grad_y of row_parallel_forward, return (grad of x_shard, grad of weight_shard)."""
+    """The backward of row_parallel_forward: given grad_y (whole, on every rank) and this rank's
+    shards, returns (the gradient of x_shard, the gradient of weight_shard)."""
     # BEGIN SOLUTION
     # HINT: in the row-parallel layer, what does each rank already hold of grad_y?
     return grad_y @ weight_shard, grad_y.t() @ x_shard
@@ -53,19 +57,20 @@ def row_parallel_backward(grad_y: torch.Tensor, x_shard: torch.Tensor, weight_sh
 
 
 class F(torch.autograd.Function):
-    """Megatron's f: the identity going forward, an all-reduce of the gradient going backward."""
+    """Megatron's f, as the lesson's table defines it: the operator in front of a column-parallel
+    layer, whose input every rank holds whole. The input's gradient must come out whole too."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: f in the forward pass: the lecture's table of f and g
+        # HINT: the lecture's table of f and g: what does f do to the activations going forward?
         return x.view_as(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION
-        # HINT: f in the backward pass: each rank holds only part of x's gradient
+        # HINT: each rank's gradient is only its output features' share of x's: how do the shares combine?
         grad = grad.clone()
         dist.all_reduce(grad)
         return grad
@@ -73,7 +78,8 @@ class F(torch.autograd.Function):
 
 
 class G(torch.autograd.Function):
-    """Megatron's g: an all-reduce going forward, the identity going backward."""
+    """Megatron's g, as the lesson's table defines it: the operator after a row-parallel layer,
+    whose ranks each hold a partial sum of the output. Its input must be left unchanged."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +100,8 @@ class G(torch.autograd.Function):
 
 def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_shard: torch.Tensor
                            ) -> torch.Tensor:
-    """This rank's output features x W_i^T + b_i, its input passed through F: the output stays split."""
+    """This rank's block of output features, x W_i^T + b_i, on Megatron's operators: the output stays
+    split, and every gradient (x's whole, the shards' own) comes out right in backward."""
     # BEGIN SOLUTION
     # HINT: where does f go in a column-parallel layer: before or after the matrix multiply?
     return F.apply(x) @ weight_shard.t() + bias_shard
@@ -103,7 +110,8 @@ def column_parallel_linear(x: torch.Tensor, weight_shard: torch.Tensor, bias_sha
 
 def row_parallel_linear(x_shard: torch.Tensor, weight_shard: torch.Tensor, bias: torch.Tensor
                         ) -> torch.Tensor:
-    """The full output sum_i x_i W_i^T + b from this rank's input features, summed through G."""
+    """The whole output x W^T + b, on every rank, from this rank's block of input features, on
+    Megatron's operators; every gradient (x_shard's, weight_shard's, the bias's) right in backward."""
     # BEGIN SOLUTION
     # HINT: where does g go in a row-parallel layer, and how many times may the bias be added?
     return G.apply(x_shard @ weight_shard.t()) + bias
@@ -116,8 +124,9 @@ def attention_shards(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weigh
     ranks, rank r holding the r-th run of consecutive heads: (its rows of the fused QKV weight, its
     entries of the QKV bias, its columns of the output projection's weight).
 
-    The fused weight stacks W_Q, W_K and W_V, each (hidden, hidden), into (3 hidden, hidden); head h
-    owns rows h d .. (h + 1) d - 1 of each, with d = hidden / heads. Keep Q's rows, then K's, then V's.
+    The fused weight stacks W_Q, W_K and W_V, each (hidden, hidden), into (3 hidden, hidden); in each
+    of the three, a head owns its own block of hidden / heads consecutive rows, in head order.
+    Return Q's rows first, then K's, then V's, as the lesson's figure shows them.
     """
     # BEGIN SOLUTION
     # HINT: look at the lesson's figure of the split QKV weight: why three bands of stripes per rank?
@@ -131,10 +140,12 @@ def attention_shards(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weigh
 
 def parallel_attention(x: torch.Tensor, qkv_shard: torch.Tensor, qkv_bias_shard: torch.Tensor,
                        out_shard: torch.Tensor, out_bias: torch.Tensor, heads: int) -> torch.Tensor:
-    """Self-attention over this rank's `heads` heads, from the shards attention_shards gives: the
-    QKV projection column-parallel, attention local, the output projection row-parallel, on your F
-    and G. x is the whole (batch, tokens, hidden) input on every rank; returns the whole output.
-    Use attend(q, k, v, heads) for the attention of `heads` heads."""
+    """The whole attention block's output, on every rank, computed from this rank's `heads` heads
+    only, with the shards attention_shards gives. x is the whole (batch, tokens, hidden) input on
+    every rank. attend(q, k, v, heads) is the attention of `heads` heads, given.
+
+    Graded: the output, and every gradient (x's, the shards', the output bias's), equal to the full
+    block's on 2 to 4 ranks; the ranks exchange only what Megatron's block does."""
     # BEGIN SOLUTION
     # HINT: which of Megatron's operators goes where in the attention block, as in the MLP?
     q, k, v = (F.apply(x) @ qkv_shard.t() + qkv_bias_shard).chunk(3, dim=-1)

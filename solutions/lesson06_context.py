@@ -22,10 +22,14 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
                            causal: bool = True) -> torch.Tensor:
     """This rank's part of softmax(q k^T / sqrt(d)) v over a sequence of `length` tokens.
 
-    Rank r holds chunk r of N nearly equal chunks (the first length % N are one token longer) of
-    q, k and v, sequence on dim -2. Pass k and v round the ring (to rank r + 1, from rank r - 1)
-    N - 1 times with dist.isend and dist.irecv, and merge each part's attention with `merge`, in
-    float32. With `causal`, a query attends only to keys at or before its own position.
+    Rank r holds chunk r of q, k and v (sequence on dim -2): the sequence cut into N chunks whose
+    lengths differ by at most one token, the longer ones first. Returns this rank's queries' rows
+    of full attention, in q's dtype, accumulated in float32. With `causal`, a query attends only
+    to keys at or before its own position.
+
+    Constraints: keys and values travel only round the ring (each rank sends to the next and
+    receives from the one before), point-to-point; no rank ever holds more than one other chunk
+    of them at a time. Graded: the output against full attention on 2 to 4 ranks.
     """
     # BEGIN SOLUTION
     # HINT: at each ring step, whose keys do you hold, and which may your queries see (causal)?

@@ -136,7 +136,8 @@ def find_exercise(exercise: str, folder: str | Path | None = None) -> Path:
         looked = [Path(folder).resolve()]
     else:
         starts = [start for start in (_notebook_folder(), Path.cwd().resolve()) if start is not None]
-        looked = list(dict.fromkeys(base / "exercises" for start in starts for base in (start, *start.parents)))
+        bases = (base for start in starts for base in (start, *start.parents))
+        looked = list(dict.fromkeys(base / "exercises" for base in bases))
     for place in looked:
         if (place / f"{exercise}.py").is_file():
             return place / f"{exercise}.py"

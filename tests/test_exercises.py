@@ -1,0 +1,115 @@
+"""What students receive teaches by contract: a stub's docstring says what goes in and out, the
+constraints and what is graded, never the steps, the index arithmetic or the call to make; hints
+are questions."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGLISH = {"apply", "attend", "backward", "cat", "chunk", "clone", "copy", "empty", "finish", "forward",
+           "full", "launch", "mean", "merge", "parameters", "ready", "split", "stack", "step", "sum", "view",
+           "wait"}
+INDEX_ARITHMETIC = re.compile(r"\b(?:[a-z]|rank|mb|step|device|stage|index)\s*(?:[-+]\s*1\b|%|//)"
+                              r"|\w\[[^\]\n]*[-+*%][^\]\n]*\]")
+CODE = re.compile(r"\b\w+=\w|^\s*(?:if|for|while|return)\b.*:|\bif [a-z] [<>=]|\b[a-z]\s*[<>]=?\s*\d",
+                  re.MULTILINE)
+
+
+def _regions(solution: str) -> ast.Module:
+    """The solution regions of a solution file, as one parsed module of their statements."""
+    bodies = re.findall(r"# BEGIN SOLUTION\n(.*?)^[ \t]*# END SOLUTION", solution, re.MULTILINE | re.DOTALL)
+    return ast.parse("\n".join("if True:\n" + body for body in bodies))
+
+
+def _called(tree: ast.AST) -> set[str]:
+    """Every name a call in `tree` calls: `f` of f(...) and `g` of x.g(...)."""
+    calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    return {call.id if isinstance(call, ast.Name) else call.attr
+            for call in calls if isinstance(call, ast.Name | ast.Attribute)}
+
+
+def _given(module: ast.Module, regions: ast.Module) -> set[str]:
+    """The names that are part of the contract, not the recipe: what the exercise module defines,
+    imports from edulib or takes as arguments, and what the solution defines for itself."""
+    names = {node.name for tree in (module, regions) for node in ast.walk(tree)
+             if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+    names |= {arg.arg for tree in (module, regions) for node in ast.walk(tree)
+              if isinstance(node, ast.FunctionDef) for arg in node.args.args}
+    for node in module.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("edulib"):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _stubs(module: ast.Module) -> dict[str, str]:
+    """The docstring of every stub (a function that raises NotImplementedError) and of every class
+    that holds one, by qualified name."""
+    def raises(function: ast.FunctionDef) -> bool:
+        return any(isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node)
+                   for node in ast.walk(function))
+
+    found = {}
+    for node in module.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        stubs = [m for m in members if isinstance(m, ast.FunctionDef) and raises(m)]
+        if stubs and isinstance(node, ast.ClassDef):
+            found[node.name] = ast.get_docstring(node) or ""
+        for stub in stubs:
+            name = f"{node.name}.{stub.name}" if isinstance(node, ast.ClassDef) else stub.name
+            found[name] = ast.get_docstring(stub) or ""
+    return found
+
+
+def recipes(exercise: Path, solution: Path) -> dict[str, list[str]]:
+    """For every stub docstring of `exercise`, what in it reads as a recipe: code, index arithmetic,
+    or a call its solution region makes."""
+    module, regions = ast.parse(exercise.read_text()), _regions(solution.read_text())
+    calls = {call for call in _called(regions) - _given(module, regions) - ENGLISH if len(call) > 2}
+    calls -= {name for name in dir(builtins) if len(name) <= 3}
+    found = {}
+    for name, doc in _stubs(module).items():
+        said = [f"code {m.group(0)!r}" for m in CODE.finditer(doc)]
+        said += [f"index arithmetic {m.group(0)!r}" for m in INDEX_ARITHMETIC.finditer(doc)]
+        said += [f"the solution's call {call!r}" for call in sorted(calls)
+                 if re.search(rf"(?<![\w-]){re.escape(call)}(?![\w-])", doc)]
+        found[f"{exercise.stem}.{name}"] = said
+    return found
+
+
+def _every_stub() -> dict[str, list[str]]:
+    found = {}
+    for exercise in sorted((ROOT / "exercises").glob("*.py")):
+        found |= recipes(exercise, ROOT / "solutions" / exercise.name)
+    return found
+
+
+def test_stub_docstrings_are_contracts_not_recipes():
+    found = _every_stub()
+    flagged = {name: said for name, said in found.items() if said}
+    assert len(found) >= 30
+    assert len(flagged) <= 0.1 * len(found), "\n".join(f"{n}: {s}" for n, s in flagged.items())
+
+
+@pytest.mark.parametrize("doc, said", [
+    ("Send with dist.isend and wait.", "isend"),
+    ("F mb: if r > 0, receive the input", "code"),
+    ("Rank r sends to r + 1.", "index arithmetic"),
+    ("rank r owns [bounds[r], bounds[r + 1])", "index arithmetic"),
+    ("launch it with async_op=True", "code"),
+])
+def test_the_recipe_scan_catches_each_kind_of_recipe(tmp_path, doc, said):
+    (tmp_path / "e.py").write_text(f'def f():\n    """{doc}"""\n    raise NotImplementedError("why?")\n')
+    (tmp_path / "s.py").write_text("def f():\n    # BEGIN SOLUTION\n    dist.isend(x, 1)\n"
+                                   "    # END SOLUTION\n")
+    assert said in " ".join(recipes(tmp_path / "e.py", tmp_path / "s.py")["e.f"])
+
+
+def test_hints_are_questions():
+    hints = re.findall(r"# HINT:\s*(.*)", "".join(p.read_text() for p in (ROOT / "solutions").glob("*.py")))
+    assert hints and [hint for hint in hints if "?" not in hint] == []
