@@ -280,6 +280,16 @@ def _grade_command(options: argparse.Namespace) -> int:
     return 0
 
 
+def _release_command(options: argparse.Namespace) -> int:
+    """`edulib release DEST`: the student release, from this course repository."""
+    from edulib.grading.release import release
+
+    written = release(options.destination, options.requirement)
+    print(f"wrote {len(written)} files to {options.destination}: notebooks/, exercises/, README.md and "
+          f"requirements.txt ({options.requirement}); no solutions")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the chosen command; return the exit status."""
     parser = _Parser(prog="edulib", description=__doc__)
@@ -352,6 +362,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
+    releaser = commands.add_parser(
+        "release", help="write what students receive: lessons without saved answers, exercises, no solutions")
+    releaser.add_argument("destination", type=Path, help="a new or empty folder")
+    releaser.add_argument("--requirement", default="edulib[lab]",
+                          help="what students pip-install for edulib: a name or a URL (default edulib[lab])")
+    releaser.set_defaults(handler=_release_command)
     options = parser.parse_args(argv)
     if argv is None and options.command == "grade" and not sys.flags.isolated:
         # The grader runs isolated: no PYTHON* variable, user site-packages or current folder of the

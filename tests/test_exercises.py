@@ -1,11 +1,12 @@
-"""What students receive teaches by contract: a stub's docstring says what goes in and out, the
-constraints and what is graded, never the steps, the index arithmetic or the call to make; hints
-are questions."""
+"""What students receive teaches by contract and holds no answer: a stub's docstring says what
+goes in and out, the constraints and what is graded, never the steps, the index arithmetic or the
+call to make; hints are questions; the student release holds no line of any solution."""
 
 from __future__ import annotations
 
 import ast
 import builtins
+import json
 import re
 from pathlib import Path
 
@@ -113,3 +114,72 @@ def test_the_recipe_scan_catches_each_kind_of_recipe(tmp_path, doc, said):
 def test_hints_are_questions():
     hints = re.findall(r"# HINT:\s*(.*)", "".join(p.read_text() for p in (ROOT / "solutions").glob("*.py")))
     assert hints and [hint for hint in hints if "?" not in hint] == []
+
+
+def _solution_lines() -> set[str]:
+    """Every line of every solution region that says something (20 characters or more, stripped)."""
+    lines = set()
+    for solution in (ROOT / "solutions").glob("*.py"):
+        for body in re.findall(r"# BEGIN SOLUTION\n(.*?)^[ \t]*# END SOLUTION", solution.read_text(),
+                               re.MULTILINE | re.DOTALL):
+            lines |= {line.strip() for line in body.splitlines() if len(line.strip()) >= 20}
+    return lines
+
+
+def _texts(path: Path) -> list[str]:
+    """What a release file says: a notebook's sources and saved outputs, another file's text."""
+    if path.suffix != ".ipynb":
+        return [path.read_text()]
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(cell["source"]) for cell in cells] + [
+        "".join(output.get("text", "")) + json.dumps(output.get("data", {}))
+        for cell in cells for output in cell.get("outputs", [])]
+
+
+def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_path):
+    from edulib.cli import main
+    from edulib.grading.release import score_cell
+
+    course = tmp_path / "course"
+    assert main(["release", str(course), "--requirement", "edulib[lab] @ file:///srv/edulib"]) == 0
+    assert sorted(p.name for p in course.iterdir()) == ["README.md", "exercises", "notebooks",
+                                                         "requirements.txt"]
+    assert (course / "requirements.txt").read_text() == "edulib[lab] @ file:///srv/edulib\n"
+    assert "score(" in (course / "README.md").read_text()
+    assert sorted(p.name for p in (course / "exercises").iterdir()) == sorted(
+        p.name for p in (ROOT / "solutions").glob("*.py"))
+    answers = _solution_lines()
+    assert len(answers) > 100
+    for path in course.rglob("*"):
+        if path.is_file():
+            said = "\n".join(_texts(path))
+            leaked = [line for line in answers if line in said]
+            assert leaked == [], f"{path.relative_to(course)} holds solution lines {leaked[:3]}"
+    cleared = 0
+    for lesson in sorted((course / "notebooks").glob("*.ipynb")):
+        cells = json.loads(lesson.read_text())["cells"]
+        original = json.loads((ROOT / "notebooks" / lesson.name).read_text())["cells"]
+        index = score_cell(cells)
+        assert [c["source"] for c in cells] == [c["source"] for c in original], lesson.name
+        if index is None:
+            assert cells == original, lesson.name
+            continue
+        assert cells[:index + 1] == original[:index + 1], f"{lesson.name}: the lesson up to its score is kept"
+        assert re.search(r": 0/\d+ points", "".join(cells[index]["outputs"][0]["text"])), lesson.name
+        assert all(not c.get("outputs") for c in cells[index + 1:]), f"{lesson.name} shows answers"
+        cleared += sum(bool(c.get("outputs")) for c in original[index + 1:])
+    assert cleared >= 8, "the lessons' comparisons with edulib's version after their score cells"
+
+
+def test_a_release_refuses_a_full_folder_and_a_lesson_saved_with_points(tmp_path):
+    from edulib.grading.release import release, student_notebook
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already holds files"):
+        release(tmp_path / "old")
+    cell = {"cell_type": "code", "source": ['print(score("lesson04_pipeline"))'], "metadata": {},
+            "execution_count": 1, "outputs": [{"name": "stdout", "output_type": "stream",
+                                               "text": ["lesson04_pipeline: 11/11 points"]}]}
+    with pytest.raises(ValueError, match="04_pipeline's score cell does not show"):
+        student_notebook({"cells": [cell]}, "04_pipeline")

@@ -1,0 +1,69 @@
+"""What students receive (`edulib release DEST`): the lessons with nothing saved after their score
+cells, the exercises freshly generated as stubs, a README for students and the requirement that
+installs edulib; never solutions/, tests/ or the instructors' notes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+from pathlib import Path
+
+import edulib
+from edulib.grading.generate import generate
+
+SCORE = re.compile(r'score\("(\w+)"')
+
+
+def course_root() -> Path:
+    """The instructors' repository that this edulib was installed from (an editable install)."""
+    root = Path(edulib.__file__).resolve().parent.parent
+    missing = [name for name in ("notebooks", "solutions", "docs/students.md") if not (root / name).exists()]
+    if missing:
+        raise ValueError(f"a release is made from the course's repository (an editable install, "
+                         f"pip install -e .); {root} has no {', '.join(missing)}")
+    return root
+
+
+def score_cell(cells: list[dict]) -> int | None:
+    """The index of a lesson's score cell (the code cell that calls score("...")), or None."""
+    return next((index for index, cell in enumerate(cells)
+                 if cell["cell_type"] == "code" and SCORE.search("".join(cell["source"]))), None)
+
+
+def student_notebook(notebook: dict, name: str) -> dict:
+    """A lesson as students receive it: every saved output after the score cell cleared, and the
+    score cell's own output the untouched exercises' 0 points (else a ValueError naming the lesson)."""
+    notebook = copy.deepcopy(notebook)
+    cells = notebook["cells"]
+    index = score_cell(cells)
+    if index is None:
+        return notebook
+    exercise = SCORE.search("".join(cells[index]["source"])).group(1)
+    shown = "".join("".join(output.get("text", "")) for output in cells[index].get("outputs", []))
+    if not re.search(rf"^{exercise}: 0/\d+ points$", shown, re.MULTILINE):
+        raise ValueError(f"{name}'s score cell does not show the untouched exercise's 0 points; run the "
+                         f"notebook again with exercises/ as generated before releasing it")
+    for cell in cells[index + 1:]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    return notebook
+
+
+def release(destination: Path, requirement: str = "edulib[lab]") -> list[Path]:
+    """Write the student release into `destination` (new or empty); return the files written.
+    `requirement` is what students pip-install to get edulib (a package name or a URL)."""
+    root, destination = course_root(), Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise ValueError(f"{destination} already holds files; a release goes into a new or empty folder")
+    (destination / "notebooks").mkdir(parents=True, exist_ok=True)
+    (destination / "exercises").mkdir()
+    (destination / "requirements.txt").write_text(f"{requirement}\n")
+    shutil.copy2(root / "docs" / "students.md", destination / "README.md")
+    for lesson in sorted((root / "notebooks").glob("*.ipynb")):
+        notebook = student_notebook(json.loads(lesson.read_text()), lesson.stem)
+        (destination / "notebooks" / lesson.name).write_text(json.dumps(notebook, indent=1,
+                                                                        ensure_ascii=False) + "\n")
+    generate(root / "solutions", destination / "exercises")
+    return sorted(path for path in destination.rglob("*") if path.is_file())
