@@ -3,10 +3,10 @@ a 1F1B row on real ranks with sends and receives.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - 1F1B schedule, 1 + 1 points: valid, 1F1B's bubble, at most p micro-batches in flight. Visible
-  cases: p=2, m=4; p=4, m=8. Hidden cases: other stage and micro-batch counts, fewer micro-batches
+  cases: p=3, m=5; p=5, m=7. Hidden cases: other stage and micro-batch counts, fewer micro-batches
   than stages.
-- bubble fraction, 1 + 1 points: matches the simulator. Visible cases: bubble_fraction(4, 8, 1);
-  bubble_fraction(4, 8, 2). Hidden cases: other sizes, interleaved or not.
+- bubble fraction, 1 + 1 points: matches the simulator. Visible cases: bubble_fraction(3, 6, 1);
+  bubble_fraction(5, 10, 2). Hidden cases: other sizes, interleaved or not.
 - pipeline executor, 4 + 3 points: gradients equal to the unsplit model's, messages in the
   schedule's order. Visible cases: 1F1B on 2 stages, 4 micro-batches of 1 x 6; 1F1B on 3 stages, 4
   micro-batches of 1 x 3. Hidden cases: 4 stages, fewer micro-batches than stages, one micro-batch.

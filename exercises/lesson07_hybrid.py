@@ -3,7 +3,7 @@ layout that trains a model fastest within a memory limit.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - grid groups, 1 + 1 points: every data-, pipeline- and tensor-parallel group of the grid. Visible
-  cases: grid_groups(2, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
+  cases: grid_groups(3, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
 - layout choice, 3 + 3 points: a layout that fits the memory limit and trains within 5 % of the best
   that exhaustive search finds with the same cost models, or None when nothing fits. Visible cases:
   case 1: 12 layers of 2048, 32 heads, batch 128 x 2048 tokens on 1 x 8 devices, 3.6 GiB each; case

@@ -2,13 +2,13 @@
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - version plan, 2 + 2 points: every stage's version for every micro-batch, as the simulator reads
-  the same rows. Visible cases: stashing on 4 stages, 8 micro-batches, an update every 1;
-  vertical_sync on 4 stages, 8 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches,
+  the same rows. Visible cases: stashing on 5 stages, 10 micro-batches, an update every 1;
+  vertical_sync on 3 stages, 7 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches,
   an update every 3. Hidden cases: other stage and micro-batch counts, fewer micro-batches than
   stages, several per update.
 - versions held, 2 + 2 points: the most versions each stage holds, as the simulator walks the same
-  rows. Visible cases: stashing on 4 stages, 8 micro-batches, an update every 1; vertical_sync on 4
-  stages, 8 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches, an update every 3.
+  rows. Visible cases: stashing on 5 stages, 10 micro-batches, an update every 1; vertical_sync on 3
+  stages, 7 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches, an update every 3.
   Hidden cases: other stage and micro-batch counts, fewer micro-batches than stages, several per
   update.
 """

@@ -305,7 +305,7 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "rank 0 received 92 bytes in the backward; gathering the 7 parameters it lacks and reduce-scattering "
      "its shard of 8 takes 60 to 64"),
     ("lesson07_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
-     "grid_groups(2, 2, 2): the pp groups are"),
+     "grid_groups(3, 2, 2): the pp groups are"),
     ("lesson07_hybrid", "if layout_memory(model, cluster, layout) <= memory:", "if True:", "layout choice",
      "GiB per device, over the"),
     ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",

@@ -41,6 +41,23 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
 
 
 ROOT = NOTEBOOKS.parent
+READING = {"00", "11"}  # lessons without an exercise: the motivation, and parallelism chosen for you
+LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a 90-minute lab holds, its exercise included
+ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict:", re.MULTILINE)  # "Predict ...", "... predict:"
+
+
+@pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))
+def test_each_lesson_fits_a_lab_and_asks_for_predictions_before_it_answers_them(lesson):
+    cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"]
+    code = sum(cell["cell_type"] == "code" for cell in cells)
+    words = sum(len("".join(cell["source"]).split()) for cell in cells if cell["cell_type"] == "markdown")
+    assert code <= LAB_CODE_CELLS and words <= LAB_WORDS, f"{lesson}: {code} code cells, {words} words"
+    asked = [index for index, cell in enumerate(cells)
+             if cell["cell_type"] == "markdown" and ASKED.search("".join(cell["source"]))]
+    assert asked, f"{lesson} asks for no prediction"
+    for index in asked:
+        assert index + 1 < len(cells) and cells[index + 1]["cell_type"] == "code", (
+            f"{lesson}: the prediction in cell {index} is not followed by the cell that checks it")
 
 
 def _table_column(text: str, pattern: str) -> list[str]:
@@ -60,7 +77,7 @@ def test_lessons_exercises_score_cells_and_tables_stay_in_step():
     for lesson in lessons:
         cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"]
         found = re.findall(r'score\("(\w+)"\)', " ".join("".join(c["source"]) for c in cells))
-        assert len(found) == (lesson[:2] != "00"), f"{lesson} has score cells for {found}"
+        assert len(found) == (lesson[:2] not in READING), f"{lesson} has score cells for {found}"
         scored.update({exercise: lesson for exercise in found})
     assert list(scored) == list(CHECKS)
     assert all(exercise[6:8] == lesson[:2] for exercise, lesson in scored.items()), scored

@@ -628,7 +628,7 @@ def _sequence_judge(case: Case, answer: Any) -> None:
 def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
     hidden = [(rng.randint(2, 6), rng.randint(1, 12)) for _ in range(3)]
     return [Case({"p": p, "m": m}, f"p={p}, m={m}", index >= 2)
-            for index, (p, m) in enumerate([(2, 4), (4, 8), *hidden])]
+            for index, (p, m) in enumerate([(3, 5), (5, 7), *hidden])]
 
 
 def _one_f_one_b_judge(case: Case, answer: Any) -> None:
@@ -656,7 +656,7 @@ def _bubble_cases(rng: random.Random) -> list[Case]:
         p, v = rng.randint(2, 8), rng.randint(1, 3)
         hidden.append((p, p * rng.randint(1, 4), v))
     return [Case({"p": p, "m": m, "v": v}, f"bubble_fraction({p}, {m}, {v})", index >= 2)
-            for index, (p, m, v) in enumerate([(4, 8, 1), (4, 8, 2), *hidden])]
+            for index, (p, m, v) in enumerate([(3, 6, 1), (5, 10, 2), *hidden])]
 
 
 def _bubble_judge(case: Case, answer: Any) -> None:
@@ -928,7 +928,7 @@ def _attention_judge(case: Case, answer: Any) -> None:
 # -- lesson 7: hybrid parallelism ------------------------------------------------------------------
 
 def _grid_cases(rng: random.Random) -> list[Case]:
-    shapes = [(2, 2, 2), (1, 2, 4), (rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 3)),
+    shapes = [(3, 2, 2), (1, 2, 4), (rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 3)),
               (4, 1, 2), (2, 3, 1)]
     return [Case({"dp": dp, "pp": pp, "tp": tp}, f"grid_groups({dp}, {pp}, {tp})", index >= 2)
             for index, (dp, pp, tp) in enumerate(shapes)]
@@ -1186,7 +1186,7 @@ def _pipedream_cases(rng: random.Random) -> list[Case]:
                     f"{policy} on {stages} stages, {microbatches} micro-batches, an update every {every}",
                     hidden)
     stages = rng.randint(2, 5)
-    return [case(4, 8, "stashing", 1, False), case(4, 8, "vertical_sync", 1, False),
+    return [case(5, 10, "stashing", 1, False), case(3, 7, "vertical_sync", 1, False),
             case(3, 9, "2bw", 3, False), case(stages, rng.randint(1, stages - 1), "stashing", 1, True),
             case(rng.randint(2, 5), rng.randint(6, 12), "vertical_sync", 1, True),
             case(stages, stages * rng.randint(2, 3), "2bw", stages, True),

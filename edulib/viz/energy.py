@@ -8,10 +8,12 @@ from matplotlib.figure import Figure
 from edulib.energy.frontier import Frontier
 
 
-def frontier_figure(frontiers: dict[str, Frontier], title: str | None = None, width: float = 8) -> Figure:
+def frontier_figure(frontiers: dict[str, Frontier], title: str | None = None, width: float = 8,
+                    unit: str = "one stage's forward") -> Figure:
     """One frontier per schedule (energy per iteration against its time) and, dotted, every GPU
     at its highest clock finishing at the fastest time and then waiting: the gap at the fastest
-    time is the intrinsic bloat, the gap further right the extrinsic bloat."""
+    time is the intrinsic bloat, the gap further right the extrinsic bloat. `unit` names what
+    the frontiers' times count (the t_f they were given)."""
     figure = Figure(figsize=(width, 4.2))
     axes = figure.subplots()
     for (name, found), colour in zip(frontiers.items(), ("#4c72b0", "#55a868", "#dd8452", "#8172b3"),
@@ -22,8 +24,8 @@ def frontier_figure(frontiers: dict[str, Frontier], title: str | None = None, wi
         axes.plot([found.fastest, slowest], [w / 1e3 for w in waiting], color=colour, linestyle=":",
                   label=f"{name}: flat out, then waiting")
         axes.plot([found.fastest], [found.energies[-1] / 1e3], "o", color=colour)
-    axes.set_xlabel("iteration time (one forward of a stage at full clock = 1)")
-    axes.set_ylabel("energy per iteration (kJ)")
+    axes.set_xlabel(f"iteration time (unit: {unit} at full clock)")
+    axes.set_ylabel("energy per iteration (kJ, if a unit lasts 1 s)")
     axes.set_title(title or "iteration time-energy frontier (Perseus)")
     axes.legend(fontsize=7)
     figure.tight_layout()

@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from edulib.footprint import GB, LECTURE_MODELS, ZERO_STAGES, sharded_bytes
+from edulib.footprint import GB, LECTURE_MODELS, ZERO_STAGES, sharded_bytes, training_footprint
 from edulib.recompute import korthikanti_bytes
 from edulib.table import format_table
 
@@ -69,7 +69,11 @@ def memory_figure(model: str = "GPT-3", ranks: int = 64, precision: str = "fp16"
 
 def holdings_figure(ranks: int = 4) -> Figure:
     """Who holds what under each ZeRO stage: for every rank, the shards of the weights, gradients
-    and optimizer state it keeps between steps (coloured) out of the whole (outlined)."""
+    and optimizer state it keeps between steps (coloured) out of the whole (outlined), each part as
+    wide as its bytes per parameter in mixed-precision Adam (training_footprint's)."""
+    per_parameter = training_footprint(1)
+    widths = [per_parameter.weights / 2, per_parameter.gradients / 2, per_parameter.optimizer / 2]
+    starts = [sum(widths[:column]) * ranks + column for column in range(3)]
     figure = Figure(figsize=(10, 2.6))
     panels = figure.subplots(1, len(ZERO_STAGES), sharey=True)
     sharded_from = {"weights": 3, "gradients": 2, "optimizer state": 1}
@@ -78,15 +82,18 @@ def holdings_figure(ranks: int = 4) -> Figure:
             for rank in range(ranks):
                 for shard in range(ranks):
                     held = stage < sharded_from[label] or shard == rank
-                    axes.add_patch(Rectangle((column * (ranks + 1) + shard, rank), 1, 0.8,
-                                             facecolor=colour if held else "white", edgecolor=colour))
-        axes.set_xlim(-0.5, 3 * (ranks + 1))
+                    axes.add_patch(Rectangle((starts[column] + shard * widths[column], rank), widths[column],
+                                             0.8, facecolor=colour if held else "white", edgecolor=colour))
+        axes.set_xlim(-0.5, starts[-1] + widths[-1] * ranks + 0.5)
         axes.set_ylim(ranks, -0.2)
-        axes.set_xticks([(ranks / 2) + c * (ranks + 1) for c in range(3)], ["W", "G", "O"])
+        axes.set_xticks([start + width * ranks / 2 for start, width in zip(starts, widths, strict=True)],
+                        ["W", "G", "O"])
         axes.set_title(f"stage {stage}", fontsize=10)
         axes.tick_params(length=0)
     panels[0].set_yticks([r + 0.4 for r in range(ranks)], [f"rank {r}" for r in range(ranks)])
-    figure.suptitle("who holds what between steps: W weights, G gradients, O optimizer state "
-                    "(each cut into one shard per rank)", fontsize=10)
+    bytes_each = ", ".join(f"{b:g}" for b in (per_parameter.weights, per_parameter.gradients,
+                                              per_parameter.optimizer))
+    figure.suptitle(f"what each rank holds between steps: W weights, G gradients, O optimizer state, one "
+                    f"shard per rank (to scale: {bytes_each} bytes per parameter)", fontsize=9)
     figure.subplots_adjust(left=0.07, right=0.99, top=0.8, bottom=0.1, wspace=0.08)
     return figure
