@@ -152,6 +152,17 @@ def transformer_mlp(hidden: int, seed: int = 0, bias: bool = True) -> nn.Sequent
     return nn.Sequential(nn.Linear(hidden, 4 * hidden, bias), nn.GELU(), nn.Linear(4 * hidden, hidden, bias))
 
 
+def expert_mlp(up: torch.Tensor, up_bias: torch.Tensor, down: torch.Tensor, down_bias: torch.Tensor
+               ) -> nn.Sequential:
+    """An expert of the lessons' mixture of experts (Linear, GELU, Linear) holding these weights."""
+    module = nn.Sequential(nn.Linear(up.shape[1], up.shape[0]), nn.GELU(),
+                           nn.Linear(down.shape[1], down.shape[0]))
+    with torch.no_grad():
+        for parameter, value in zip(module.parameters(), (up, up_bias, down, down_bias), strict=True):
+            parameter.copy_(value)
+    return module
+
+
 @built_on_host
 def small_cnn(classes: int = 10, seed: int = 0, hidden: int = 128) -> nn.Sequential:
     """Convolutions (most of the compute, few parameters) then a classifier (the reverse)."""

@@ -16,7 +16,7 @@ ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "03_tensor_parallelism": ["ops._F", "ops._G", "layers.ParallelSelfAttention", "ops._ReduceScatter"],
     "04_pipeline_parallelism": ["executor.execute"],
     "05_memory_and_sharding": ["Sharding._gather", "Sharding._accumulated"],
-    "06_sequence_context_expert": ["_RingAttention"],
+    "06_sequence_context_expert": ["_RingAttention", "ExpertParallelMoE.forward"],
     "08_alpa_planner": ["inter._program", "inter.inter_op"],
     "09_gradient_compression": ["TopK.encode", "compressed_average"],
     "10_pipedream_and_perseus": ["version_plan", "versions_held", "Stash.forward"],

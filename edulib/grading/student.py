@@ -271,6 +271,17 @@ def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
     return student.ring_attention_forward(case["q"], case["k"], case["v"], case["length"], case["causal"])
 
 
+def _expert_parallel(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's expert_parallel on this rank's tokens, with this rank's experts only (a mark
+    before the call lets the relay's count start there)."""
+    from edulib.models import expert_mlp
+
+    experts = torch.nn.ModuleList(expert_mlp(*weights) for weights in case["weights"])
+    relay.mark("call")
+    with torch.no_grad():
+        return student.expert_parallel(*(case[name].clone() for name in ("x", "expert", "gate")), experts)
+
+
 def _topk(student: ModuleType, case: dict) -> dict:
     """The student's topk_average called `steps` times on this rank's gradients, carrying its
     error; each call's result and the error after it (a mark before each call lets the relay's
@@ -366,6 +377,10 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "zero3_unit": lambda case, rank: {"ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"],
                                       "x": case["xs"][rank], "grad_y": case["grad_ys"][rank]},
     "ring_attention": _attention_part,
+    "expert_parallel": lambda case, rank: {
+        "ranks": case["ranks"], "x": case["xs"][rank], "expert": case["experts"][rank],
+        "gate": case["gates"][rank],
+        "weights": case["weights"][rank * case["per_rank"]:(rank + 1) * case["per_rank"]]},
     "topk": lambda case, rank: {**case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
 }
 
@@ -374,6 +389,7 @@ RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "parallel_attention": _parallel_attention, "sequence_pair": _sequence_pair,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
+                "expert_parallel": _expert_parallel,
                 "topk_training": _topk_training}
 
 
@@ -452,6 +468,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "merge": _in_process(lambda s, c: s.merge(*(c[name].clone() for name in ("out_a", "lse_a", "out_b",
                                                                                  "lse_b")))),
     "ring_attention": _on_ranks("ring_attention"),
+    "expert_parallel": _on_ranks("expert_parallel"),
     "grid_groups": _in_process(lambda s, c: s.grid_groups(c["dp"], c["pp"], c["tp"])),
     "choose_layout": _in_process(lambda s, c: _layout(s.choose_layout(
         _transformer(c["model"]), _cluster(c["cluster"]), c["memory"]))),
