@@ -242,13 +242,26 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
                 super().finish()
      """, "gradient buckets", "gradient buckets"),
     ("lesson03_tensor_parallelism", """
+        import torch
         from torch.distributed.nn.functional import all_reduce
 
-        def column_parallel_linear(x, weight_shard, bias_shard):
-            return x @ weight_shard.t() + bias_shard
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
 
-        def row_parallel_linear(x_shard, weight_shard, bias):
-            return all_reduce(x_shard @ weight_shard.t()) + bias
+            @staticmethod
+            def backward(ctx, grad):
+                return all_reduce(grad)
+
+        class G(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return all_reduce(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad
      """, "f and g", "f and g"),
     ("lesson04_pipeline", """
         from edulib.pp.executor import execute
@@ -277,14 +290,15 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "a 2 x 2 torus: rank"),
     ("lesson03_tensor_parallelism", "of its terms?\n        return grad",
      "of its terms?\n        dist.all_reduce(grad)\n        return grad", "f and g", "2 ranks, x of shape"),
-    ("lesson03_tensor_parallelism", "q, k, v = (F.apply(x) @ qkv_shard", "q, k, v = (x @ qkv_shard",
-     "tensor-parallel attention", "rank 0: the input's gradient holds"),
+    ("lesson03_tensor_parallelism", "q, k, v = (F.apply(x) @ qkv.t()", "q, k, v = (x @ qkv.t()",
+     "tensor-parallel block", "rank 0: the input's gradient holds"),
+    ("lesson03_tensor_parallelism", "total = x.clone()\n        dist.all_reduce(total)\n        return total",
+     "parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]\n"
+     "        dist.all_gather(parts, x.contiguous())\n        return torch.stack(parts).sum(0)",
+     "tensor-parallel block", "a rank sent more than Megatron's block"),
     ("lesson03_tensor_parallelism", "rows = torch.cat([part * hidden + columns for part in range(3)])",
      "rows = torch.arange(3 * rank * width, 3 * (rank + 1) * width)", "attention shards",
      "attention_shards' the QKV rows holds"),
-    ("lesson03_tensor_parallelism", "return reduce_scatter_tokens(grad)",
-     "return reduce_scatter_tokens(grad) / dist.get_world_size()",
-     "sequence-parallel pair", "GatherSequence's backward (the input's gradient) holds"),
     ("lesson04_pipeline", "for action in actions.split():",
      "for action in sorted(actions.split(), key=lambda action: action[0] == 'B'):", "pipeline executor",
      "rank 0 sent and received"),

@@ -444,43 +444,6 @@ def _torus_run_judge(case: Case, answer: Any) -> None:
 
 # -- lesson 3: tensor parallelism ----------------------------------------------------------------
 
-def _tensor_parallel_cases(parts: list[str]) -> Callable[[random.Random], list[Case]]:
-    def cases(rng: random.Random) -> list[Case]:
-        def case(ranks: int, hidden: bool) -> Case:
-            batch, width, out = rng.randint(1, 5), ranks * rng.randint(1, 3), ranks * rng.randint(1, 3)
-            x, weight, grad_y = _tensors(rng, (batch, width), (out, width), (batch, out))
-            return Case({"ranks": ranks, "x": x, "weight": weight, "grad_y": grad_y, "parts": parts},
-                        f"{ranks} ranks, x of shape {(batch, width)}, W of shape {(out, width)}", hidden)
-        return [case(2, False), case(3, True), case(4, True)]
-    return cases
-
-
-_PARTS = {"column": ("column_parallel_forward", ["output"]), "row": ("row_parallel_forward", ["output"]),
-          "column_backward": ("column_parallel_backward", ["grad_x", "weight gradient"]),
-          "row_backward": ("row_parallel_backward", ["grad_x shard", "weight gradient"])}
-
-
-def _tensor_parallel_judge(case: Case, answer: Any) -> None:
-    x, weight, grad_y = (case.inputs[name] for name in ("x", "weight", "grad_y"))
-    ranks = case.inputs["ranks"]
-    grad_x, grad_w = grad_y @ weight, grad_y.t() @ x
-    for rank, found in enumerate(_per_rank(answer, ranks)):
-        wants = {"column": [x @ weight.t()], "row": [x @ weight.t()],
-                 "column_backward": [grad_x, grad_w.chunk(ranks, 0)[rank]],
-                 "row_backward": [grad_x.chunk(ranks, 1)[rank], grad_w.chunk(ranks, 1)[rank]]}
-        for part in case.inputs["parts"]:
-            function, names = _PARTS[part]
-            got = answer_of(found[part]) if type(found) is dict and part in found else None
-            if len(names) > 1:
-                if type(got) is not list or len(got) != len(names):
-                    raise Wrong(f"rank {rank}: {function} must return (grad_x, grad_weight)",
-                                f"{function} does not return (grad_x, grad_weight)")
-            else:
-                got = [got]
-            for value, want, name in zip(got, wants[part], names, strict=True):
-                _tensor(value, want, f"rank {rank}: {function}'s {name}")
-
-
 def _mlp_cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, hidden: bool) -> Case:
         batch, width, inner = rng.randint(1, 4), rng.randint(2, 6), ranks * rng.randint(1, 3)
@@ -521,27 +484,6 @@ def _head_split(hidden: int, heads: int, rank: int, ranks: int) -> tuple[range, 
     return head_slices(hidden, heads, range(rank * share, (rank + 1) * share))
 
 
-def _attention_block_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, heads: int, hidden: bool) -> Case:
-        batch, tokens, width = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 3)
-        size = heads * width
-        names = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "grad_y")
-        tensors = _tensors(rng, (batch, tokens, size), (3 * size, size), (3 * size,), (size, size), (size,),
-                           (batch, tokens, size))
-        full = dict(zip(names, tensors, strict=True))
-        for name in ("qkv_weight", "out_weight"):  # as initialised: outputs of the input's scale
-            full[name] = full[name] / size ** 0.5
-        shards = []  # each rank's QKV rows, QKV bias entries and output columns, split by the grader
-        for rank in range(ranks):
-            columns, rows = _head_split(size, heads, rank, ranks)
-            shards.append([full["qkv_weight"][rows], full["qkv_bias"][rows], full["out_weight"][:, columns]])
-        return Case({"ranks": ranks, "heads": heads, "shards": shards, **full},
-                    f"{ranks} ranks, {heads} heads of width {width}, x of shape {(batch, tokens, size)}",
-                    hidden)
-    return [case(2, 4, False), case(3, 3 * rng.randint(1, 2), True), case(4, 4, True),
-            case(2, 2 * rng.randint(2, 3), True)]
-
-
 def _shards_cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, rank: int, heads: int, hidden: bool) -> Case:
         size = heads * rng.randint(1, 3)
@@ -565,62 +507,74 @@ def _shards_judge(case: Case, answer: Any) -> None:
         _tensor(got, want, f"attention_shards' {what}", atol=0.0)
 
 
-def _attention_block_judge(case: Case, answer: Any) -> None:
+BLOCK_GRADIENTS = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "up", "up_bias", "down",
+                   "down_bias")
+
+
+def _block_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, heads: int, hidden: bool) -> Case:
+        batch, tokens, width = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 3)
+        size, inner = heads * width, ranks * rng.randint(1, 3)
+        names = (*BLOCK_GRADIENTS, "grad_y")
+        tensors = _tensors(rng, (batch, tokens, size), (3 * size, size), (3 * size,), (size, size), (size,),
+                           (inner, size), (inner,), (size, inner), (size,), (batch, tokens, size))
+        full = dict(zip(names, tensors, strict=True))
+        for name in ("qkv_weight", "out_weight", "up", "down"):  # as initialised: outputs of the input's size
+            full[name] = full[name] / full[name].shape[1] ** 0.5
+        shards = []  # each rank's rows and columns of every weight, split by the grader
+        for rank in range(ranks):
+            columns, rows = _head_split(size, heads, rank, ranks)
+            shards.append([full["qkv_weight"][rows], full["qkv_bias"][rows], full["out_weight"][:, columns],
+                           full["up"].chunk(ranks, 0)[rank], full["up_bias"].chunk(ranks, 0)[rank],
+                           full["down"].chunk(ranks, 1)[rank]])
+        return Case({"ranks": ranks, "heads": heads, "shards": shards, **full},
+                    f"{ranks} ranks, {heads} heads of width {width}, {inner} inner features, x of shape "
+                    f"{(batch, tokens, size)}", hidden)
+    return [case(2, 4, False), case(3, 3 * rng.randint(1, 2), True), case(4, 4, True),
+            case(2, 2 * rng.randint(2, 3), True)]
+
+
+def _block_judge(case: Case, answer: Any) -> None:
     from edulib.models import attend
 
-    names = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias")
-    leaves = {name: case.inputs[name].clone().requires_grad_() for name in names}
-    q, k, v = torch.nn.functional.linear(leaves["x"], leaves["qkv_weight"], leaves["qkv_bias"]).chunk(3, -1)
-    y = torch.nn.functional.linear(attend(q, k, v, case.inputs["heads"]), leaves["out_weight"],
-                                   leaves["out_bias"])
+    linear = torch.nn.functional.linear
+    leaves = {name: case.inputs[name].clone().requires_grad_() for name in BLOCK_GRADIENTS}
+    q, k, v = linear(leaves["x"], leaves["qkv_weight"], leaves["qkv_bias"]).chunk(3, -1)
+    h = leaves["x"] + linear(attend(q, k, v, case.inputs["heads"]), leaves["out_weight"], leaves["out_bias"])
+    y = h + linear(torch.nn.functional.gelu(linear(h, leaves["up"], leaves["up_bias"])), leaves["down"],
+                   leaves["down_bias"])
     (y * case.inputs["grad_y"]).sum().backward()
     ranks, size = case.inputs["ranks"], case.inputs["x"].shape[-1]
+    grads = {name: leaf.grad for name, leaf in leaves.items()}
     for rank, found in enumerate(_per_rank(answer, ranks)):
-        if type(found) is not dict or set(found) != {"y", *names}:
+        if type(found) is not dict or set(found) != {"y", *BLOCK_GRADIENTS}:
             raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
         _tensor(found["y"], y.detach(), f"rank {rank}'s output")
         columns, rows = _head_split(size, case.inputs["heads"], rank, ranks)
-        grads = {name: leaf.grad for name, leaf in leaves.items()}
         wants = {"x": grads["x"], "qkv_weight": grads["qkv_weight"][rows],
                  "qkv_bias": grads["qkv_bias"][rows], "out_weight": grads["out_weight"][:, columns],
-                 "out_bias": grads["out_bias"]}
+                 "out_bias": grads["out_bias"],
+                 "up": grads["up"].chunk(ranks, 0)[rank], "up_bias": grads["up_bias"].chunk(ranks, 0)[rank],
+                 "down": grads["down"].chunk(ranks, 1)[rank], "down_bias": grads["down_bias"]}
         for name, want in wants.items():
-            what = "the input's gradient" if name == "x" else f"the gradient of {name}'s shard"
+            what = "the input's gradient" if name == "x" else f"the gradient of {name}"
             if found[name] is None:
                 raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
             _tensor(found[name], want, f"rank {rank}: {what}")
 
 
-def _sequence_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, tokens: int, hidden: bool) -> Case:
-        batch, width = rng.randint(1, 3), rng.randint(1, 4)
-        shape = (batch, tokens, width)
-        x, scatter_grad, *rest = _tensors(rng, *[shape] * (2 + 2 * ranks))
-        return Case({"ranks": ranks, "x": x, "scatter_grad": scatter_grad, "gather_grads": rest[:ranks],
-                     "partials": rest[ranks:]},
-                    f"{ranks} ranks, {tokens} tokens, batch {batch}, width {width}", hidden)
-    return [case(2, 4, False), case(3, 3 * rng.randint(1, 3), True), case(4, 4 * rng.randint(1, 2), True),
-            case(2, 2, True)]
-
-
-def _sequence_judge(case: Case, answer: Any) -> None:
-    inputs, ranks = case.inputs, case.inputs["ranks"]
-    summed = torch.stack(inputs["partials"]).sum(0).chunk(ranks, dim=1)
-    gathered = torch.stack(inputs["gather_grads"]).sum(0).chunk(ranks, dim=1)
-    for rank, found in enumerate(_per_rank(answer, ranks)):
-        if type(found) is not dict or set(found) != {"gather", "scatter"}:
-            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
-        wants = {"gather": ([inputs["x"], gathered[rank]], "GatherSequence"),
-                 "scatter": ([summed[rank], inputs["scatter_grad"]], "ScatterSequence")}
-        for part, (want, function) in wants.items():
-            got = answer_of(found[part])
-            if type(got) is not list or len(got) != 2:
-                raise Wrong(f"rank {rank}: {function} sent no result", f"{function} sent no result")
-            _tensor(got[0], want[0], f"rank {rank}: {function}'s forward output")
-            if got[1] is None:
-                raise Wrong(f"rank {rank}: {function}'s backward gave its input no gradient",
-                            f"{function}'s backward gave no gradient")
-            _tensor(got[1], want[1], f"rank {rank}: {function}'s backward (the input's gradient)")
+def _block_watch(case: Case, wire: dict) -> None:
+    """Each rank sends no more than Megatron's block: four all-reduces of the activation (f's and
+    g's, forward and backward), at a ring's 2(N - 1)/N of it each."""
+    ranks = case.inputs["ranks"]
+    activation = case.inputs["x"].numel() * 4
+    bound = 4 * (2 * (ranks - 1) * activation // ranks) + 64 * ranks
+    for rank in range(ranks):
+        sent = _moved(_events(wire, rank), "sent")
+        if sent > bound:
+            raise Wrong(f"rank {rank} sent {sent} bytes; Megatron's block sends four all-reduces of the "
+                        f"{activation}-byte activation, {bound - 64 * ranks} bytes by a ring",
+                        "a rank sent more than Megatron's block")
 
 
 # -- lesson 4: pipelines ---------------------------------------------------------------------------
@@ -1291,12 +1245,10 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         *((f"edulib.comm.algorithms.{name}", "the halving-doubling schedule")
           for name in ("build_schedule", "halving_doubling", "schedule_for", "butterfly"))],
     "lesson03_tensor_parallelism": [
-        *((f"edulib.tp.ops.{name}", "the column- and row-parallel layers")
-          for name in ("f", "g", "gather", "split", "gathered_linear")),
-        *((f"edulib.tp.layers.{name}", "the column- and row-parallel layers")
+        *((f"edulib.tp.ops.{name}", "f and g") for name in ("f", "g", "gather", "split", "gathered_linear")),
+        *((f"edulib.tp.layers.{name}", "the tensor-parallel block")
           for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
                        "ParallelBlock", "head_slices")),
-        *((f"edulib.tp.ops.{name}", "sequence parallelism's pair") for name in ("reduce_scatter_sequence",)),
         *((f"torch.distributed.nn.functional.{name}", "f and g")
           for name in ("all_reduce", "reduce_scatter", "all_gather", "_AllGather", "_Reduce_Scatter"))],
     "lesson04_pipeline": [
@@ -1357,24 +1309,16 @@ CHECKS: dict[str, list[Check]] = {
               "edulib's runtime gives every rank the sum", "6 ranks, other lengths", optional=True,
               wire=True)],
     "lesson03_tensor_parallelism": [
-        Check("forward", 1, 1, "tensor_parallel", _tensor_parallel_cases(["column", "row"]),
-              _tensor_parallel_judge, "equal to the full layer's forward pass",
-              "3 and 4 ranks, other shapes", wire=True),
-        Check("backward", 1, 1, "tensor_parallel",
-              _tensor_parallel_cases(["column_backward", "row_backward"]), _tensor_parallel_judge,
-              "equal to the full layer's backward pass", "3 and 4 ranks, other shapes", wire=True),
-        Check("f and g", 3, 3, "parallel_mlp", _mlp_cases, _mlp_judge,
-              "an MLP of your layers: output and every gradient equal to the full module's",
-              "3 and 4 ranks, other shapes", wire=True),
         Check("attention shards", 1, 1, "attention_shards", _shards_cases, _shards_judge,
               "each rank's rows of Q, K and V and columns of the output projection, by heads",
               "other ranks, head counts and widths"),
-        Check("tensor-parallel attention", 3, 3, "parallel_attention", _attention_block_cases,
-              _attention_block_judge, "output and every gradient equal to the full attention block's",
-              "3 and 4 ranks, head counts, sequence lengths and widths you do not see", wire=True),
-        Check("sequence-parallel pair", 2, 2, "sequence_pair", _sequence_cases, _sequence_judge,
-              "both operators' forward and backward equal to an all-gather and a reduce-scatter over tokens",
-              "3 and 4 ranks, other sequence lengths and shapes", wire=True)],
+        Check("f and g", 2, 2, "parallel_mlp", _mlp_cases, _mlp_judge,
+              "an MLP split by the grader on your f and g: output and every gradient equal to the full one's",
+              "3 and 4 ranks, other shapes", wire=True),
+        Check("tensor-parallel block", 4, 4, "parallel_block", _block_cases, _block_judge,
+              "output and every gradient equal to the full block's, with no more traffic than Megatron's",
+              "3 and 4 ranks, head counts, sequence lengths and widths you do not see", wire=True,
+              watch=_block_watch)],
     "lesson04_pipeline": [
         Check("1F1B schedule", 1, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
               "valid, 1F1B's bubble, at most p micro-batches in flight",

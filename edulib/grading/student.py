@@ -143,52 +143,27 @@ def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
     return tensor
 
 
-def _tensor_parallel(student: ModuleType, case: dict) -> dict:
-    """The student's four layer functions on this rank's shards; each part's outcome on its own."""
-    x, x_shard, rows, columns, grad_y = (case[name] for name in ("x", "x_shard", "rows", "columns", "grad_y"))
-    calls = {"column": lambda: student.column_parallel_forward(x, rows),
-             "row": lambda: student.row_parallel_forward(x_shard, columns),
-             "column_backward": lambda: student.column_parallel_backward(grad_y, x, rows),
-             "row_backward": lambda: student.row_parallel_backward(grad_y, x_shard, columns)}
-    return {name: outcome(calls[name]) for name in case["parts"]}
-
-
 def _parallel_mlp(student: ModuleType, case: dict) -> dict:
-    """The student's column- then row-parallel layers as an MLP, forward and backward on this rank."""
+    """An MLP split by the grader's layers on the student's F and G, forward and backward on this rank."""
+    linear = torch.nn.functional.linear
     x = case["x"].clone().requires_grad_()
-    w1, b1, w2, b2 = (case[name].clone() for name in ("w1", "b1", "w2", "b2"))
-    for parameter in (w1, b1, w2, b2):
-        parameter.requires_grad_()
-    hidden = torch.nn.functional.gelu(student.column_parallel_linear(x, w1, b1))
-    y = student.row_parallel_linear(hidden, w2, b2)
+    w1, b1, w2, b2 = (case[name].clone().requires_grad_() for name in ("w1", "b1", "w2", "b2"))
+    hidden = torch.nn.functional.gelu(linear(student.F.apply(x), w1, b1))
+    y = student.G.apply(linear(hidden, w2)) + b2
     (y * case["grad_y"]).sum().backward()
     return {"y": y.detach(), **{name: tensor.grad for name, tensor in
                                 (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}}
 
 
-def _parallel_attention(student: ModuleType, case: dict) -> dict:
-    """The student's parallel_attention on this rank's shards, forward and backward."""
-    x = case["x"].clone().requires_grad_()
-    shards = {name: case[name].clone().requires_grad_()
-              for name in ("qkv_weight", "qkv_bias", "out_weight", "out_bias")}
-    y = student.parallel_attention(x, *shards.values(), case["heads"] // case["ranks"])
+def _parallel_block(student: ModuleType, case: dict) -> dict:
+    """The student's parallel_block on this rank's shards, forward and backward."""
+    leaves = {name: case[name].clone().requires_grad_() for name in
+              ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "up", "up_bias", "down", "down_bias")}
+    attention = tuple(leaves[name] for name in ("qkv_weight", "qkv_bias", "out_weight", "out_bias"))
+    mlp = tuple(leaves[name] for name in ("up", "up_bias", "down", "down_bias"))
+    y = student.parallel_block(leaves["x"], attention, mlp, case["heads"] // case["ranks"])
     (y * case["grad_y"]).sum().backward()
-    return {"y": y.detach(), "x": x.grad, **{name: tensor.grad for name, tensor in shards.items()}}
-
-
-def _sequence_pair(student: ModuleType, case: dict) -> dict:
-    """The student's GatherSequence and ScatterSequence on this rank's part, forward and backward;
-    each operator's outcome on its own."""
-    rank = dist.get_rank()
-
-    def run(function: str, x: torch.Tensor, grad: torch.Tensor) -> list:
-        x = x.clone().requires_grad_()
-        y = getattr(student, function).apply(x)
-        y.backward(grad)
-        return [y.detach(), x.grad]
-    return {"gather": outcome(lambda: run("GatherSequence", case["x"][rank], case["gather_grads"][rank])),
-            "scatter": outcome(lambda: run("ScatterSequence", case["partials"][rank],
-                                           case["scatter_grad"][rank]))}
+    return {"y": y.detach(), **{name: leaf.grad for name, leaf in leaves.items()}}
 
 
 def _pipeline(student: ModuleType, case: dict) -> list:
@@ -325,13 +300,6 @@ def _mine(values: list, rank: int) -> dict[int, Any]:
     return {rank: values[rank]}
 
 
-def _tensor_parallel_part(case: dict, rank: int) -> dict:
-    parts = case["ranks"]
-    return {**{key: case[key] for key in ("ranks", "x", "grad_y", "parts")},
-            "x_shard": case["x"].chunk(parts, dim=1)[rank], "rows": case["weight"].chunk(parts, dim=0)[rank],
-            "columns": case["weight"].chunk(parts, dim=1)[rank]}
-
-
 def _mlp_part(case: dict, rank: int) -> dict:
     parts = case["ranks"]
     return {"ranks": parts, "x": case["x"], "grad_y": case["grad_y"], "b2": case["b2"],
@@ -339,18 +307,11 @@ def _mlp_part(case: dict, rank: int) -> dict:
             "w2": case["w2"].chunk(parts, 1)[rank]}
 
 
-def _attention_block_part(case: dict, rank: int) -> dict:
-    qkv_weight, qkv_bias, out_weight = case["shards"][rank]
+def _block_part(case: dict, rank: int) -> dict:
+    shards = dict(zip(("qkv_weight", "qkv_bias", "out_weight", "up", "up_bias", "down"), case["shards"][rank],
+                      strict=True))
     return {"ranks": case["ranks"], "heads": case["heads"], "x": case["x"], "grad_y": case["grad_y"],
-            "qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "out_weight": out_weight,
-            "out_bias": case["out_bias"]}
-
-
-def _sequence_part(case: dict, rank: int) -> dict:
-    chunks = {name: case[name].chunk(case["ranks"], dim=1) for name in ("x", "scatter_grad")}
-    return {"ranks": case["ranks"], "x": _mine(chunks["x"], rank),
-            "scatter_grad": _mine(chunks["scatter_grad"], rank),
-            "gather_grads": _mine(case["gather_grads"], rank), "partials": _mine(case["partials"], rank)}
+            "out_bias": case["out_bias"], "down_bias": case["down_bias"], **shards}
 
 
 def _attention_part(case: dict, rank: int) -> dict:
@@ -365,10 +326,8 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "torus_run": lambda case, rank: {**case, "inputs": _mine(case["inputs"], rank)},
     "buckets": lambda case, rank: {**case, "tokens": [_mine(step, rank) for step in case["tokens"]],
                                    "targets": [_mine(step, rank) for step in case["targets"]]},
-    "tensor_parallel": _tensor_parallel_part,
     "parallel_mlp": _mlp_part,
-    "parallel_attention": _attention_block_part,
-    "sequence_pair": _sequence_part,
+    "parallel_block": _block_part,
     "pipeline": lambda case, rank: {**case, "actions": _mine(case["actions"], rank)},
     "shard_collectives": lambda case, rank: {"ranks": case["ranks"], "length": case["full"].numel(),
                                              "full": case["fulls"][rank], "shard": case["shards"][rank]},
@@ -385,8 +344,7 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
 }
 
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
-                "tensor_parallel": _tensor_parallel, "parallel_mlp": _parallel_mlp, "pipeline": _pipeline,
-                "parallel_attention": _parallel_attention, "sequence_pair": _sequence_pair,
+                "parallel_mlp": _parallel_mlp, "pipeline": _pipeline, "parallel_block": _parallel_block,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
                 "expert_parallel": _expert_parallel,
@@ -451,13 +409,11 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "halving_doubling": _in_process(lambda s, c: _schedule(s.halving_doubling_schedule(c["n"]))),
     "torus": _in_process(lambda s, c: _schedule(s.torus_schedule(c["rows"], c["cols"]))),
     "torus_run": _on_ranks("torus_run"),
-    "tensor_parallel": _on_ranks("tensor_parallel"),
     "parallel_mlp": _on_ranks("parallel_mlp"),
     "attention_shards": _in_process(lambda s, c: s.attention_shards(
         *(c[name].clone() for name in ("qkv_weight", "qkv_bias", "out_weight")), c["heads"], c["rank"],
         c["ranks"])),
-    "parallel_attention": _on_ranks("parallel_attention"),
-    "sequence_pair": _on_ranks("sequence_pair"),
+    "parallel_block": _on_ranks("parallel_block"),
     "one_f_one_b": _in_process(lambda s, c: s.one_f_one_b(c["p"], c["m"])),
     "bubble_fraction": _in_process(lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"])),
     "shard_bounds": _in_process(lambda s, c: s.shard_bounds(c["length"], c["ranks"])),
