@@ -340,6 +340,10 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "version_plan gives stage 1 the versions"),
     ("lesson10_pipedream", "len({latest, *inflight.values(), *range(upcoming, latest + 1)})",
      "len({latest, *inflight.values()})", "versions held", "versions_held gives"),
+    ("lesson10_pipedream", "            del self.versions[version]", "            pass",
+     "weight stash on real ranks", "the stash held versions that nothing would ask for again"),
+    ("lesson10_pipedream", "version = self.plan[microbatch]", "version = self.latest",
+     "weight stash on real ranks", "rank 0: the final"),
 ])
 def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
     source = (ROOT / "solutions" / f"{name}.py").read_text()

@@ -79,6 +79,13 @@ def test_unknown_weights_are_refused():
         version_of("stale", 2, 0, 0)
 
 
+@pytest.mark.parametrize("policy", ["stashing", "vertical_sync"])
+def test_the_closed_form_refuses_an_update_every_few_micro_batches_where_it_does_not_hold(policy):
+    said = f"closed form of {policy} holds for an update every micro-batch, not every 2"
+    with pytest.raises(ValueError, match=said):
+        version_of(policy, 3, 0, 5, every=2)
+
+
 def _same_updates_as_the_replay(pool, p: int) -> list[str]:
     """Train with each kind of weights on `pool`; compare with every replay, versions and bytes."""
     problems = []

@@ -1228,6 +1228,52 @@ def _held_judge(case: Case, got: Any) -> None:
                     "versions_held differs from the simulator")
 
 
+def _stash_cases(rng: random.Random) -> list[Case]:
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import version_plan
+
+    def case(ranks: int, policy: str, every: int, steps: int, hidden: bool) -> Case:
+        total = steps * every
+        plan = version_plan(async_1f1b(ranks, total), policy, every)
+        return Case({"ranks": ranks, "policy": policy, "every": every, "steps": steps, "lr": 0.05, "width": 8,
+                     "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(1000),
+                     "plans": [[plan[stage, mb] for mb in range(total)] for stage in range(ranks)]},
+                    f"{policy} on {ranks} ranks, {total} micro-batches, an update every {every}", hidden)
+    return [case(2, "stashing", 1, 6, False), case(3, "vertical_sync", 1, 6, False),
+            case(4, "stashing", 1, rng.randint(6, 9), True), case(3, "2bw", 3, 3, True),
+            case(2, "2bw", 2, 4, True)]
+
+
+def _stash_judge(case: Case, answer: Any) -> None:
+    from edulib.models import mlp, split
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import versions_held
+    from edulib.pp.workers import pipedream_reference
+
+    inputs = case.inputs
+    ranks, every = inputs["ranks"], inputs["every"]
+    want = pipedream_reference(ranks, inputs["steps"], inputs["policy"], every, inputs["lr"], inputs["width"],
+                               inputs["depth"], inputs["rows"], inputs["seed"])
+    most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * every),
+                                                    inputs["policy"], every)]
+    model = mlp(inputs["width"], inputs["depth"], inputs["seed"])
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    stages = split(model, ranks)
+    for rank, found in enumerate(_per_rank(answer, ranks)):
+        mine = {names[id(parameter)] for parameter in stages[rank].parameters()}
+        weights = found.get("weights") if type(found) is dict else None
+        if type(weights) is not dict or set(found) != {"weights", "held"} or set(weights) != mine:
+            raise Wrong(f"rank {rank}: newest() must return the stage's weights by parameter name",
+                        "newest() does not return the stage's weights by name")
+        for name in sorted(mine):
+            _tensor(found["weights"][name], want[name], f"rank {rank}: the final {name}")
+        size = sum(p.numel() * p.element_size() for p in stages[rank].parameters())
+        if _number(found["held"], "the bytes held") > (most[rank] + 1) * size:
+            raise Wrong(f"rank {rank}'s stash held {found['held']} bytes at once; {most[rank]} versions of "
+                        f"its {size}-byte weights and the running gradient are {(most[rank] + 1) * size}",
+                        "the stash held versions that nothing would ask for again")
+
+
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
                 "scatter")
@@ -1382,5 +1428,8 @@ CHECKS: dict[str, list[Check]] = {
               "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),
         Check("versions held", 2, 2, "versions_held", _pipedream_cases, _held_judge,
               "the most versions each stage holds, as the simulator walks the same rows",
-              "other stage and micro-batch counts, fewer micro-batches than stages, several per update")],
+              "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),
+        Check("weight stash on real ranks", 3, 3, "weight_stash", _stash_cases, _stash_judge,
+              "every stage's final weights equal to one process replaying the same staleness, holding no "
+              "version nothing will ask for", "4 ranks, 2BW, several micro-batches per update", wire=True)],
 }

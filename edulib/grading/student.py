@@ -257,6 +257,46 @@ def _expert_parallel(student: ModuleType, case: dict) -> torch.Tensor:
         return student.expert_parallel(*(case[name].clone() for name in ("x", "expert", "gate")), experts)
 
 
+def _weight_stash(student: ModuleType, case: dict) -> dict:
+    """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
+    asynchronous 1F1B on real ranks: the newest weights at the end, by the whole model's names, and
+    the most bytes the stash held after any call."""
+    from edulib.models import mlp, regression_batch, split
+    from edulib.pp import async_1f1b
+    from edulib.pp.executor import execute
+
+    ranks, rank, every = dist.get_world_size(), dist.get_rank(), case["every"]
+    model = mlp(case["width"], case["depth"], case["seed"])
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    stage = split(model, ranks)[rank]
+    local = {name: names[id(parameter)] for name, parameter in stage.named_parameters()}
+    total = case["steps"] * every
+    inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
+                                                                case["seed"]))
+    stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
+    held = [0]
+
+    class Driven:
+        """The executor's weights protocol, onto the student's stash, weighing it after each call."""
+
+        def forward(self, _: int, microbatch: int, x: torch.Tensor) -> torch.Tensor:
+            y = stash.forward(microbatch, x)
+            held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
+            return y
+
+        def backward_done(self, _: int, microbatch: int) -> None:
+            stash.backward_done(microbatch)
+            held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
+
+    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(y, target) / every
+
+    execute(async_1f1b(ranks, total), rank, {rank: stage}, loss, list(inputs), list(targets),
+            (case["rows"] // every, case["width"]), weights=Driven())
+    newest = stash.newest()
+    return {"weights": {local[name]: tensor.detach() for name, tensor in newest.items()}, "held": held[0]}
+
+
 def _topk(student: ModuleType, case: dict) -> dict:
     """The student's topk_average called `steps` times on this rank's gradients, carrying its
     error; each call's result and the error after it (a mark before each call lets the relay's
@@ -341,13 +381,15 @@ SPLITS: dict[str, Callable[[dict, int], dict]] = {
         "gate": case["gates"][rank],
         "weights": case["weights"][rank * case["per_rank"]:(rank + 1) * case["per_rank"]]},
     "topk": lambda case, rank: {**case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
+    "weight_stash": lambda case, rank: {**{k: v for k, v in case.items() if k != "plans"},
+                                        "plan": case["plans"][rank]},
 }
 
 RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "parallel_mlp": _parallel_mlp, "pipeline": _pipeline, "parallel_block": _parallel_block,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
-                "expert_parallel": _expert_parallel,
+                "expert_parallel": _expert_parallel, "weight_stash": _weight_stash,
                 "topk_training": _topk_training}
 
 
@@ -438,6 +480,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "versions_held": _in_process(lambda s, c: s.versions_held([list(row) for row in c["rows"]], c["policy"],
                                                               c["every"])),
     "topk_training": _on_ranks("topk_training"),
+    "weight_stash": _on_ranks("weight_stash"),
 }
 
 ON_RANKS = {name for name, collect in COLLECTORS.items() if collect.__qualname__.startswith("_on_ranks")}

@@ -67,6 +67,9 @@ def version_of(policy: str, stages: int, stage: int, microbatch: int, every: int
     vertical sync the first stage's p - 1; 2BW runs batch t on version t - 1.
     """
     check_choice(policy, ("flush", *POLICIES), "weights")
+    if every > 1 and policy in ("stashing", "vertical_sync"):
+        raise ValueError(f"the closed form of {policy} holds for an update every micro-batch, not every "
+                         f"{every}; version_plan reads the versions of any schedule")
     if policy in ("flush", "2bw"):
         return max(0, microbatch // every - (policy == "2bw"))
     return max(0, microbatch - (stages - 1 - stage if policy == "stashing" else stages - 1))
