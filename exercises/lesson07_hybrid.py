@@ -23,9 +23,10 @@ def grid_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
     """Every process group of a dp x pp x tp grid, as lists of ranks, keyed "dp", "pp" and "tp".
 
     Ranks are numbered with the tensor-parallel coordinate fastest, then the pipeline's, then the
-    data-parallel one, so tensor-parallel partners are neighbours. A group holds the ranks that differ along one axis only, in increasing order; a grid of
-    dp x pp x tp ranks has pp * tp data-parallel groups of dp ranks, dp * tp pipeline groups of pp
-    ranks and dp * pp tensor-parallel groups of tp ranks.
+    data-parallel one, so tensor-parallel partners are neighbours. A group holds the ranks that
+    differ along one axis only, in increasing order; a grid of dp x pp x tp ranks has pp * tp
+    data-parallel groups of dp ranks, dp * tp pipeline groups of pp ranks and dp * pp
+    tensor-parallel groups of tp ranks.
     """
     raise NotImplementedError('a group holds the ranks that differ along one axis only: what stays fixed within a group?')
 

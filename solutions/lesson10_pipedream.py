@@ -116,7 +116,8 @@ class WeightStash:
         # HINT: which micro-batch ends a batch, and what does the new version start from?
         _, leaves = self.inflight.pop(microbatch)
         grads = {name: t.grad for name, t in leaves.items()}
-        self.gradient = grads if self.gradient is None else {n: self.gradient[n] + g for n, g in grads.items()}
+        total = self.gradient
+        self.gradient = grads if total is None else {name: total[name] + g for name, g in grads.items()}
         if (microbatch + 1) % self.every == 0:
             newest = self.versions[self.latest]
             self.latest += 1
