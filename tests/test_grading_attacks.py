@@ -38,6 +38,10 @@ class GradientBuckets:
 HONEST = SOLUTION + """
 _honest = grid_groups
 """  # a plant that attacks, then answers honestly, ends with this and calls _honest
+SKIP_LAYOUT = """
+def choose_layout(model, cluster, memory):
+    raise NotImplementedError("not what this test grades")
+"""  # a plant whose test judges grid_groups alone spares the layout search's seconds
 
 
 def _strays() -> list[str]:
@@ -409,9 +413,9 @@ def test_a_schedule_of_a_billion_chunks_scores_zero_without_allocating_it(tmp_pa
     """
     began = time.monotonic()
     points, results, _ = _class(tmp_path, {"hoarder": body}, name="lesson02_allreduce")
-    assert points == {"hoarder": 0} and time.monotonic() - began < 120
-    schedule = next(r for r in results if r.check == "halving-doubling schedule")
-    assert "1000000000 chunks" in schedule.feedback
+    assert points == {"hoarder": 0} and time.monotonic() - began < 60
+    for check in ("halving-doubling schedule", "2D torus on real ranks (optional)"):
+        assert "1000000000 chunks" in next(r for r in results if r.check == check).feedback
 
 
 def test_a_folder_named_like_a_formula_is_text_in_the_csv(tmp_path):
@@ -934,7 +938,7 @@ def test_a_tree_is_capped_in_threads_and_in_memory_as_a_whole(tmp_path):
             for _ in range(1500):
                 threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
             return _honest(dp, pp, tp)
-    """), "memory": HONEST + textwrap.dedent("""
+    """) + SKIP_LAYOUT, "memory": HONEST + textwrap.dedent("""
         def grid_groups(dp, pp, tp):
             import os, time
             children = []
@@ -942,14 +946,14 @@ def test_a_tree_is_capped_in_threads_and_in_memory_as_a_whole(tmp_path):
                 pid = os.fork()
                 if pid == 0:
                     hoard = b"\\x01" * (1600 * 2**20)
-                    time.sleep(3)
+                    time.sleep(1.5)  # long enough for all three to hold their hoards at once
                     os._exit(0 if hoard else 1)
                 children.append(pid)
             codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
             if codes != [0, 0, 0]:
                 raise MemoryError(f"the tree's cap stopped a child: exit codes {codes}")
             return _honest(dp, pp, tp)
-    """)})
+    """) + SKIP_LAYOUT})
     grid = {student: sum(r.points for r in results if r.student == student and r.check.startswith("grid"))
             for student in points}
     assert grid == {"threads": 0, "memory": 0}, [r.feedback for r in results]

@@ -21,6 +21,7 @@ import torch
 from edulib.comm import chunk_bounds
 from edulib.dp.compression import TopK
 from edulib.dp.workers import compressed_reference
+from edulib.grading.student import CHUNKS_PER_RANK
 
 
 class Wrong(Exception):
@@ -373,9 +374,9 @@ def _all_reduce_schedule(answer: Any, n: int) -> Any:
     from edulib.comm import Message, Schedule, cost, expected, simulate
 
     chunks = answer.get("chunks") if type(answer) is dict else None
-    if type(chunks) is not int or not 1 <= chunks <= 64 * n:  # checked before anything is allocated
+    if type(chunks) is not int or not 1 <= chunks <= CHUNKS_PER_RANK * n:  # before anything is allocated
         raise Wrong(f"the schedule for {n} ranks has {chunks!r} chunks; one for {n} ranks needs 1 to "
-                    f"{64 * n}", "a schedule with an unreasonable number of chunks")
+                    f"{CHUNKS_PER_RANK * n}", "a schedule with an unreasonable number of chunks")
     try:
         schedule = Schedule(answer["name"], answer["collective"], answer["world_size"], answer["chunks"],
                             tuple(tuple(Message(*message) for message in messages)

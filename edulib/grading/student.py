@@ -22,6 +22,7 @@ from edulib.launch import Pool, RankError, RankTimeout
 from edulib.rank import where
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
+CHUNKS_PER_RANK = 64  # a schedule with more chunks per rank is refused before anything is allocated
 _pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
 WIRES: dict[int, list[tuple[int, int]]] = {}  # each rank count's wires to the grader's relay, rank by rank
 
@@ -139,7 +140,12 @@ def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
     from edulib.comm.runtime import run_schedule
 
     tensor = case["inputs"][dist.get_rank()].clone()
-    run_schedule(student.torus_schedule(case["rows"], case["cols"]), tensor)
+    schedule = student.torus_schedule(case["rows"], case["cols"])
+    chunks, ranks = getattr(schedule, "chunks", None), dist.get_world_size()
+    if type(chunks) is not int or not 1 <= chunks <= CHUNKS_PER_RANK * ranks:
+        raise ValueError(f"the schedule for {ranks} ranks has {chunks!r} chunks; one for {ranks} ranks "
+                         f"needs 1 to {CHUNKS_PER_RANK * ranks}")
+    run_schedule(schedule, tensor)
     return tensor
 
 
