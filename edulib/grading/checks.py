@@ -1246,10 +1246,9 @@ def _stash_cases(rng: random.Random) -> list[Case]:
 
 
 def _stash_judge(case: Case, answer: Any) -> None:
-    from edulib.models import mlp, split
     from edulib.pp import async_1f1b
     from edulib.pp.pipedream import versions_held
-    from edulib.pp.workers import pipedream_reference
+    from edulib.pp.workers import named_stage, pipedream_reference
 
     inputs = case.inputs
     ranks, every = inputs["ranks"], inputs["every"]
@@ -1257,18 +1256,16 @@ def _stash_judge(case: Case, answer: Any) -> None:
                                inputs["depth"], inputs["rows"], inputs["seed"])
     most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * every),
                                                     inputs["policy"], every)]
-    model = mlp(inputs["width"], inputs["depth"], inputs["seed"])
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
-    stages = split(model, ranks)
     for rank, found in enumerate(_per_rank(answer, ranks)):
-        mine = {names[id(parameter)] for parameter in stages[rank].parameters()}
+        stage, local = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
+        mine = set(local.values())
         weights = found.get("weights") if type(found) is dict else None
         if type(weights) is not dict or set(found) != {"weights", "held"} or set(weights) != mine:
             raise Wrong(f"rank {rank}: newest() must return the stage's weights by parameter name",
                         "newest() does not return the stage's weights by name")
         for name in sorted(mine):
             _tensor(found["weights"][name], want[name], f"rank {rank}: the final {name}")
-        size = sum(p.numel() * p.element_size() for p in stages[rank].parameters())
+        size = sum(p.numel() * p.element_size() for p in stage.parameters())
         if _number(found["held"], "the bytes held") > (most[rank] + 1) * size:
             raise Wrong(f"rank {rank}'s stash held {found['held']} bytes at once; {most[rank]} versions of "
                         f"its {size}-byte weights and the running gradient are {(most[rank] + 1) * size}",

@@ -267,32 +267,32 @@ def _weight_stash(student: ModuleType, case: dict) -> dict:
     """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
     asynchronous 1F1B on real ranks: the newest weights at the end, by the whole model's names, and
     the most bytes the stash held after any call."""
-    from edulib.models import mlp, regression_batch, split
+    from edulib.models import regression_batch
     from edulib.pp import async_1f1b
     from edulib.pp.executor import execute
+    from edulib.pp.workers import named_stage
 
     ranks, rank, every = dist.get_world_size(), dist.get_rank(), case["every"]
-    model = mlp(case["width"], case["depth"], case["seed"])
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
-    stage = split(model, ranks)[rank]
-    local = {name: names[id(parameter)] for name, parameter in stage.named_parameters()}
+    stage, local = named_stage(case["width"], case["depth"], case["seed"], ranks, rank)
     total = case["steps"] * every
     inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
                                                                 case["seed"]))
     stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
     held = [0]
 
+    def weighed(result: Any) -> Any:
+        """`result`, once the stash has been weighed: the most bytes it held so far."""
+        held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
+        return result
+
     class Driven:
         """The executor's weights protocol, onto the student's stash, weighing it after each call."""
 
         def forward(self, _: int, microbatch: int, x: torch.Tensor) -> torch.Tensor:
-            y = stash.forward(microbatch, x)
-            held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
-            return y
+            return weighed(stash.forward(microbatch, x))
 
         def backward_done(self, _: int, microbatch: int) -> None:
-            stash.backward_done(microbatch)
-            held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
+            weighed(stash.backward_done(microbatch))
 
     def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(y, target) / every

@@ -63,6 +63,16 @@ def pipeline_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: in
     return {"gradients": gradients, "events": events} | ({"memory": held} if memory else {})
 
 
+def named_stage(width: int, depth: int, seed: int, stages: int, index: int
+                ) -> tuple[nn.Module, dict[str, str]]:
+    """Stage `index` of the lessons' MLP cut into `stages`, and each of its parameters' name in the
+    unsplit model (what a stage's weights are compared by)."""
+    model = mlp(width, depth, seed)
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    stage = split(model, stages)[index]
+    return stage, {name: names[id(parameter)] for name, parameter in stage.named_parameters()}
+
+
 def pipedream_train(steps: int, weights: str = "stashing", microbatches: int = 1, lr: float = 0.05,
                     width: int = 16, depth: int = 8, rows: int = 8, seed: int = 0) -> dict:
     """`steps` SGD updates of `mlp(width, depth, seed)` cut into one stage per rank, on the same
@@ -81,10 +91,7 @@ def pipedream_train(steps: int, weights: str = "stashing", microbatches: int = 1
                          f"got microbatches={microbatches} (2BW accumulates micro-batches)")
     if rows % microbatches:
         raise ValueError(f"a mini-batch of {rows} rows does not split into {microbatches} micro-batches")
-    model = mlp(width, depth, seed)
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
-    stage = split(model, p)[device]
-    local = {n: names[id(t)] for n, t in stage.named_parameters()}
+    stage, local = named_stage(width, depth, seed, p, device)
     inputs, targets = (t.chunk(steps * microbatches) for t in regression_batch(steps * rows, width, seed))
     losses: list[float] = []
 
