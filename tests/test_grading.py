@@ -141,6 +141,13 @@ def test_score_finds_the_exercise_beside_the_notebook_jupyter_names(tmp_path, mo
     assert find_exercise("lesson02_allreduce") == tmp_path / "course" / "exercises" / "lesson02_allreduce.py"
 
 
+def test_score_looks_only_in_the_folder_it_is_given(tmp_path):
+    given = ROOT / "exercises"
+    assert find_exercise("lesson04_pipeline", given) == given / "lesson04_pipeline.py"
+    with pytest.raises(FileNotFoundError, match=f"looked in {tmp_path}\\. Pass"):
+        find_exercise("lesson04_pipeline", tmp_path)
+
+
 def test_score_says_where_it_looked_when_the_exercise_is_nowhere(tmp_path, monkeypatch):
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     monkeypatch.chdir(tmp_path)
