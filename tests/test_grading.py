@@ -325,31 +325,31 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "        return grad @ weight, full[low:high] / dist.get_world_size(), None, None", "ZeRO-3 unit",
      "rank 0 received 92 bytes in the backward; gathering the 7 parameters it lacks and reduce-scattering "
      "its shard of 8 takes 60 to 64"),
-    ("lesson06_context", "return y * gate[:, None]", "return y", "expert parallelism",
+    ("lesson07_experts", "return y * gate[:, None]", "return y", "expert parallelism",
      "rank 0's output holds"),
-    ("lesson06_context", "    dist.all_to_all_single(back, done, send_sizes, receive_sizes)\n",
+    ("lesson07_experts", "    dist.all_to_all_single(back, done, send_sizes, receive_sizes)\n",
      "    dist.all_to_all_single(back, done, send_sizes, receive_sizes)\n"
      "    dist.all_reduce(torch.zeros(1000))  # a side channel as big as an expert's weights\n",
      "expert parallelism",
      "a rank sent more than its routed rows, their results and a few counts"),
-    ("lesson07_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
+    ("lesson08_hybrid", "return (d * pp + p) * tp + t", "return (d * tp + t) * pp + p", "grid groups",
      "grid_groups(3, 2, 2): the pp groups are"),
-    ("lesson07_hybrid", "if layout_memory(model, cluster, layout) <= memory:", "if True:", "layout choice",
+    ("lesson08_hybrid", "if layout_memory(model, cluster, layout) <= memory:", "if True:", "layout choice",
      "GiB per device, over the"),
-    ("lesson08_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
+    ("lesson09_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
      "        if (microbatches - 1) * t_max >= best:\n            break\n        tried", "inter-op program",
      "with Alpa's stop rule (B t_max >= the best so far) the program tries"),
-    ("lesson09_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
+    ("lesson10_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
      "top-k with error feedback", "the error after it (gradient + error - what was kept)"),
-    ("lesson09_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
+    ("lesson10_compression", "error.copy_((flat - kept).view_as(error))", "error.zero_()",
      "training converges", "training with your topk_average does not converge"),
-    ("lesson10_pipedream", '"vertical_sync": applied[0]', '"vertical_sync": own', "version plan",
+    ("lesson11_pipedream", '"vertical_sync": applied[0]', '"vertical_sync": own', "version plan",
      "version_plan gives stage 1 the versions"),
-    ("lesson10_pipedream", "len({latest, *inflight.values(), *range(upcoming, latest + 1)})",
+    ("lesson11_pipedream", "len({latest, *inflight.values(), *range(upcoming, latest + 1)})",
      "len({latest, *inflight.values()})", "versions held", "versions_held gives"),
-    ("lesson10_pipedream", "            del self.versions[version]", "            pass",
+    ("lesson11_pipedream", "            del self.versions[version]", "            pass",
      "weight stash on real ranks", "the stash held versions that nothing would ask for again"),
-    ("lesson10_pipedream", "version = self.plan[microbatch]", "version = self.latest",
+    ("lesson11_pipedream", "version = self.plan[microbatch]", "version = self.latest",
      "weight stash on real ranks", "rank 0: the final"),
 ])
 def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
@@ -372,7 +372,7 @@ def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     """)
     results = grade(path, progress=False)
-    assert [r.points for r in results] == [0] * 6
+    assert [r.points for r in results] == [0] * 4
     assert results[0].feedback.startswith("7 keys split 3 + 4: the merged output holds")
     assert results[2].feedback.startswith("causal attention of 7 tokens on 2 ranks: rank 1's output holds")
 
@@ -437,7 +437,7 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     course = tmp_path / "submissions"
     alice = _submit(course / "alice", "notes", "").parent
     shutil.copy(ROOT / "solutions" / "lesson01_data_parallelism.py", alice)
-    _submit(course / "alice" / "old", "lesson08_alpa", "def best_slicing(*a):\n    return 0\n")
+    _submit(course / "alice" / "old", "lesson09_alpa", "def best_slicing(*a):\n    return 0\n")
     _submit(course / "bob", "lesson01_data_parallelism", """
         def server_step(parameters, gradients, lr):
             return parameters
@@ -450,7 +450,7 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     most = sum(c.points + c.hidden_points for checks in CHECKS.values() for c in checks if not c.optional)
     full = sum(c.points + c.hidden_points for c in CHECKS["lesson01_data_parallelism"])  # alice's score
     assert f"alice: {full}/{most} points" in captured.out and f"bob: 0/{most} points" in captured.out
-    for warning in ("alice/notes.py: ignored, not an exercise file", "alice/old/lesson08_alpa.py: ignored, "
+    for warning in ("alice/notes.py: ignored, not an exercise file", "alice/old/lesson09_alpa.py: ignored, "
                     "a copy in a subfolder", "stray.py: ignored, a file outside any student's folder"):
         assert warning in captured.err
     assert main(["grade", "submissions", "--quiet", "--report", "out/grades.json", "--csv", "out/grades.csv",
@@ -460,7 +460,7 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     assert len(rows) == 2 * parts and {r["student"] for r in rows} == {"alice", "bob"}
     fields = {"student", "exercise", "check", "points", "max_points", "feedback", "seconds", "sandbox"}
     assert fields <= set(rows[0])
-    missing = [r for r in rows if r["exercise"] == "lesson08_alpa" and r["student"] == "alice"]
+    missing = [r for r in rows if r["exercise"] == "lesson09_alpa" and r["student"] == "alice"]
     assert missing and all(r["points"] == 0 and r["feedback"].startswith("missing") for r in missing)
     with open(tmp_path / "out" / "grades.csv") as file:
         table = list(csv.DictReader(file))
@@ -495,7 +495,7 @@ def test_grading_needs_neither_matplotlib_nor_ipywidgets():
             from edulib.cli import main
             main(["grade", sys.argv[1], "--seed", "1"])
     """)
-    for argument in ("child", str(ROOT / "solutions" / "lesson10_pipedream.py")):
+    for argument in ("child", str(ROOT / "solutions" / "lesson11_pipedream.py")):
         done = subprocess.run([sys.executable, "-c", probe, argument], capture_output=True, text=True,
                               timeout=300, cwd=ROOT)
         assert done.returncode == 0, done.stdout + done.stderr

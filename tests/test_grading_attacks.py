@@ -21,7 +21,7 @@ from edulib.grading import sandbox as bubblewrap
 from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
-EXERCISE = "lesson07_hybrid"  # judged in the student's process, so each plant grades in seconds
+EXERCISE = "lesson08_hybrid"  # judged in the student's process, so each plant grades in seconds
 SOLUTION = (ROOT / "solutions" / f"{EXERCISE}.py").read_text()
 FULL = sum(c.points + c.hidden_points for c in CHECKS[EXERCISE])  # the honest classmate's score
 MODES = [pytest.param(True, id="sandbox"), pytest.param(False, id="no-sandbox")]
@@ -292,7 +292,7 @@ def test_self_reported_training_is_not_believed(tmp_path, sandbox):
         def topk_average(gradient, error, ratio):
             return torch.zeros_like(gradient)  # never moves the weights
     """
-    points, results, _ = _class(tmp_path, {"idle": body}, sandbox, name="lesson09_compression")
+    points, results, _ = _class(tmp_path, {"idle": body}, sandbox, name="lesson10_compression")
     training = [r for r in results if r.check.startswith("training converges")]
     assert [r.points for r in training] == [0, 0]
     assert "held-out data" in training[0].feedback
@@ -661,7 +661,7 @@ def test_nan_and_impossible_layouts_score_nothing(tmp_path):
 
         def inter_op(times, sizes, devices, microbatches):
             return float("nan"), float("nan")
-    """}, name="lesson08_alpa")
+    """}, name="lesson09_alpa")
     assert points == {"nan": 0}
     points, results, _ = _class(tmp_path / "07", {"negative": """
         from edulib.layout import Layout
@@ -958,7 +958,7 @@ def test_a_tree_is_capped_in_threads_and_in_memory_as_a_whole(tmp_path):
             for student in points}
     assert grid == {"threads": 0, "memory": 0}, [r.feedback for r in results]
     feedback = {r.student: r.feedback for r in results if r.check == "grid groups"}
-    assert "can't start new thread at grid_groups (lesson07_hybrid.py" in feedback["threads"], feedback
+    assert "can't start new thread at grid_groups (lesson08_hybrid.py" in feedback["threads"], feedback
     assert "the tree's cap stopped a child" in feedback["memory"], feedback
 
 

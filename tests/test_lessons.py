@@ -16,10 +16,11 @@ ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "03_tensor_parallelism": ["ops._F", "ops._G", "layers.ParallelSelfAttention", "layers.ParallelBlock"],
     "04_pipeline_parallelism": ["executor.execute"],
     "05_memory_and_sharding": ["Sharding._gather", "Sharding._accumulated"],
-    "06_sequence_context_expert": ["_RingAttention", "ExpertParallelMoE.forward"],
-    "08_alpa_planner": ["inter._program", "inter.inter_op"],
-    "09_gradient_compression": ["TopK.encode", "compressed_average"],
-    "10_pipedream": ["version_plan", "versions_held", "Stash.forward"],
+    "06_sequence_context": ["_RingAttention"],
+    "07_expert_parallelism": ["ExpertParallelMoE.forward"],
+    "09_alpa_planner": ["inter._program", "inter.inter_op"],
+    "10_gradient_compression": ["TopK.encode", "compressed_average"],
+    "11_pipedream": ["version_plan", "versions_held", "Stash.forward"],
 }
 
 
@@ -41,7 +42,7 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
 
 
 ROOT = NOTEBOOKS.parent
-READING = {"00", "11", "12"}  # lessons without an exercise: motivation, energy, parallelism chosen for you
+READING = {"00", "12", "13"}  # lessons without an exercise: motivation, energy, parallelism chosen for you
 LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a 90-minute lab holds, its exercise included
 ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict:", re.MULTILINE)  # "Predict ...", "... predict:"
 

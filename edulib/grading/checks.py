@@ -881,6 +881,8 @@ def _attention_judge(case: Case, answer: Any) -> None:
         _tensor(got, shard_sequence(full, rank, inputs["ranks"]), f"rank {rank}'s output")
 
 
+# -- lesson 7: expert parallelism -------------------------------------------------------------------
+
 def _expert_cases(rng: random.Random) -> list[Case]:
     from edulib.models import expert_mlp
 
@@ -935,7 +937,7 @@ def _expert_watch(case: Case, wire: dict) -> None:
                         "a rank sent more than its routed rows, their results and a few counts")
 
 
-# -- lesson 7: hybrid parallelism ------------------------------------------------------------------
+# -- lesson 8: hybrid parallelism ------------------------------------------------------------------
 
 def _grid_cases(rng: random.Random) -> list[Case]:
     shapes = [(3, 2, 2), (1, 2, 4), (rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 3)),
@@ -1017,7 +1019,7 @@ def _layout_judge(case: Case, answer: Any) -> None:
                     f"that fits ({most:,.0f} tokens/s)", "more than 5 % slower than the best layout")
 
 
-# -- lesson 8: the planner ---------------------------------------------------------------------------
+# -- lesson 9: the planner ---------------------------------------------------------------------------
 
 def _slicing_cases(rng: random.Random) -> list[Case]:
     sizes = [([3, 1, 4, 1, 5], 2, 4), ([2, 7, 1, 8, 2, 8], 3, 6), ([5], 1, 2)]
@@ -1183,7 +1185,7 @@ def _training_judge(case: Case, answer: Any) -> None:
                     f"above {CONVERGED}x uncompressed training's)")
 
 
-# -- lesson 10: PipeDream -------------------------------------------------------------------------
+# -- lesson 11: PipeDream -------------------------------------------------------------------------
 
 def _pipedream_cases(rng: random.Random) -> list[Case]:
     from edulib.pp import async_1f1b
@@ -1314,19 +1316,19 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                           ("torch.distributed.fsdp.fully_shard", "the ZeRO-3 unit"),
                           ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
                           ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")],
-    "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention"),
-                         *((f"edulib.ep.{name}", "expert parallelism")
-                           for name in ("layer.ExpertParallelMoE", "layer.all_to_all", "workers.moe_step"))],
-    "lesson07_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
+    "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
+    "lesson07_experts": [(f"edulib.ep.{name}", "expert parallelism")
+                         for name in ("layer.ExpertParallelMoE", "layer.all_to_all", "workers.moe_step")],
+    "lesson08_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
                         ("edulib.layout.best_layout", "the layout choice"),
                         ("edulib.layout.layouts", "the layout choice"),
                         ("edulib.planner.baselines.best_manual", "the layout choice")],
-    "lesson08_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
+    "lesson09_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
-    "lesson09_compression": [*((f"edulib.dp.compression.{name}", "top-k with error feedback")
+    "lesson10_compression": [*((f"edulib.dp.compression.{name}", "top-k with error feedback")
                                for name in ("TopK", "compressed_average")),
                              ("edulib.dp.workers.compressed_train", "top-k with error feedback")],
-    "lesson10_pipedream": [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
+    "lesson11_pipedream": [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
                            for name in ("version_plan", "versions_held", "version_of", "versions_closed_form",
                                         "_applied", "_keep", "Stash")],
 }
@@ -1393,12 +1395,13 @@ CHECKS: dict[str, list[Check]] = {
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
               "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths",
-              wire=True),
+              wire=True)],
+    "lesson07_experts": [
         Check("expert parallelism", 3, 3, "expert_parallel", _expert_cases, _expert_judge,
               "every rank's output equal to one process's layer; only routed rows and their results travel",
               "3 and 4 ranks, two experts a rank, a rank with no token, experts nobody chose", wire=True,
               watch=_expert_watch)],
-    "lesson07_hybrid": [
+    "lesson08_hybrid": [
         Check("grid groups", 1, 1, "grid_groups", _grid_cases, _grid_judge,
               "every data-, pipeline- and tensor-parallel group of the grid",
               "other grid shapes, sizes of 1"),
@@ -1406,13 +1409,13 @@ CHECKS: dict[str, list[Check]] = {
               "a layout that fits the memory limit and trains within 5 % of the best that exhaustive search "
               "finds with the same cost models, or None when nothing fits",
               "other models, clusters and memory limits, one where nothing fits")],
-    "lesson08_alpa": [
+    "lesson09_alpa": [
         Check("stage slicing", 1, 1, "best_slicing", _slicing_cases, _slicing_judge,
               "equal to exhaustive search", "random small graphs"),
         Check("inter-op program", 3, 2, "inter_op", _inter_op_cases, _inter_op_judge,
               "equal to exhaustive search, stopping by Alpa's rule",
               "random stage tables, submeshes and micro-batch counts")],
-    "lesson09_compression": [
+    "lesson10_compression": [
         Check("top-k with error feedback", 3, 3, "topk", _topk_cases, _topk_judge,
               "every call's average and every rank's error as top-k with error feedback gives them, "
               "and its bytes", "4 and other rank counts, k = 1, six calls, one entry", wire=True,
@@ -1421,7 +1424,7 @@ CHECKS: dict[str, list[Check]] = {
               f"data-parallel training with it gives weights within {CONVERGED}x uncompressed training's "
               "loss on the grader's held-out data",
               "4 ranks, another seed", time_limit=60.0, wire=True)],
-    "lesson10_pipedream": [
+    "lesson11_pipedream": [
         Check("version plan", 2, 2, "version_plan", _pipedream_cases, _plan_judge,
               "every stage's version for every micro-batch, as the simulator reads the same rows",
               "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),

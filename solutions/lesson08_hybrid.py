@@ -1,4 +1,4 @@
-"""Lesson 07 exercises: the process groups of a (data, pipeline, tensor) grid of ranks, and the
+"""Lesson 08 exercises: the process groups of a (data, pipeline, tensor) grid of ranks, and the
 layout that trains a model fastest within a memory limit."""
 
 from __future__ import annotations

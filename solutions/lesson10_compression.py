@@ -1,4 +1,4 @@
-"""Lesson 09 exercise: top-k gradient compression with error feedback, on real ranks."""
+"""Lesson 10 exercise: top-k gradient compression with error feedback, on real ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lesson 10 exercises: PipeDream's weight versions, read from an asynchronous pipeline's rows, then
+"""Lesson 11 exercises: PipeDream's weight versions, read from an asynchronous pipeline's rows, then
 the weight stash itself, running a stage of a real pipeline."""
 
 from __future__ import annotations

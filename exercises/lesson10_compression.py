@@ -1,4 +1,4 @@
-"""Lesson 09 exercise: top-k gradient compression with error feedback, on real ranks.
+"""Lesson 10 exercise: top-k gradient compression with error feedback, on real ranks.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - top-k with error feedback, 3 + 3 points: every call's average and every rank's error as top-k with

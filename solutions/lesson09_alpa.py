@@ -1,4 +1,4 @@
-"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes."""
+"""Lesson 09 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes."""
 
 from __future__ import annotations
 

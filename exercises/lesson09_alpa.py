@@ -1,4 +1,4 @@
-"""Lesson 08 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes.
+"""Lesson 09 exercises: Alpa's stage slicing on a chain, then its inter-op program with submeshes.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - stage slicing, 1 + 1 points: equal to exhaustive search. Visible cases: best_slicing([3, 1, 4, 1,

@@ -1,4 +1,4 @@
-"""Lesson 07 exercises: the process groups of a (data, pipeline, tensor) grid of ranks, and the
+"""Lesson 08 exercises: the process groups of a (data, pipeline, tensor) grid of ranks, and the
 layout that trains a model fastest within a memory limit.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
@@ -6,9 +6,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   cases: grid_groups(3, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
 - layout choice, 3 + 3 points: a layout that fits the memory limit and trains within 5 % of the best
   that exhaustive search finds with the same cost models, or None when nothing fits. Visible cases:
-  case 1: 12 layers of 2048, 32 heads, batch 128 x 2048 tokens on 1 x 8 devices, 3.6 GiB each; case
-  2: 4 layers of 4096, 32 heads, batch 64 x 2048 tokens on 1 x 2 devices, 6.2 GiB each. Hidden
-  cases: other models, clusters and memory limits, one where nothing fits.
+  case 1: 6 layers of 1024, 32 heads, batch 32 x 512 tokens on 1 x 8 devices, 0.2 GiB each; case 2:
+  4 layers of 2048, 16 heads, batch 96 x 1024 tokens on 4 x 4 devices, 0.3 GiB each. Hidden cases:
+  other models, clusters and memory limits, one where nothing fits.
 """
 
 from __future__ import annotations
