@@ -5,17 +5,18 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - grid groups, 1 + 1 points: every data-, pipeline- and tensor-parallel group of the grid. Visible
   cases: grid_groups(3, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
 - layout choice, 3 + 3 points: a layout that fits the memory limit and trains within 5 % of the best
-  that exhaustive search finds with the same cost models, or None when nothing fits. Visible cases:
-  case 1: 6 layers of 1024, 32 heads, batch 32 x 512 tokens on 1 x 8 devices, 0.2 GiB each; case 2:
-  4 layers of 2048, 16 heads, batch 96 x 1024 tokens on 4 x 4 devices, 0.3 GiB each. Hidden cases:
-  other models, clusters and memory limits, one where nothing fits.
+  that exhaustive search finds on the true cluster, or None when nothing fits, within the budget of
+  measurements. Visible cases: case 1: 6 layers of 1024, 32 heads, batch 32 x 512 tokens on 1 x 8
+  devices, 0.2 GiB each, 43 measurements; case 2: 4 layers of 2048, 16 heads, batch 96 x 1024 tokens
+  on 4 x 4 devices, 0.3 GiB each, 60 measurements. Hidden cases: other models, clusters, speeds and
+  memory limits, one where nothing fits.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 
-from edulib.layout import Layout, Transformer, layout_memory, layout_time
+from edulib.layout import Layout, Transformer, layout_memory, layouts
 from edulib.planner.cluster import Cluster
 
 
@@ -31,13 +32,18 @@ def grid_groups(dp: int, pp: int, tp: int) -> dict[str, list[list[int]]]:
     raise NotImplementedError('a group holds the ranks that differ along one axis only: what stays fixed within a group?')
 
 
-def choose_layout(model: Transformer, cluster: Cluster, memory: float) -> Layout | None:
+def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: int,
+                  measure: Callable[[Layout], float]) -> Layout | None:
     """The layout of `model` on `cluster` that fits `memory` bytes per device and trains fastest.
 
-    Choose dp, pp, tp, the micro-batches per step, the ZeRO stage (0 to 3) and the recomputation
-    ("none", "selective" or "full"). A layout must split the model: dp x pp x tp is the cluster's
-    size, tp divides the devices of a node and the heads, pp divides the layers, and dp x
-    micro-batches divides the batch. Judge layouts with edulib's cost models, layout_memory and
-    layout_time (check_layout says why a layout is not one). Return None when no layout fits.
+    A layout chooses dp, pp, tp, the micro-batches per step, the ZeRO stage (0 to 3) and the
+    recomputation ("none", "selective" or "full"); `edulib.layout.layouts` lists every one, and
+    check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
+    per node, memory); its speeds are not the machine's, so layout_time cannot time a layout here.
+    `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,
+    at most `budget` times (it raises after that), and the budget is far smaller than the number of
+    layouts. Memory needs no measuring: layout_memory is exact. Return the fastest layout that fits,
+    or None when no layout fits. Graded: within 5 % of the best layout's throughput, on models,
+    clusters, speeds and memory limits you do not see, with no more measurements than the budget.
     """
-    raise NotImplementedError('how many layouts are there for 16 devices? Could you afford to price every one?')
+    raise NotImplementedError('which layouts can you rule out without measuring, and which must take the same time as another?')

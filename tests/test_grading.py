@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -336,6 +337,8 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "grid_groups(3, 2, 2): the pp groups are"),
     ("lesson08_hybrid", "if layout_memory(model, cluster, layout) <= memory:", "if True:", "layout choice",
      "GiB per device, over the"),
+    ("lesson08_hybrid", "        for layout in candidates or list(found.values()):",
+     "        for layout in list(found.values()):", "layout choice", "the budget of"),
     ("lesson09_alpa", "        if microbatches * t_max >= best:\n            break\n        tried",
      "        if (microbatches - 1) * t_max >= best:\n            break\n        tried", "inter-op program",
      "with Alpa's stop rule (B t_max >= the best so far) the program tries"),
@@ -360,6 +363,48 @@ def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, w
     assert visible.points + hidden.points < _worth(visible) + _worth(hidden)
     assert said in visible.feedback + hidden.feedback, (visible.feedback, hidden.feedback)
 
+
+def test_a_layout_search_that_fits_the_machine_from_a_few_measurements_earns_full_marks(tmp_path):
+    """Any correct search passes, not only the solution's pruning: this one measures as many layouts
+    as the time model has unknowns (1/FLOP/s and each link's alpha and beta), solves for them and
+    picks the best prediction. Every case's speeds are hidden, so the measurements are real."""
+    path = _submit(tmp_path, "lesson08_hybrid", """
+        from dataclasses import replace
+
+        import numpy as np
+
+        from edulib.layout import layout_memory, layout_time, layouts
+
+        def choose_layout(model, cluster, memory, budget, measure):
+            fits = [one for one in layouts(model, cluster) if layout_memory(model, cluster, one) <= memory]
+            if not fits:
+                return None
+            off, a, b, inf = (0.0, 0.0), (1.0, 0.0), (0.0, 1.0), float("inf")
+            units = [dict(flops=1.0, intra=off, inter=off), dict(flops=inf, intra=a, inter=off),
+                     dict(flops=inf, intra=b, inter=off), dict(flops=inf, intra=off, inter=a),
+                     dict(flops=inf, intra=off, inter=b)]
+            rows = np.array([[layout_time(model, replace(cluster, **unit), layout) for unit in units]
+                             for layout in fits])
+            rows = rows / np.maximum(np.abs(rows).max(0), 1e-300)
+            chosen, times = [], []
+            for index in range(len(fits)):
+                if np.linalg.matrix_rank(rows[chosen + [index]]) > len(chosen):
+                    chosen.append(index)
+                    times.append(measure(fits[index]))
+            constants = np.linalg.lstsq(rows[chosen], np.array(times), rcond=None)[0]
+            assert len(chosen) <= 5
+            return fits[int(np.argmin(rows @ constants))]
+    """)
+    found = [r for r in grade(path, progress=False) if r.check.startswith("layout choice")]
+    assert [r.points for r in found] == [3, 3], [r.feedback for r in found]
+
+
+def test_the_layout_search_never_sees_the_speeds_it_is_graded_on():
+    from edulib.grading.checks import _layout_cases
+
+    for case in _layout_cases(random.Random(5)):
+        assert set(case.inputs["cluster"]) == {"nodes", "devices", "memory"}
+        assert "flops" not in repr(case.inputs) and case.expect["speeds"]["flops"] > 0
 
 def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
     path = _submit(tmp_path, "lesson06_context", """

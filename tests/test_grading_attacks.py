@@ -39,7 +39,7 @@ HONEST = SOLUTION + """
 _honest = grid_groups
 """  # a plant that attacks, then answers honestly, ends with this and calls _honest
 SKIP_LAYOUT = """
-def choose_layout(model, cluster, memory):
+def choose_layout(model, cluster, memory, budget, measure):
     raise NotImplementedError("not what this test grades")
 """  # a plant whose test judges grid_groups alone spares the layout search's seconds
 
@@ -581,14 +581,18 @@ def test_a_lying_tensor_subclass_is_judged_by_its_values(tmp_path):
 
 
 def test_fifteen_forked_children_do_not_outlive_a_correct_answer(tmp_path):
-    points, _, _ = _class(tmp_path, {"forker": SOLUTION + textwrap.dedent("""
+    """On an exercise graded in one process (on ranks, each rank imports the file and forks again,
+    and the tree's process cap rightly ends the check)."""
+    name = "lesson09_alpa"
+    solution = (ROOT / "solutions" / f"{name}.py").read_text()
+    points, _, _ = _class(tmp_path, {"forker": solution + textwrap.dedent("""
         import os, time
         for _ in range(15):
             if os.fork() == 0:
                 time.sleep(600)
                 os._exit(0)
-    """)})
-    assert points == {"forker": FULL}
+    """)}, name=name)
+    assert points == {"forker": sum(c.points + c.hidden_points for c in CHECKS[name])}
 
 
 def test_a_fork_bomb_is_stopped_at_the_process_limit(tmp_path):
@@ -669,7 +673,7 @@ def test_nan_and_impossible_layouts_score_nothing(tmp_path):
         def grid_groups(dp, pp, tp):
             return {"dp": [], "pp": [], "tp": []}
 
-        def choose_layout(model, cluster, memory):
+        def choose_layout(model, cluster, memory, budget, measure):
             return Layout(dp=cluster.size, pp=-1, tp=-1, microbatches=1, zero=0, recompute="none")
     """})
     assert points == {"negative": 0}
@@ -685,7 +689,7 @@ def test_sixteen_mib_answers_leave_the_grader_under_a_gib(tmp_path):
         def grid_groups(dp, pp, tp):
             return [1] * (8 * 2**20 - 16)
 
-        def choose_layout(model, cluster, memory):
+        def choose_layout(model, cluster, memory, budget, measure):
             return [[0.5] * 100] * 30_000
     """))
     probe = (f"import resource; from pathlib import Path; from edulib.grading import grade; "

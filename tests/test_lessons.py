@@ -93,3 +93,9 @@ def test_the_instructors_table_of_points_is_the_checks():
                        sum(c.points + c.hidden_points for c in checks if c.optional))
             for exercise, checks in CHECKS.items()}
     assert {exercise: (int(total), int(extra or 0)) for exercise, _, total, extra in rows} == want
+
+
+@pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))
+def test_a_lesson_is_titled_with_its_number(lesson):
+    title = "".join(json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"][0]["source"])
+    assert title.startswith(f"# {lesson[:2]} · "), f"{lesson} is titled {title.splitlines()[0]!r}"

@@ -80,6 +80,7 @@ class Check:
     optional: bool = False  # extra credit: its points count, its maximum does not
     wire: bool = False  # runs on ranks that reach each other only through the grader's relay
     watch: Callable[[Case, dict], None] | None = None  # judges what the relay saw of one case
+    oracle: Callable[[Case], Callable[[dict], float]] | None = None  # answers a case's relay.ask
 
 
 def _tensors(rng: random.Random, *shapes: tuple[int, ...], integers: bool = False) -> list[torch.Tensor]:
@@ -965,6 +966,37 @@ def _grid_judge(case: Case, answer: Any) -> None:
                         "groups not in increasing order")
 
 
+LAYOUT_FIELDS = ("dp", "pp", "tp", "microbatches", "zero", "recompute")
+
+
+def _layout_machine(case: Case) -> tuple[Any, Any]:
+    """The case's model and its true cluster: the shape the student sees and the speeds only the
+    grader knows."""
+    from edulib.layout import Transformer
+    from edulib.planner import Cluster
+
+    speeds = case.expect["speeds"]
+    return (Transformer(**case.inputs["model"]),
+            Cluster(**case.inputs["cluster"], flops=speeds["flops"], intra=tuple(speeds["intra"]),
+                    inter=tuple(speeds["inter"])))
+
+
+def layout_budget(model: Any, cluster: Any, memory: float) -> int:
+    """The measurements a search needs that prunes with both models: per (dp, pp, tp, micro-batches)
+    with a layout that fits, the time classes (ZeRO-3 or not, full recomputation or not) that fit
+    and that no faster fitting class rules out; with a quarter (at least 4) to spare."""
+    from edulib.layout import layout_memory, layouts
+
+    classes: dict[tuple, set] = {}
+    for layout in layouts(model, cluster):
+        if layout_memory(model, cluster, layout) <= memory:
+            grid = (layout.dp, layout.pp, layout.tp, layout.microbatches)
+            classes.setdefault(grid, set()).add((layout.zero == 3, layout.recompute == "full"))
+    needed = sum(1 if (False, False) in found else len(found & {(True, False), (False, True)}) or 1
+                 for found in classes.values())
+    return needed + max(4, needed // 4)
+
+
 def _layout_cases(rng: random.Random) -> list[Case]:
     from edulib.layout import Transformer, layout_memory, layouts
     from edulib.planner import Cluster
@@ -973,27 +1005,54 @@ def _layout_cases(rng: random.Random) -> list[Case]:
         model = {"layers": rng.choice((4, 6, 8, 12, 16, 24)), "hidden": rng.choice((1024, 2048, 4096, 8192)),
                  "heads": rng.choice((8, 16, 32)), "tokens": rng.choice((512, 1024, 2048)),
                  "batch": rng.choice((16, 32, 64, 96, 128))}
-        cluster = {"nodes": rng.choice((1, 2, 4)), "devices": rng.choice((2, 4, 8)),
-                   "flops": rng.choice((100e12, 312e12, 989e12)), "memory": 80 * 2**30,
-                   "intra": (5e-6, 1 / rng.choice((100e9, 300e9))),
-                   "inter": (20e-6, 1 / rng.choice((12.5e9, 25e9)))}
-        built, machine = Transformer(**model), Cluster(**cluster)
+        shape = {"nodes": rng.choice((1, 2, 4)), "devices": rng.choice((2, 4, 8)), "memory": 80 * 2**30}
+        speeds = {"flops": rng.choice((100e12, 312e12, 989e12)),
+                  "intra": (5e-6, 1 / rng.choice((100e9, 300e9))),
+                  "inter": (20e-6, 1 / rng.choice((12.5e9, 25e9)))}
+        built, machine = Transformer(**model), Cluster(**shape, **speeds)
         needs = sorted(layout_memory(built, machine, layout) for layout in layouts(built, machine))
         memory = needs[0] / 2 if share == 0 else needs[int(share * (len(needs) - 1))]
-        return Case({"model": model, "cluster": cluster, "memory": memory},
+        budget = layout_budget(built, machine, memory)
+        return Case({"ranks": 1, "model": model, "cluster": shape, "memory": memory, "budget": budget},
                     f"{label}: {model['layers']} layers of {model['hidden']}, {model['heads']} heads, "
-                    f"batch {model['batch']} x {model['tokens']} tokens on {cluster['nodes']} x "
-                    f"{cluster['devices']} devices, {memory / 2**30:.1f} GiB each", hidden)
+                    f"batch {model['batch']} x {model['tokens']} tokens on {shape['nodes']} x "
+                    f"{shape['devices']} devices, {memory / 2**30:.1f} GiB each, {budget} measurements",
+                    hidden, {"speeds": speeds})
     return [case("case 1", False, 0.3), case("case 2", False, 0.1), case("a hidden case", True, 0.5),
             case("a hidden case", True, 0.05), case("a hidden case", True, 0.2),
             case("nothing fits", True, 0)]
 
 
+def _layout_oracle(case: Case) -> Callable[[dict], float]:
+    """The case's profiler: a layout's step time on the true cluster, `budget` times at most."""
+    from edulib import layout as costs
+
+    model, cluster = _layout_machine(case)
+    asked = itertools.count(1)
+
+    def measure(query: dict) -> float:
+        if next(asked) > case.inputs["budget"]:
+            raise ValueError(f"the budget of {case.inputs['budget']} measurements is spent")
+        if type(query) is not dict or set(query) != set(LAYOUT_FIELDS):
+            raise ValueError("measure takes an edulib.layout.Layout")
+        return costs.layout_time(model, cluster, costs.Layout(**query))
+    return measure
+
+
+def _layout_watch(case: Case, wire: dict) -> None:
+    """No more measurements than the budget (the relay refuses the rest; a search that caught the
+    refusal and answered anyway still loses the case)."""
+    asked = sum(event["op"] == "ask" for event in _events(wire, 0))
+    if asked > case.inputs["budget"]:
+        raise Wrong(f"asked for {asked} measurements; the budget was {case.inputs['budget']}",
+                    "more measurements than the budget")
+
+
 def _layout_judge(case: Case, answer: Any) -> None:
     from edulib import layout as costs
-    from edulib.planner import Cluster
 
-    model, cluster = costs.Transformer(**case.inputs["model"]), Cluster(**case.inputs["cluster"])
+    model, cluster = _layout_machine(case)
+    (answer,) = _per_rank(answer, 1)
     memory, describe, throughput = case.inputs["memory"], costs.describe, costs.throughput
     best = costs.best_layout(model, cluster, memory)
     if best is None:
@@ -1001,8 +1060,7 @@ def _layout_judge(case: Case, answer: Any) -> None:
             raise Wrong(f"returned a layout, but none fits {memory / 2**30:.2f} GiB: expected None",
                         "a layout where none fits")
         return
-    fields = ("dp", "pp", "tp", "microbatches", "zero", "recompute")
-    if type(answer) is not dict or set(answer) != set(fields):
+    if type(answer) is not dict or set(answer) != set(LAYOUT_FIELDS):
         raise Wrong("choose_layout must return a Layout (or None when nothing fits)", "not a Layout")
     try:
         layout = costs.Layout(**answer)
@@ -1321,7 +1379,6 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                          for name in ("layer.ExpertParallelMoE", "layer.all_to_all", "workers.moe_step")],
     "lesson08_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
                         ("edulib.layout.best_layout", "the layout choice"),
-                        ("edulib.layout.layouts", "the layout choice"),
                         ("edulib.planner.baselines.best_manual", "the layout choice")],
     "lesson09_alpa": [(f"edulib.planner.inter.{name}", "the inter-op program")
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
@@ -1407,8 +1464,9 @@ CHECKS: dict[str, list[Check]] = {
               "other grid shapes, sizes of 1"),
         Check("layout choice", 3, 3, "choose_layout", _layout_cases, _layout_judge,
               "a layout that fits the memory limit and trains within 5 % of the best that exhaustive search "
-              "finds with the same cost models, or None when nothing fits",
-              "other models, clusters and memory limits, one where nothing fits")],
+              "finds on the true cluster, or None when nothing fits, within the budget of measurements",
+              "other models, clusters, speeds and memory limits, one where nothing fits", wire=True,
+              watch=_layout_watch, oracle=_layout_oracle)],
     "lesson09_alpa": [
         Check("stage slicing", 1, 1, "best_slicing", _slicing_cases, _slicing_judge,
               "equal to exhaustive search", "random small graphs"),

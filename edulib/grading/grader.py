@@ -196,7 +196,8 @@ class _Calls:
             check, index = self.order[self.current]
             if self.relay is not None:  # the case's ranks are these slots; nothing else counts
                 case = self.cases[check.name][index]
-                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [])
+                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [],
+                                 check.oracle(case) if check.oracle else None)
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
             self.sent_at = time.monotonic()

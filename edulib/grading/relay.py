@@ -274,6 +274,14 @@ def mark(label: str) -> None:
     wire.submit({"op": "mark", "label": label, "group": [dist.get_rank()]}, [], [], reply=False)
 
 
+def ask(query: dict) -> float:
+    """In a graded rank: ask the grader's oracle (a profiling run, say) one question; the relay
+    answers from outside the student's processes and logs that it was asked."""
+    answer = torch.zeros(1, dtype=torch.float64)
+    _joined["wire"].submit({"op": "ask", "query": query, "group": [dist.get_rank()]}, [], [answer]).wait()
+    return answer.item()
+
+
 def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int) -> None:
     """In a graded rank: give up every other way to reach a process (`confine.isolate_rank`), then
     join the default group through the relay on these two pipes (no store on the network, no backend
@@ -316,6 +324,7 @@ class Relay:
             os.set_blocking(to_rank[1], False)
             os.set_blocking(from_rank[0], False)
         self.ranks: dict[int, int] = {}
+        self.oracle: Callable[[dict], float] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -340,10 +349,12 @@ class Relay:
             os.close(slot.write_fd)
         self.slots = []
 
-    def begin(self, slots: list[int]) -> None:
-        """A new case: these slots are its ranks 0, 1, ...; whatever an earlier case left is dropped."""
+    def begin(self, slots: list[int], oracle: Callable[[dict], float] | None = None) -> None:
+        """A new case: these slots are its ranks 0, 1, ...; whatever an earlier case left is dropped.
+        `oracle` answers the case's questions (`ask`); it raises ValueError to refuse one."""
         self.drain()
         self._reset()
+        self.oracle = oracle
         for slot in self.slots:
             slot.incoming.clear()
             slot.outgoing.clear()
@@ -446,6 +457,8 @@ class Relay:
                 self._send(rank, header, inputs, payload)
             elif op == "recv":
                 self._post_receive(rank, header, outs)
+            elif op == "ask":
+                self._ask(rank, header)
             else:
                 self._collective(rank, header, inputs)
         except (WireError, KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
@@ -457,6 +470,14 @@ class Relay:
         filled in once every member has asked)."""
         self.events.append({"rank": rank, "op": op, **facts})
         return self.events[-1]
+
+    def _ask(self, rank: int, header: dict) -> None:
+        """Answer a question from the case's oracle (logged, refused if there is none)."""
+        query = header.get("query")
+        self._event(rank, "ask", query=query)
+        if self.oracle is None:
+            raise WireError("this check asks no questions")
+        self._reply(rank, header, [torch.tensor([float(self.oracle(query))], dtype=torch.float64)])
 
     def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes) -> None:
         peer = header["peer"]

@@ -263,6 +263,24 @@ def _expert_parallel(student: ModuleType, case: dict) -> torch.Tensor:
         return student.expert_parallel(*(case[name].clone() for name in ("x", "expert", "gate")), experts)
 
 
+def _choose_layout(student: ModuleType, case: dict) -> dict | None:
+    """The student's choose_layout on the cluster's shape; each measurement is a question to the
+    grader's profiler through the relay, which alone knows the cluster's speeds and counts."""
+    from dataclasses import asdict
+
+    from edulib.layout import Layout
+    from edulib.planner import Cluster
+
+    def measure(layout: Layout) -> float:
+        """Seconds of one training step of `layout` on the true cluster (one of the budget)."""
+        if type(layout) is not Layout:
+            raise TypeError(f"measure takes an edulib.layout.Layout, not a {type(layout).__name__}")
+        return relay.ask(asdict(layout))
+
+    return _layout(student.choose_layout(_transformer(case["model"]), Cluster(**case["cluster"]),
+                                         case["memory"], case["budget"], measure))
+
+
 def _weight_stash(student: ModuleType, case: dict) -> dict:
     """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
     asynchronous 1F1B on real ranks: the newest weights at the end, by the whole model's names, and
@@ -396,7 +414,7 @@ RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
                 "expert_parallel": _expert_parallel, "weight_stash": _weight_stash,
-                "topk_training": _topk_training}
+                "choose_layout": _choose_layout, "topk_training": _topk_training}
 
 
 def _schedule(schedule: Any) -> dict:
@@ -415,12 +433,6 @@ def _transformer(model: dict) -> Any:
     from edulib.layout import Transformer
 
     return Transformer(**model)
-
-
-def _cluster(cluster: dict) -> Any:
-    from edulib.planner import Cluster
-
-    return Cluster(**{**cluster, "intra": tuple(cluster["intra"]), "inter": tuple(cluster["inter"])})
 
 
 def _layout(layout: Any) -> dict | None:
@@ -474,8 +486,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "ring_attention": _on_ranks("ring_attention"),
     "expert_parallel": _on_ranks("expert_parallel"),
     "grid_groups": _in_process(lambda s, c: s.grid_groups(c["dp"], c["pp"], c["tp"])),
-    "choose_layout": _in_process(lambda s, c: _layout(s.choose_layout(
-        _transformer(c["model"]), _cluster(c["cluster"]), c["memory"]))),
+    "choose_layout": _on_ranks("choose_layout"),
     "inter_op": _in_process(lambda s, c: s.inter_op(c["times"].tolist(), list(c["sizes"]), c["devices"],
                                                     c["microbatches"])),
     "best_slicing": _in_process(lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
