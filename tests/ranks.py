@@ -439,6 +439,61 @@ def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, prefetch: b
             "shards": [(tuple(p.shape), p.requires_grad) for p in mine.parameters()]}
 
 
+class SpareLayerModel(TiedModel):
+    """TiedModel with one more layer, which its forward never calls: no pass gives it a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = torch.nn.Linear(8, 8)
+
+
+def plain_loop_against_torch(wrapper: str, spare: bool, first_in_no_sync: bool, algorithm: str,
+                             steps: int = 3) -> dict:
+    """Train with edulib's wrapper ("ddp" or "fsdp") and with torch's own (DistributedDataParallel,
+    FSDP2's fully_shard) in PyTorch's plain loop and nothing else: zero_grad, two forward and
+    backward passes (the first inside no_sync() if asked), AdamW's step; with `spare` a layer no
+    pass reaches (find_unused_parameters for both DDPs). Returns both full state dicts and which of
+    edulib's parameters hold a gradient after the last step's passes."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from edulib.dp import DistributedDataParallel, FullyShardedDataParallel
+
+    torch.manual_seed(100)  # FSDP2 shards what each rank built: the same model on every rank
+    built = SpareLayerModel() if spare else TiedModel()
+    copied = copy.deepcopy(built)
+    if wrapper == "ddp":
+        mine = DistributedDataParallel(built, bucket_bytes=200, algorithm=algorithm,
+                                       find_unused_parameters=spare)
+        theirs = torch.nn.parallel.DistributedDataParallel(copied, find_unused_parameters=spare)
+    else:
+        units = [built.frozen, built.hidden, *([built.spare] if spare else [])]
+        mine = FullyShardedDataParallel(built, units=units, algorithm=algorithm)
+        mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+        for module in (copied.frozen, copied.hidden, *([copied.spare] if spare else []), copied):
+            fully_shard(module, mesh=mesh)
+        theirs = copied
+    optimizers = [torch.optim.AdamW(model.parameters(), lr=1e-2) for model in (mine, theirs)]
+    held = []
+    for step in range(steps):
+        ids, targets = _tied_batch(step)
+        for model, optimizer in zip((mine, theirs), optimizers, strict=True):
+            optimizer.zero_grad()
+            for half, (x, y) in enumerate(zip(ids.chunk(2), targets.chunk(2), strict=True)):
+                quiet = first_in_no_sync and half == 0 and hasattr(model, "no_sync")
+                with model.no_sync() if quiet else contextlib.nullcontext():
+                    (torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()) / 2).backward()
+            if model is mine:
+                held = [name for name, parameter in built.named_parameters() if parameter.grad is not None]
+            optimizer.step()
+    if wrapper == "ddp":
+        return {"edulib": built.state_dict(), "torch": copied.state_dict(), "held": held}
+    full = {name: tensor.full_tensor() for name, tensor in copied.state_dict().items()}
+    return {"edulib": mine.gather_full_params(), "torch": full, "held": held}
+
+
 def groups_after_a_new_default_group(folder: str) -> tuple[bool, float]:
     """Make a subgroup, destroy the default group, make another (a file store in `folder`) and ask
     for the same subgroup: it must be a new group, and one that works."""

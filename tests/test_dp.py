@@ -159,6 +159,45 @@ def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algori
         assert torch.equal(report["edulib"]["out.weight"], report["edulib"]["embed.weight"])  # still tied
 
 
+PLAIN_LOOPS = [("ddp", True, False, "builtin"), ("ddp", False, True, "ring"), ("ddp", True, True, "ring"),
+               ("ddp", False, False, "builtin"), ("fsdp", True, False, "ring"),
+               ("fsdp", False, False, "builtin")]
+# every pair of wrapper, a layer no pass reaches, the first of two passes inside no_sync (DDP's), and
+# the all-reduce; FSDP2 accumulates without no_sync here
+
+
+@pytest.mark.parametrize("wrapper, spare, first_in_no_sync, algorithm", PLAIN_LOOPS)
+def test_the_wrappers_need_nothing_but_pytorchs_plain_loop(wrapper, spare, first_in_no_sync, algorithm,
+                                                           pool4):
+    # two backward passes a step, no finish call, AdamW (which moves a parameter with a zero
+    # gradient but not one without): equal to torch's DDP or FSDP2 on the same ranks
+    reports = pool4.run(ranks.plain_loop_against_torch, wrapper, spare, first_in_no_sync, algorithm)
+    trainable = ["embed.weight", "hidden.weight", "hidden.bias"]  # spare's never get one
+    for report in reports:
+        assert report["edulib"].keys() == report["torch"].keys()
+        for name, tensor in report["edulib"].items():
+            assert torch.allclose(tensor, report["torch"][name], atol=1e-5), (name, wrapper, spare)
+        assert report["held"] == trainable
+    torch.manual_seed(100)
+    start = ranks.SpareLayerModel() if spare else ranks.TiedModel()
+    assert not torch.allclose(reports[0]["edulib"]["hidden.weight"], start.hidden.weight, atol=1e-3)
+
+
+def _two_passes_without_find_unused() -> None:
+    from edulib.dp import DistributedDataParallel
+
+    model = DistributedDataParallel(ranks.SpareLayerModel())
+    ids, targets = ranks._tied_batch(0)
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten()).backward()
+
+
+def test_a_pass_that_leaves_parameters_waiting_is_named_not_a_crash(pool4):
+    with pytest.raises(RankError, match="spare.bias, spare.weight got no gradient in it. Pass "
+                                        "find_unused_parameters"):
+        pool4.run(_two_passes_without_find_unused)
+
+
 def test_a_learning_rate_schedule_reaches_the_sharded_optimizer(pool4):
     # the scheduler sets the wrapper's param_groups; each rank's own optimizer must follow them
     for report in pool4.run(ranks.wrappers_against_torch, "zero1", "sgd", "ring", halve_lr=True):

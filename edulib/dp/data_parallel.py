@@ -8,6 +8,13 @@ communication overlaps the rest of the backward pass;
 `overlap=False` launches them all after the backward pass instead, for comparison. The
 all-reduce is any of edulib's (`algorithm=`) or torch's own. Inside `no_sync()` gradients only
 accumulate, so k micro-batches cost one reduction. Times are recorded for the timeline.
+
+`finish()` waits for the reductions and installs the averages; with `in_backward` it runs by itself
+at the end of the backward pass that made every gradient ready (a callback queued on the autograd
+engine, as torch's DDP does), so PyTorch's plain loop needs nothing else. With `find_unused` it
+runs at the end of every backward pass, and a parameter that no rank's pass reached keeps no
+gradient (one more small all-reduce of which parameters were used, as torch's
+`find_unused_parameters=True` does); a rank that did not reach it adds zeros.
 """
 
 from __future__ import annotations
@@ -46,14 +53,21 @@ class GradientBuckets:
     """Average a model's gradients across ranks in buckets launched from backward hooks."""
 
     def __init__(self, model: nn.Module, bucket_bytes: int = 1 << 20, overlap: bool = True,
-                 group=None, algorithm: str = "builtin", ignored_params: Iterable[nn.Parameter] = ()) -> None:
+                 group=None, algorithm: str = "builtin", ignored_params: Iterable[nn.Parameter] = (),
+                 in_backward: bool = False, find_unused: bool = False) -> None:
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be a positive whole number of bytes; got {bucket_bytes!r}")
         comm.schedule_for("all_reduce", algorithm, dist.get_world_size(group))  # refuse a bad name now
         ignored_params = list(ignored_params)
+        if find_unused and not in_backward:
+            raise ValueError("find_unused needs in_backward: the parameters a backward pass did not reach "
+                             "are known only at its end")
         check_replicas(model, group, ignored_params)
         self.overlap, self.group, self.algorithm = overlap, group, algorithm
-        self._syncing = True
+        self.in_backward, self.find_unused = in_backward, find_unused
+        self._syncing, self._queued = True, False
+        self.names = {id(p): name for name, p in model.named_parameters()}
+        self.timestamps: tuple[list[float], dict[int, list[float]]] = ([], {})  # the last finish()'s
         self.bytes_sent = 0  # by this rank, over every step so far
         self.buckets: list[list[nn.Parameter]] = [[]]
         size = 0
@@ -72,6 +86,8 @@ class GradientBuckets:
 
     def _reset(self) -> None:
         self._waiting = [len(bucket) for bucket in self.buckets]
+        self._fired: set[int] = set()  # the parameters whose gradient this pass (or window) made ready
+        self._next = 0  # buckets launch in order, the same on every rank whatever each one's pass reached
         self._launched: dict[int, tuple[torch.Tensor, Future, list]] = {}
         self.ready_times: list[float] = []  # when each gradient became ready, this step
         self.reduce_times: dict[int, list[float]] = {}  # bucket -> [launched, finished]
@@ -89,20 +105,46 @@ class GradientBuckets:
         """A gradient is ready: count it, and launch its bucket once the bucket is full."""
         if not self._syncing:
             return
+        if id(parameter) in self._fired:
+            missing = [self.names.get(id(p), "?") for bucket in self.buckets for p in bucket
+                       if id(p) not in self._fired]
+            raise RuntimeError(f"a backward pass began before the last one's gradients were averaged: "
+                               f"{', '.join(missing[:5])} got no gradient in it. Pass "
+                               "find_unused_parameters=True if some parameters may go unused, or run the "
+                               "earlier passes inside no_sync()")
+        if self.in_backward and not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._fired.add(id(parameter))
         self.ready_times.append(time.perf_counter())
         index = self._bucket_of[id(parameter)]
         self._waiting[index] -= 1
-        if self._waiting[index] == 0 and self.overlap:
-            self._launch(index)
+        while self.overlap and self._next < len(self.buckets) and self._waiting[self._next] == 0:
+            self._launch(self._next)
+
+    def _end_of_backward(self) -> None:
+        """The autograd engine's callback: finish once every gradient is ready (with `find_unused`,
+        at the end of every pass)."""
+        self._queued = False
+        if self.find_unused or not any(self._waiting):
+            self.finish()
+
+    @property
+    def pending(self) -> bool:
+        """Whether gradients have become ready that no finish() has averaged yet."""
+        return bool(self._fired)
 
     def _launch(self, index: int) -> None:
-        """Start the all-reduce of one bucket without waiting for it."""
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[index]])
+        """Start the all-reduce of one bucket without waiting for it (zeros for a parameter that
+        has no gradient on this rank)."""
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.buckets[index]])
         times = self.reduce_times[index] = [time.perf_counter()]
         with comm.labelled("gradients"), comm.count_communication() as sent:
             done = comm.all_reduce(flat, self.algorithm, self.group, async_op=True)
         done.add_done_callback(lambda _: times.append(time.perf_counter()))
         self._launched[index] = (flat, done, sent)
+        self._next = index + 1
 
     def finish(self) -> tuple[list[float], dict[int, list[float]]]:
         """After backward: launch what is left, wait for everything, install the averages.
@@ -110,18 +152,34 @@ class GradientBuckets:
         Returns this step's timestamps: when each gradient became ready, and each bucket's
         all-reduce [launched, finished].
         """
-        for index in range(len(self.buckets)):
-            if index not in self._launched:
-                self._launch(index)
-        ranks = dist.get_world_size(self.group)
-        for index, (flat, done, sent) in sorted(self._launched.items()):
+        while self._next < len(self.buckets):
+            self._launch(self._next)
+        for _, done, sent in self._launched.values():
             done.result()
             self.bytes_sent += sum(transfer.nbytes for transfer in sent)
+        used = self._used() if self.find_unused else None  # after the buckets: one order on every rank
+        ranks = dist.get_world_size(self.group)
+        for index, (flat, _, _) in sorted(self._launched.items()):
             offset = 0
             for parameter in self.buckets[index]:
                 count = parameter.numel()
-                parameter.grad.copy_(flat[offset:offset + count].view_as(parameter) / ranks)
+                average = flat[offset:offset + count].view_as(parameter) / ranks
                 offset += count
-        timestamps = (self.ready_times, self.reduce_times)
+                if used is not None and id(parameter) not in used:
+                    continue  # no rank reached it: no gradient, as in one process
+                if parameter.grad is None:
+                    parameter.grad = average
+                else:
+                    parameter.grad.copy_(average)
+        self.timestamps = (self.ready_times, self.reduce_times)
         self._reset()
-        return timestamps
+        return self.timestamps
+
+    def _used(self) -> set[int]:
+        """The parameters that some rank's pass reached or that hold a gradient from an earlier one
+        (one all-reduce of a flag per parameter)."""
+        everything = [p for bucket in self.buckets for p in bucket]
+        flags = torch.tensor([float(id(p) in self._fired or p.grad is not None) for p in everything])
+        with comm.labelled("gradients"):
+            flags = comm.all_reduce(flags, group=self.group)
+        return {id(p) for p, flag in zip(everything, flags.tolist(), strict=True) if flag}

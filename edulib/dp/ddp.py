@@ -1,8 +1,12 @@
 """DistributedDataParallel, the shape PyTorch users know: wrap the model, build any optimizer
-over its parameters, and train with the ordinary loop. Building it gives every rank rank 0's
-parameters and buffers; each backward pass then averages the gradients in buckets all-reduced
-from backward hooks (`GradientBuckets`, on any of edulib's all-reduces), and
-`finish_gradient_synchronization()` waits for them before `optimizer.step()`.
+over its parameters, and train with the ordinary loop (`zero_grad`, `loss.backward()`,
+`optimizer.step()`), nothing else. Building it gives every rank rank 0's parameters and buffers;
+each backward pass then averages the gradients in buckets all-reduced from backward hooks
+(`GradientBuckets`, on any of edulib's all-reduces), and a callback at the end of the pass waits
+for them. Several backward passes before a step accumulate, as with torch's DDP, inside
+`no_sync()` or not; `find_unused_parameters=True` lets a pass leave parameters without a gradient.
+`finish_gradient_synchronization()` stays for the lessons' timelines: it returns the last
+reduction's timestamps.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ class DistributedDataParallel(nn.Module):
     """A replica per rank whose gradients are averaged in overlapped buckets (torch's DDP shape)."""
 
     def __init__(self, module: nn.Module, bucket_bytes: int = 1 << 20, algorithm: str = "builtin",
-                 group=None, overlap: bool = True, ignored_params: Iterable[nn.Parameter] = ()) -> None:
+                 group=None, overlap: bool = True, ignored_params: Iterable[nn.Parameter] = (),
+                 find_unused_parameters: bool = False) -> None:
         super().__init__()
         ignored_params = list(ignored_params)  # each rank's own (experts): left alone
         broadcast_module(module, group, ignored_params)
         self.module = module
-        self.buckets = GradientBuckets(module, bucket_bytes, overlap, group, algorithm, ignored_params)
+        self.buckets = GradientBuckets(module, bucket_bytes, overlap, group, algorithm, ignored_params,
+                                       in_backward=True, find_unused=find_unused_parameters)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward."""
@@ -47,6 +53,7 @@ class DistributedDataParallel(nn.Module):
             yield
 
     def finish_gradient_synchronization(self) -> tuple[list[float], dict[int, list[float]]]:
-        """After `loss.backward()`, before `optimizer.step()`: wait until every gradient is averaged.
-        Returns the step's timestamps (GradientBuckets.finish's), for the overlap figure."""
-        return self.buckets.finish()
+        """Not needed in a plain loop: average what a pass left waiting (parameters it did not
+        reach, without find_unused_parameters), and return the last reduction's timestamps
+        (GradientBuckets.finish's), for the overlap figure."""
+        return self.buckets.finish() if self.buckets.pending else self.buckets.timestamps

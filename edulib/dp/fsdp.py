@@ -7,6 +7,12 @@ children), and the root for every parameter left over. Each is sharded as ZeRO-3
 vector in fp32, and each parameter between uses is its part of that chunk (maybe empty). The
 gathers run in `compute_dtype`, if set; the reduced gradients are averaged and become the
 trainable shards' gradients (a frozen parameter is gathered like the others and gets none).
+
+PyTorch's plain loop needs nothing else: a callback queued on the autograd engine ends each
+backward pass, and adds the pass's averaged shards to the parameters' gradients, so several
+passes before a step accumulate (and `zero_grad`, clipping or any edit of a gradient between them
+is respected). While a unit's full weights are loaded for backward its gradients are set aside,
+and a unit that no pass reached keeps no gradient, as with FSDP2.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ class FullyShardedDataParallel(Sharding, nn.Module):
         self._shard_units(sharded, algorithm, group, gather=True, reduce=True, prefetch=prefetch)
         for index in range(len(sharded)):
             self._free(index)
+        self._set_aside: dict[int, list[torch.Tensor | None]] = {}  # unit -> its gradients, during a pass
+        self._reduced: set[int] = set()  # the units this pass reduce-scattered
+        self._queued = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward."""
@@ -59,16 +68,43 @@ class FullyShardedDataParallel(Sharding, nn.Module):
         for parameter, part in zip(unit.parameters, unit.parts, strict=True):
             parameter.data = self.chunks[index][part]
 
-    def finish_gradient_synchronization(self) -> None:
-        """After the step's backward passes, before `optimizer.step()`: reduce what is left (a unit
-        some of whose parameters got no gradient) and leave every parameter its shard, its
-        gradient the average of its part of the summed chunk."""
+    def _gather_for_backward(self, index: int) -> None:
+        """Set the unit's gradients aside (they have its shards' shapes), and see that the pass ends
+        with `_end_of_backward`."""
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if index not in self._set_aside:
+            self._set_aside[index] = [parameter.grad for parameter in self.units[index].parameters]
+            for parameter in self.units[index].parameters:
+                parameter.grad = None
+        super()._gather_for_backward(index)
+
+    def _reduce(self, index: int) -> None:
+        self._reduced.add(index)
+        super()._reduce(index)
+
+    def _end_of_backward(self) -> None:
+        """The end of a backward pass: reduce what is left (a unit some of whose parameters got no
+        gradient), free every unit, and give each trainable shard its gradient so far: the one set
+        aside plus the average of this pass's reduced chunk."""
+        self._queued = False
         self._end_pass()
-        for unit, summed in zip(self.units, self.grad_shards, strict=True):
-            for parameter, part in zip(unit.parameters, unit.parts, strict=True):
-                if parameter.requires_grad:
-                    parameter.grad = summed[part] / self.ranks
+        for index, (unit, summed) in enumerate(zip(self.units, self.grad_shards, strict=True)):
+            aside = self._set_aside.pop(index, [parameter.grad for parameter in unit.parameters])
+            for parameter, part, before in zip(unit.parameters, unit.parts, aside, strict=True):
+                parameter.grad = before
+                if parameter.requires_grad and index in self._reduced:
+                    average = summed[part] / self.ranks
+                    parameter.grad = average if before is None else before + average
             summed.zero_()
+        self._reduced.clear()
+
+    def finish_gradient_synchronization(self) -> None:
+        """Not needed in a plain loop (each backward pass ends by itself); kept for the lessons:
+        ends a pass that has not ended, and does nothing otherwise."""
+        if self._reduced or self._set_aside:
+            self._end_of_backward()
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """The full fp32 state dict in the module's own names, gathered from every rank's chunks."""
