@@ -2,7 +2,7 @@
 each operator runs, and on which tier (devices near the data, edge sites, the cloud), for the
 least cost at an accuracy target."""
 
-from edulib.serving.placement import Plan, exhaustive, place, solve
+from edulib.serving.placement import Plan, exhaustive, place, solve, solve_exact
 from edulib.serving.workflow import Choice, Infrastructure, Operator, Tier, Workflow, vehicle_tracking
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "exhaustive",
     "place",
     "solve",
+    "solve_exact",
     "vehicle_tracking",
 ]

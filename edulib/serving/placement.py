@@ -162,6 +162,64 @@ def solve(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int
     return min((place(workflow, infra, selection) for _, _, selection in beam), key=lambda plan: plan.cost)
 
 
+def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Plan:
+    """The cheapest plan, from one ILP over the models and the tiers together: w[o, i, t] = 1 when
+    operator o runs model i on tier t; the accuracy target is linear in logarithms (the sum of the
+    chosen models' log-accuracies); y[e, i, a, b] carries edge e's bytes from model i of its input
+    on tier a up to tier b, tied to w on both ends as `place` ties its y to x."""
+    ops, n_tiers, last = workflow.operators, len(infra.tiers), len(infra.tiers) - 1
+    index = {op.name: o for o, op in enumerate(ops)}
+    sinks = {index[op.name] for op in workflow.sinks}
+    keys = [(o, i, t) for o, op in enumerate(ops) for i in range(len(op.choices)) for t in range(n_tiers)]
+    w = {key: column for column, key in enumerate(keys)}
+    edges = [(index[u], o) for o, op in enumerate(ops) for u in op.inputs]
+    y = {}
+    for e, (u, _) in enumerate(edges):
+        for i in range(len(ops[u].choices)):
+            for a, b in itertools.combinations_with_replacement(range(n_tiers), 2):
+                y[e, i, a, b] = len(w) + len(y)
+    objective, upper = np.zeros(len(w) + len(y)), np.ones(len(w) + len(y))
+    for (o, i, t), column in w.items():
+        choice, price = ops[o].choices[i], infra.tiers[t].price
+        runs = not (ops[o].source and t) and not (choice.compute > 0 and price is None)
+        upper[column] = float(runs and (choice.accuracy > 0 or accuracy <= 0))
+        objective[column] = choice.compute * (price or 0.0) + (
+            choice.output_bytes * infra.moving(t, last) if o in sinks else 0.0)
+    for (e, i, a, b), column in y.items():
+        objective[column] = ops[edges[e][0]].choices[i].output_bytes * infra.moving(a, b)
+    rows, lower, higher = [], [], []
+
+    def row(coefficients: dict[int, float], low: float, high: float) -> None:
+        line = np.zeros(len(objective))
+        for column, value in coefficients.items():
+            line[column] += value
+        rows.append(line)
+        lower.append(low)
+        higher.append(high)
+
+    for o, op in enumerate(ops):
+        row({w[o, i, t]: 1.0 for i in range(len(op.choices)) for t in range(n_tiers)}, 1.0, 1.0)
+    logs = {column: math.log(ops[o].choices[i].accuracy) if upper[column] else 0.0
+            for (o, i, _), column in w.items()}
+    row(logs, math.log(accuracy) - 1e-12 if accuracy > 0 else -np.inf, np.inf)
+    for e, (u, o) in enumerate(edges):
+        for i in range(len(ops[u].choices)):
+            for a in range(n_tiers):
+                row({y[e, i, a, b]: 1.0 for b in range(a, n_tiers)} | {w[u, i, a]: -1.0}, 0.0, 0.0)
+        for b in range(n_tiers):
+            row({y[e, i, a, b]: 1.0 for i in range(len(ops[u].choices)) for a in range(b + 1)}
+                | {w[o, i, b]: -1.0 for i in range(len(ops[o].choices))}, 0.0, 0.0)
+    integrality = np.concatenate([np.ones(len(w)), np.zeros(len(y))])
+    with silenced():
+        result = milp(objective, constraints=LinearConstraint(np.array(rows), lower, higher),
+                      integrality=integrality, bounds=Bounds(0, upper))
+    if result.x is None:
+        raise ValueError(f"no plan reaches accuracy {accuracy}")
+    picked = [max((key for key in keys if key[0] == o), key=lambda key: result.x[w[key]])
+              for o in range(len(ops))]
+    return plan_of(workflow, infra, tuple(i for _, i, _ in picked), tuple(t for _, _, t in picked))
+
+
 def exhaustive(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Plan:
     """Every choice of models that reaches `accuracy` and every placement where data flows up:
     the cheapest plan (what `solve` must find on small workflows)."""
