@@ -572,10 +572,11 @@ def two_threads_one_group(algorithm: str) -> list[list[float]]:
 
 
 def linear_restored_after_an_error() -> bool:
-    """Whether torch's own nn.Linear and nn.Sequential are back after auto_parallelize's block raised."""
+    """Whether torch's own nn.Linear and nn.Sequential (and their __init__) are back after auto_parallelize's
+    block raised."""
     from torch import nn
 
-    from edulib.tp.auto import Linear, Sequential, auto_parallelize
+    from edulib.tp.auto import INITS, Linear, Sequential, auto_parallelize
 
     try:
         with auto_parallelize():
@@ -583,7 +584,8 @@ def linear_restored_after_an_error() -> bool:
             raise KeyError("the model failed")
     except KeyError:
         pass
-    return nn.Linear is Linear and nn.Sequential is Sequential
+    return nn.Linear is Linear and nn.Sequential is Sequential and all(
+        kind.__init__ is init for kind, init in INITS.items())
 
 
 def _socket() -> bool:

@@ -79,10 +79,14 @@ def test_auto_parallelize_runs_an_unmodified_model_tensor_parallel_and_equal(kin
     assert not disagreements(reports, auto_parallel_reference(kind))
     assert disagreements(reports, auto_parallel_reference(kind, seed=1))
     parallel, replicated = reports[0]["parallel"], reports[0]["replicated"]
-    assert sum("Megatron" in line for line in parallel) == (2 if kind == "mlp" else 4)  # the MLPs
-    whole = {"mlp": ["Linear 3 (12 -> 5)"], "gpt": [], "tied_gpt": ["Linear 0 (16 -> 256)"]}[kind]
-    assert [line.split(":")[0] for line in replicated] == whole  # the layer that cannot split; the tied head
-    assert len(parallel) + len(replicated) == (4 if kind == "mlp" else 9)
+    megatron = {"mlp": 2, "gpt": 4, "tied_gpt": 4, "torch_layer": 0}[kind]  # the MLPs the model wrote
+    assert sum("Megatron" in line for line in parallel) == megatron
+    whole = {"mlp": ["Linear 3 (12 -> 5)"], "gpt": [], "tied_gpt": ["Linear 0 (16 -> 256)"],
+             "torch_layer": ["Linear 0 (8 -> 8)", "Linear 1 (8 -> 32)", "Linear 2 (32 -> 8)"]}[kind]
+    assert [line.split(":")[0] for line in replicated] == whole  # cannot split; the tied head; torch's own
+    assert len(parallel) + len(replicated) == {"mlp": 4, "gpt": 9, "tied_gpt": 9, "torch_layer": 4}[kind]
+    if kind == "torch_layer":
+        assert "torch's MultiheadAttention built it" in replicated[0], replicated
 
 
 def test_auto_parallelize_gives_torchs_linear_back_even_when_the_model_fails(pool4):

@@ -1,7 +1,9 @@
 """AxoNN's `auto_parallelize`: a model the student wrote for one process, tensor-parallel unchanged.
 
-Inside `with auto_parallelize(group, grid) as plan:`, every `nn.Linear` made is remembered (and so
-is every `nn.Sequential`). When the block ends, after the model's own initialisation has run,
+Inside `with auto_parallelize(group, grid) as plan:`, every `nn.Linear` made is remembered, its
+subclasses and those torch's own modules build included (and so is every `nn.Sequential`): the
+block wraps the classes' `__init__`, which every construction runs, wherever the name was
+imported. When the block ends, after the model's own initialisation has run,
 each one is cut in place into its part of a tensor-parallel layer (`GridLinear`), keeping the
 module, its name and its place in the model:
 
@@ -10,14 +12,18 @@ module, its name and its place in the model:
   row-parallel, with no communication between them;
 - every other Linear runs on the grid: it takes its part of the (replicated) input, the batch
   split over the depth and the features over the columns, and gathers its whole output back;
-- a Linear whose weight another module shares (a tied head), or whose features do not split
-  evenly, stays whole on every rank; `plan.replicated` lists it with the reason.
+- a Linear whose weight another module shares (a tied head), whose features do not split
+  evenly, or that one of torch's own modules built (MultiheadAttention reads its out_proj's
+  weight directly, and TransformerEncoderLayer's fast path all of its weights, so cutting them
+  would be wrong), stays whole on every rank; `plan.replicated` lists it with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+import sys
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,7 +33,9 @@ from edulib.tp.grid import GridLinear, GridShape, TensorGrid, fits
 from edulib.tp.ops import gather, split
 
 ELEMENTWISE = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Dropout, nn.Identity)
-Linear, Sequential = nn.Linear, nn.Sequential  # torch's own, while the block replaces them
+Linear, Sequential = nn.Linear, nn.Sequential
+INITS = {Linear: Linear.__init__, Sequential: Sequential.__init__}  # torch's own, while the block wraps them
+TORCH = os.path.dirname(torch.__file__) + os.sep
 
 
 class AutoParallel:
@@ -40,7 +48,7 @@ class AutoParallel:
             raise ValueError(f"a grid of {self.grid.rows} x {self.grid.columns} x {self.grid.depth} has "
                              f"{self.grid.size} ranks; the group has {self.size}")
         self.group, self.algorithm = group, algorithm
-        self.linears: list[tuple[nn.Linear, int]] = []  # each Linear made, and its weight's id then
+        self.linears: list[tuple[nn.Linear, int, str]] = []  # each Linear made, its weight's id, its builder
         self.sequentials: list[nn.Sequential] = []
         self.parallel: list[str] = []  # "Linear 3 (16 -> 64): Megatron column-parallel", ...
         self.replicated: list[str] = []  # "Linear 5 (16 -> 256): its weight is shared (tied)", ...
@@ -49,9 +57,9 @@ class AutoParallel:
         """Cut every Linear made into its part (or leave it whole, and say why)."""
         pairs = self._pairs()
         line, grid = TensorGrid(GridShape(self.size, 1, 1), self.group), TensorGrid(self.grid, self.group)
-        for number, (linear, weight) in enumerate(self.linears):
+        for number, (linear, weight, builder) in enumerate(self.linears):
             what = f"Linear {number} ({linear.in_features} -> {linear.out_features})"
-            why = self._whole(linear, weight, pairs.get(id(linear)))
+            why = self._whole(linear, weight, builder, pairs.get(id(linear)))
             if why:
                 self.replicated.append(f"{what}: {why}")
                 continue
@@ -65,7 +73,8 @@ class AutoParallel:
     def _pairs(self) -> dict[int, str]:
         """Megatron's pairs: a Linear, element-wise modules, a Linear, in one Sequential, both
         splitting evenly over the group's ranks."""
-        mine = {id(linear) for linear, weight in self.linears if id(linear.weight) == weight}  # untied
+        mine = {id(linear) for linear, weight, builder in self.linears  # untied, built by the model
+                if id(linear.weight) == weight and not builder}
         roles: dict[int, str] = {}
         for sequential in self.sequentials:
             children = list(sequential)
@@ -81,8 +90,11 @@ class AutoParallel:
                     roles[id(first)], roles[id(second)] = "column", "row"
         return roles
 
-    def _whole(self, linear: nn.Linear, weight: int, role: str | None) -> str:
+    def _whole(self, linear: nn.Linear, weight: int, builder: str, role: str | None) -> str:
         """Why the Linear must stay whole, or "" if it can be cut."""
+        if builder:
+            return (f"torch's {builder} built it and may read its weight without calling it, so it stays "
+                    "whole on every rank")
         if id(linear.weight) != weight:
             return "its weight is another module's (tied), so it stays whole on every rank"
         if role is None and not fits(self.grid, batch=self.grid.depth, in_features=linear.in_features,
@@ -131,18 +143,31 @@ def auto_parallelize(group=None, grid: GridShape | None = None, algorithm: str =
     lists what was cut and what stayed whole."""
     plan = AutoParallel(group, grid, algorithm)
 
-    def remembered(kind: type, into: Callable[[nn.Module], None]) -> type:
-        class Remembered(kind):
-            def __init__(self, *args: object, **kwargs: object) -> None:
-                super().__init__(*args, **kwargs)
-                into(self)
-        Remembered.__name__ = Remembered.__qualname__ = kind.__name__
-        return Remembered
+    def linear(self: nn.Linear, *args: object, **kwargs: object) -> None:
+        INITS[Linear](self, *args, **kwargs)
+        plan.linears.append((self, id(self.weight), _torch_builder(self)))
 
-    nn.Linear = remembered(Linear, lambda m: plan.linears.append((m, id(m.weight))))
-    nn.Sequential = remembered(Sequential, plan.sequentials.append)
+    def sequential(self: nn.Sequential, *args: object) -> None:
+        INITS[Sequential](self, *args)
+        plan.sequentials.append(self)
+
+    Linear.__init__, Sequential.__init__ = linear, sequential
     try:
         yield plan
     finally:
-        nn.Linear, nn.Sequential = Linear, Sequential
+        for kind, init in INITS.items():
+            kind.__init__ = init
     plan.finish()
+
+
+def _torch_builder(linear: nn.Linear) -> str:
+    """The module whose construction is building this Linear, by name, if torch's own code builds
+    it (MultiheadAttention, TransformerEncoderLayer...); "" if the model's code does."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        maker = frame.f_locals.get("self")
+        if isinstance(maker, nn.Module) and maker is not linear:
+            inside_torch = frame.f_code.co_filename.startswith(TORCH)
+            return type(maker).__name__ if inside_torch else ""
+        frame = frame.f_back
+    return ""

@@ -259,13 +259,14 @@ def grid_reference(batch: int, in_features: int, out_features: int, bias: bool =
     return _full_gradients(*grid_case(batch, in_features, out_features, bias, seed))
 
 
-AUTO_MODELS = ("mlp", "gpt", "tied_gpt")
+AUTO_MODELS = ("mlp", "gpt", "tied_gpt", "torch_layer")
 
 
 @built_on_host
 def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     """A model written for one process (an MLP with a layer that cannot split; the trainer's
-    language model, its head tied or not) and what computes its loss."""
+    language model, its head tied or not; torch's TransformerEncoderLayer and a head) and what
+    computes its loss."""
     from edulib.train.data import text_batch
     from edulib.train.model import gpt
     from edulib.train.trainer import lm_loss
@@ -276,6 +277,11 @@ def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, Callable[[nn.Module]
         model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 12),
                               nn.Linear(12, 5))  # a pair, one that splits on any grid, one that cannot
         x, probe = torch.randn(8, 8), torch.randn(8, 5)
+        return model, lambda m: (m(x) * probe).sum()
+    if kind == "torch_layer":
+        layer = nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, batch_first=True)
+        model = nn.Sequential(layer, nn.Linear(8, 4))
+        x, probe = torch.randn(4, 6, 8), torch.randn(4, 6, 4)
         return model, lambda m: (m(x) * probe).sum()
     model = gpt(256, 16, 2, 2, 8, tie=kind == "tied_gpt", seed=seed)
     inputs, targets = text_batch(0, 4, 8, seed)
