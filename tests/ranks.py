@@ -680,3 +680,15 @@ def relay_probe() -> None:
         log = relay.log()
     stop.set()
     print(json.dumps({"results": results, "log": log}))
+
+
+def train_without_the_sequence_parallel_sum(config) -> dict:
+    """The trainer with a planted mistake: sequence parallelism's replicated weights (the
+    LayerNorms) keep each rank's own part of their gradient, never summed over the group."""
+    from edulib.train import trainer
+
+    summing, trainer._sum_over = trainer._sum_over, lambda *args, **kwargs: None
+    try:
+        return trainer.train(config)
+    finally:
+        trainer._sum_over = summing  # the pool's ranks serve other tests next

@@ -180,9 +180,9 @@ class ZeroDataParallel(Sharding):
     def gathered(self, gradients: bool = False) -> dict[int, torch.Tensor]:
         """Every parameter's fp32 master weight (or, with `gradients`, the averaged gradient of the
         last step), gathered from the ranks, by the parameter's id."""
-        return self._by_parameter(self.last_gradients if gradients else [m.detach() for m in self.master])
+        return self.by_parameter(self.last_gradients if gradients else [m.detach() for m in self.master])
 
-    def _by_parameter(self, chunks: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    def by_parameter(self, chunks: list[torch.Tensor]) -> dict[int, torch.Tensor]:
         """Each parameter's piece of the units' full vectors, gathered from these chunks, by its id."""
         return {id(parameter): piece for flat, unit in zip(self._whole(chunks), self.units, strict=True)
                 for parameter, piece in zip(unit.parameters, unit.views(flat), strict=True)}
@@ -192,7 +192,7 @@ class ZeroDataParallel(Sharding):
         what a checkpoint keeps, in the parameter's own shape."""
         states = [self.optimizer.state[m] for m in self.master]
         scalars = {key: t for state in states for key, t in state.items() if t.dim() == 0}
-        moments = {key: self._by_parameter([state[key] for state in states])
+        moments = {key: self.by_parameter([state[key] for state in states])
                    for key in sorted({key for state in states for key, t in state.items() if t.dim() > 0})}
         return {id(p): scalars | {key: pieces[id(p)] for key, pieces in moments.items()}
                 for unit in self.units for p in unit.parameters}

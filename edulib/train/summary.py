@@ -7,7 +7,7 @@ import statistics
 from edulib.comm.groups import Grid
 from edulib.table import format_bytes, format_rate, format_table
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import AXES, disagreement
+from edulib.train.trainer import AGREE, AXES, agrees, disagreement
 
 ROWS = 20  # steps shown at most; the others are left out evenly
 
@@ -51,7 +51,7 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     rate = statistics.median(first["tokens_per_second"])
     lines += ["", f"median {format_rate(rate, 'tokens/s')} (the first step includes building and counting)"]
     if reference:
-        lines.append(_agreement(first, reference))
+        lines.append(_agreement(config, first, reference))
     grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
     memory = ("parameters", "gradients", "optimizer", "activations",
               *(["allocator"] if "allocator" in first["memory"] else []))  # (CUDA's peak)
@@ -65,9 +65,10 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     return "\n".join(lines)
 
 
-def _agreement(got: dict, want: dict) -> str:
-    """How far the run is from one process: losses (relative) and final weights (absolute)."""
-    losses, weights = disagreement(got, want)
-    same = losses <= 1e-4 and weights <= 1e-5  # (a NaN compares false: it disagrees)
-    return (f"one process: every loss within {'1e-4' if same else f'{losses:.1e}'} relative and every final "
-            f"weight within {'1e-5' if same else f'{weights:.1e}'}" + ("" if same else "  (DISAGREES)"))
+def _agreement(config: TrainConfig, got: dict, want: dict) -> str:
+    """How far the run is from one process computing in the same precision: losses (relative),
+    final weights (absolute) and the first step's gradients (relative), against the precision's
+    bounds (`AGREE`)."""
+    found, bounds = disagreement(got, want), AGREE[config.precision]
+    shown = ", ".join(f"{key} {found[key]:.1e} (bound {bound:.0e})" for key, bound in bounds.items())
+    return f"one process ({config.precision}): {shown}" + ("" if agrees(config, found) else "  (DISAGREES)")

@@ -90,7 +90,7 @@ class Cast(nn.Module):
 
 def reference(config: TrainConfig) -> dict:
     """The same training in one process, on the whole batch: the step it starts from, each step's
-    loss, the validation losses and the final weights by name."""
+    loss, the validation losses, the first step's gradients and the final weights, by name."""
     model = model_of(config)
     optimizer = optimizer_of(config)(model.parameters())
     start = _resume(config, model, optimizer)
@@ -102,6 +102,8 @@ def reference(config: TrainConfig) -> dict:
             loss = lm_loss(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
+        if step == start:
+            first = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
         optimizer.step()
         losses.append(loss.item())
         if config.eval_every and (step + 1) % config.eval_every == 0:
@@ -109,7 +111,7 @@ def reference(config: TrainConfig) -> dict:
                 validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
         if config.saves_after(step + 1):
             checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1)
-    return {"start": start, "losses": losses, "validation": validation,
+    return {"start": start, "losses": losses, "validation": validation, "gradients": first,
             "weights": {name: p.detach() for name, p in model.named_parameters()}}
 
 
@@ -125,12 +127,29 @@ def _resume(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimi
     return start
 
 
-def disagreement(got: dict, want: dict) -> tuple[float, float]:
-    """How far a run (rank 0's report) is from one process's: the largest relative difference of
-    a step's loss, and the largest absolute difference of a final weight."""
+AGREE = {"fp32": {"losses": 1e-4, "weights": 1e-5, "gradients": 1e-4},
+         "bf16": {"losses": 5e-2, "weights": 5e-2, "gradients": 5e-2}}
+# how close a layout is to one process computing in the same precision: in fp32, rounding alone;
+# in bf16 (8 bits kept, rounded wherever a layout cuts a sum or sends a message) losses and weights
+# drift over the steps, so the first step's gradients, relative to each gradient's size, are what a
+# bug cannot hide in (a missing sum over ranks is off by a whole share of the gradient; rounding
+# alone reached 1.7e-2 on the covering configs)
+
+
+def disagreement(got: dict, want: dict) -> dict[str, float]:
+    """How far a run (rank 0's report) is from one process's: the largest relative difference of a
+    step's loss, the largest absolute difference of a final weight, and the largest difference of a
+    first-step gradient relative to its norm."""
     losses = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"], strict=True))
     weights = max(float((got["weights"][name] - w).abs().max()) for name, w in want["weights"].items())
-    return losses, weights
+    gradients = max(float((got["gradients"][name] - g).norm() / g.norm().clamp_min(1e-12))
+                    for name, g in want["gradients"].items())
+    return {"losses": losses, "weights": weights, "gradients": gradients}
+
+
+def agrees(config: TrainConfig, found: dict[str, float]) -> bool:
+    """Whether a disagreement is within what the config's precision allows (a NaN does not)."""
+    return all(found[key] <= bound for key, bound in AGREE[config.precision].items())
 
 
 def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
@@ -209,6 +228,8 @@ class _Averaging:
         self.optimizer = make(self.own) if self.own else None
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
+        self.kept: dict[int, torch.Tensor] = {}  # each own weight's averaged gradient, when a step keeps them
+        self.kept_chunks: list[torch.Tensor] = []  # and this rank's chunks of ZeRO's
         self.sharding: list[tuple[str, float, float]] = []  # and ZeRO's collectives: kind, start, end
 
     def accumulate(self) -> None:
@@ -224,8 +245,9 @@ class _Averaging:
         """The stage's last backward pass is next: its buckets reduce as their gradients are done."""
         self._waiting.pop(stage).close()
 
-    def step(self) -> None:
-        """Average the step's gradients, sum a tied pair's, and update the weights."""
+    def step(self, keep_gradients: bool = False) -> None:
+        """Average the step's gradients, sum a tied pair's, and update the weights; with
+        `keep_gradients`, keep this rank's averaged gradients (`kept_gradients` assembles them)."""
         for stack in self._waiting.values():  # a stage that got no backward pass (none here)
             stack.close()
         self._waiting.clear()
@@ -233,13 +255,25 @@ class _Averaging:
                         for times in wrapper.finish_gradient_synchronization()[1].values()]
         self.tied()
         self._measure()
+        if keep_gradients:
+            self.kept = {id(w): torch.zeros_like(w) if w.grad is None else w.grad.detach().clone()
+                         for w in self.own}
         if self.zero is not None:
             self.sharded.step()
             self.sharding = list(self.sharded.spans)
+            if keep_gradients:
+                self.kept_chunks = [chunk.clone() for chunk in self.sharded.last_gradients]
         if self.optimizer is not None:
             self.optimizer.step()
             self._measure()
             self.optimizer.zero_grad()
+
+    def kept_gradients(self) -> dict[int, torch.Tensor]:
+        """Every weight's averaged gradient of the step that kept them, by id, ZeRO's gathered from
+        the group (a collective: every rank calls it); the copies are let go."""
+        kept = self.kept if self.zero is None else self.kept | self.sharded.by_parameter(self.kept_chunks)
+        self.kept, self.kept_chunks = {}, []
+        return kept
 
     def _measure(self) -> None:
         """Note the most bytes this rank's weights, gradients and optimizer state have held, counted
@@ -350,8 +384,12 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
             averaging.accumulate()
             mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
             # walks the graphs: once is enough)
-            averaging.step()
+            averaging.step(keep_gradients=step == start)
             report["seconds"].append(time.perf_counter() - began)
+            if step == start:  # the first step's averaged gradients, assembled as the weights are
+                counted = len(sent)
+                first = _gather(full, sources, averaging.kept_gradients(), writes)
+                del sent[counted:]  # the report's traffic, not the training's
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
                                   "compute": list(events),  # and ZeRO's gathers and reduce-scatters
                                   "reduce": [tuple(times) for times in averaging.reduces],
@@ -381,7 +419,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
         report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
     gathered = _gather(full, sources, averaging.weights(), writes)
-    return report | ({"weights": gathered} if dist.get_rank() == 0 else {})
+    return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
 
 
 def _show(step: int, part: float, config: TrainConfig, bar, log: str | None) -> None:
