@@ -37,9 +37,10 @@ def _run(layout: dict, model: dict, pools, **run: object) -> dict:
 
 def _state(path: str, model: dict) -> tuple[dict, dict]:
     """A checkpoint's weights and optimizer state, by the one-process model's names."""
-    made = model_of(TrainConfig(**MODEL, **model))
-    optimizer = optimizer_of(TrainConfig(**MODEL, **model))(made.parameters())
-    assert load(path, made, optimizer) == MODEL["steps"]
+    config = TrainConfig(**MODEL, **model)
+    made = model_of(config)
+    optimizer = optimizer_of(config)(made.parameters())
+    assert load(path, made, optimizer, config.run()) == MODEL["steps"]
     names = {id(w): name for name, w in made.named_parameters()}
     return (dict(made.named_parameters()),
             {names[id(w)]: state for w, state in optimizer.state.items()})
@@ -72,8 +73,11 @@ def test_a_run_resumes_from_a_checkpoint_on_any_layout_like_an_uninterrupted_one
 def test_a_checkpoint_is_refused_by_a_run_it_does_not_fit(tmp_path):
     reference(TrainConfig(**MODEL, checkpoint=str(tmp_path)))
     step = directory(tmp_path, MODEL["steps"])
-    for options, message in [({"hidden": 32}, "Size mismatch"), ({"experts": 2}, "router"),
-                             ({"optimizer": "sgd"}, "momentum"),
+    for options, message in [({"hidden": 32}, "belongs to a run with hidden=16; this one has hidden=32"),
+                             ({"experts": 2}, "experts=0; this one has experts=2"),
+                             ({"optimizer": "sgd"}, "optimizer='adamw'; this one has optimizer='sgd'"),
+                             ({"seed": 1, "batch": 8}, "batch=4, seed=0; this one has batch=8, seed=1: "
+                                                       "resuming would change the model or its data"),
                              ({}, "taken after 6 steps, and this run ends after steps=6: ask for more")]:
         with pytest.raises(ValueError, match=message):
             reference(TrainConfig(**{**MODEL, **options, "resume": step}))

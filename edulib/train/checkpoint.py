@@ -2,14 +2,17 @@
 names, so that a run on any layout, or one process, resumes from any other's.
 
 A checkpoint is what `torch.distributed.checkpoint.state_dict.get_state_dict` makes of the
-one-process model and its optimizer ({"model": ..., "optimizer": ...}), and the step it was taken
-after. Every rank hands the whole of it to `dcp.save`, which writes each tensor once, spreading
-the writes over the ranks; every rank loads the whole of it and keeps its own slices.
+one-process model and its optimizer ({"model": ..., "optimizer": ...}), the step it was taken
+after, and the run it belongs to (`TrainConfig.run()`: the model's size, the data's seed, batch and
+length, the optimizer), so that a resume that would change the model or its data is refused by
+name. Every rank hands the whole of it to `dcp.save`, which writes each tensor once, spreading the
+writes over the ranks; every rank loads the whole of it and keeps its own slices.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -21,7 +24,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-STEP = "step"  # the key of the number of steps taken
+STEP, RUN = "step", "run"  # the keys of the number of steps taken and of the run's identity (JSON)
 
 
 def directory(root: str | os.PathLike, step: int) -> str:
@@ -29,24 +32,37 @@ def directory(root: str | os.PathLike, step: int) -> str:
     return os.path.join(root, f"step-{step}")
 
 
-def save(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Write the one-process model's weights and its optimizer's state after `step` steps (on every
-    rank of a run together, or in one process)."""
+def save(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+         run: dict) -> None:
+    """Write the one-process model's weights and its optimizer's state after `step` steps, and the
+    run's identity (on every rank of a run together, or in one process)."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
     with _quiet():
-        dcp.save({"model": model_state, "optimizer": optimizer_state, STEP: step}, checkpoint_id=directory,
-                 no_dist=not dist.is_initialized())
+        dcp.save({"model": model_state, "optimizer": optimizer_state, STEP: step, RUN: json.dumps(run)},
+                 checkpoint_id=directory, no_dist=not dist.is_initialized())
 
 
-def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, run: dict) -> int:
     """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
-    optimizer's own hyperparameters (the run's config names them); the steps it was taken after."""
+    optimizer's own hyperparameters (the run's config names them); the steps it was taken after.
+    Refuses, by name, a checkpoint of a run whose identity differs from `run`."""
     if not (os.path.isdir(directory) and os.path.exists(os.path.join(directory, ".metadata"))):
         raise ValueError(f"no checkpoint at {os.fspath(directory)!r}: a checkpoint is a directory that "
                          "torch.distributed.checkpoint wrote (it holds a .metadata file)")
     hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
     state = {"model": model_state, "optimizer": optimizer_state, STEP: 0}  # made by a step of lr 0)
+    with _quiet():
+        saved = {RUN: ""}
+        dcp.load(saved, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    taken = json.loads(saved[RUN])
+    changed = {name: (taken.get(name), value) for name, value in run.items() if taken.get(name) != value}
+    if changed:
+        was = ", ".join(f"{name}={old!r}" for name, (old, _) in changed.items())
+        now = ", ".join(f"{name}={new!r}" for name, (_, new) in changed.items())
+        raise ValueError(f"the checkpoint at {os.fspath(directory)!r} belongs to a run with {was}; this one "
+                         f"has {now}: resuming would change the model or its data (the layout, schedule, "
+                         "ZeRO stage, precision, learning rate and steps may change)")
     try:
         with _quiet():
             dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())

@@ -14,6 +14,7 @@ from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
 from edulib.train.data import VOCAB
 
+RUN = ("hidden", "heads", "layers", "experts", "tie", "tokens", "batch", "seed", "optimizer")
 PRECISIONS = ("fp32", "bf16")  # bf16: computed under autocast, weights and reductions in fp32
 OPTIMIZERS = ("adamw", "sgd")
 ZERO = (None, 1, 2, 3)
@@ -101,6 +102,12 @@ class TrainConfig:
                              "embedding and the head are copies on the first and last stage whose gradients "
                              "are summed after backward, when ZeRO 2 and 3 have already reduce-scattered "
                              "them; use zero=None or 1, one stage, or tie=False")
+
+    def run(self) -> dict:
+        """What a checkpoint must share with a run that resumes from it: the model's size and the
+        data (its seed, batch and sequence length) and the optimizer's kind. The layout, schedule,
+        ZeRO stage, precision, learning rate and step count may differ."""
+        return {name: getattr(self, name) for name in RUN}
 
     @property
     def world(self) -> int:

@@ -110,7 +110,8 @@ def reference(config: TrainConfig) -> dict:
             with torch.no_grad(), compute(config):
                 validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
         if config.saves_after(step + 1):
-            checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1)
+            checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1,
+                            config.run())
     return {"start": start, "losses": losses, "validation": validation, "gradients": first,
             "weights": {name: p.detach() for name, p in model.named_parameters()}}
 
@@ -120,7 +121,7 @@ def _resume(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimi
     the step to start from."""
     if config.resume is None:
         return 0
-    start = checkpoint.load(config.resume, model, optimizer)
+    start = checkpoint.load(config.resume, model, optimizer, config.run())
     if start >= config.steps:
         raise ValueError(f"the checkpoint at {config.resume!r} was taken after {start} steps, and this run "
                          f"ends after steps={config.steps}: ask for more steps")
@@ -550,4 +551,4 @@ def _save(config: TrainConfig, step: int, full: nn.Sequential, sources: Sources,
     for name, w in model.named_parameters():
         if moments:
             optimizer.state[w] = scalars | {key: by_name[name].clone() for key, by_name in moments.items()}
-    checkpoint.save(checkpoint.directory(config.checkpoint, step), model, optimizer, step)
+    checkpoint.save(checkpoint.directory(config.checkpoint, step), model, optimizer, step, config.run())
