@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -170,11 +171,12 @@ def _bench_command(options: argparse.Namespace) -> int:
 
 def _train_command(options: argparse.Namespace) -> int:
     """`edulib train`: train the language model on the layout asked for, on ranks started here or
-    as one rank of a torchrun job; print the losses, the speed and each rank's traffic and memory."""
+    as one rank of a torchrun job; print the losses, the speed and each rank's traffic and memory;
+    with --log, one JSON line per step; with --sample, bytes the trained model writes."""
     import dataclasses
 
-    from edulib.train import TrainConfig, reference, train
-    from edulib.train.summary import summarize
+    from edulib.train import TrainConfig, generate, reference, train
+    from edulib.train.summary import log_lines, summarize
 
     config = TrainConfig(**{f.name: getattr(options, f.name) for f in dataclasses.fields(TrainConfig)})
 
@@ -182,32 +184,65 @@ def _train_command(options: argparse.Namespace) -> int:
         """The same run in one process, for the comparison (its checkpoints are not written)."""
         return reference(dataclasses.replace(config, checkpoint=None, checkpoint_every=0))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        report = run_under_torchrun(train, [config, not options.quiet], options.backend, options.timeout)
-        if os.environ["RANK"] == "0":  # the other ranks' traffic stays with them under torchrun
-            print(summarize(config, [report], one_process() if options.compare else None))
-        return 0
-    reports = run(train, config.world, config, not options.quiet, backend=options.backend,
-                  timeout=options.timeout)
+        reports = [run_under_torchrun(train, [config, not options.quiet], options.backend, options.timeout)]
+        if os.environ["RANK"] != "0":  # the other ranks' traffic stays with them under torchrun
+            return 0
+    else:
+        reports = run(train, config.world, config, not options.quiet, backend=options.backend,
+                      timeout=options.timeout)
     print(summarize(config, reports, one_process() if options.compare else None))
+    if options.log:
+        with open(options.log, "w") as file:
+            file.writelines(json.dumps(line) + "\n" for line in log_lines(config, reports[0]))
+    if options.sample:
+        written = generate(config, reports[0]["weights"], options.prompt.encode(), options.sample)
+        print(f"\nthe model, after {options.prompt!r}:\n{options.prompt}{written.decode(errors='replace')}")
     return 0
 
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
-    """One option per TrainConfig field (--dp, --schedule, --sequence-parallel, ...), its default
-    the config's."""
+    """One option per TrainConfig field (--dp, --schedule, --sequence-parallel, ...): what it means,
+    its choices and its default the config's (or the --config file's)."""
     import dataclasses
     import typing
 
     from edulib.train import TrainConfig
+    from edulib.train.config import CHOICES, HELP
 
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
         flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+        choices = f"; one of {', '.join(map(str, CHOICES[field.name]))}" if field.name in CHOICES else ""
+        described = f"{HELP[field.name]}{choices} (default {field.default})"
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=described)
             continue
         number = next((t for t in (int, float) if t is kind or t in typing.get_args(kind)), str)
-        parser.add_argument(flag, type=number, default=field.default, help=f"default {field.default}")
+        parser.add_argument(flag, type=number, default=field.default, help=described)
+
+
+def _train_file(path: str) -> dict:
+    """TrainConfig fields from a TOML file (`edulib train --config run.toml`), refusing any other key."""
+    import dataclasses
+
+    from edulib.train import TrainConfig
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as file:
+            found = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"cannot read the config file {path!r}: {error}") from None
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(found) - fields)
+    if unknown:
+        raise ValueError(f"the config file {path!r} names {', '.join(unknown)}, which TrainConfig does not "
+                         f"have; its fields are {', '.join(sorted(fields))}")
+    return found
 
 
 MODELS = {"gpt": "gpt_graph", "moe": "moe_graph", "wide-resnet": "wide_resnet_graph", "mlp": "mlp_graph"}
@@ -339,8 +374,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_argument("--quiet", action="store_true", help="no progress bar")
     planner.set_defaults(handler=_plan_command)
     trainer = commands.add_parser("train", help="train the language model on a dp x pp x tp x cp layout")
+    trainer.add_argument("--config", default=None, metavar="FILE.toml",
+                         help="TrainConfig fields from a TOML file (dp = 2, schedule = \"1f1b\", ...); the "
+                              "options given here override it")
     _add_train_options(trainer)
     trainer.add_argument("--compare", action="store_true", help="also train in one process and compare")
+    trainer.add_argument("--log", default=None, metavar="FILE.jsonl",
+                         help="write one JSON object per step: loss, validation, tokens/s, MFU, bytes by "
+                              "axis")
+    trainer.add_argument("--sample", type=int, default=0, metavar="N",
+                         help="after training, print N bytes the model writes after --prompt")
+    trainer.add_argument("--prompt", default="def ", help="what --sample starts from (default 'def ')")
     trainer.add_argument("--backend", choices=BACKENDS, default="auto")
     trainer.add_argument("--timeout", type=_positive, default=600.0, help="seconds a rank may wait")
     trainer.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -369,6 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                           help="what students pip-install for edulib: a name or a URL (default edulib[lab])")
     releaser.set_defaults(handler=_release_command)
     options = parser.parse_args(argv)
+    if getattr(options, "config", None):  # a file's fields, then the command line's over them
+        try:
+            trainer.set_defaults(**_train_file(options.config))
+        except ValueError as error:
+            print(f"edulib: {error}", file=sys.stderr)
+            return 1
+        options = parser.parse_args(argv)
     if argv is None and options.command == "grade" and not sys.flags.isolated:
         # The grader runs isolated: no PYTHON* variable, user site-packages or current folder of the
         # instructor's shell decides what it imports.

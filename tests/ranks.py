@@ -692,3 +692,21 @@ def train_without_the_sequence_parallel_sum(config) -> dict:
         return trainer.train(config)
     finally:
         trainer._sum_over = summing  # the pool's ranks serve other tests next
+
+
+def item_calls(config) -> int:
+    """How many times a training run reads a tensor's value back to Python (`Tensor.item`: on a GPU,
+    a wait for the device)."""
+    from edulib.train import trainer
+
+    calls, item = [], torch.Tensor.item
+
+    def counted(tensor: torch.Tensor) -> object:
+        calls.append(1)
+        return item(tensor)
+    torch.Tensor.item = counted
+    try:
+        trainer.train(config)
+    finally:
+        torch.Tensor.item = item  # the pool's ranks serve other tests next
+    return len(calls)

@@ -16,7 +16,7 @@ from edulib.launch import RankError
 from edulib.pp.schedules import SCHEDULES
 from edulib.train import TrainConfig, reference, text_batch, train
 from edulib.train.data import part
-from edulib.train.trainer import AGREE, agrees, disagreement
+from edulib.train.trainer import AGREE, agrees, disagreement, model_of
 from tests import ranks
 
 FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": SCHEDULES,
@@ -108,6 +108,13 @@ def test_a_planted_mistake_is_caught_in_either_precision(precision, pools):
     assert wrong["gradients"] > 4 * AGREE[precision]["gradients"], wrong
 
 
+def test_no_step_reads_a_value_back_per_micro_batch(pools):
+    # a .item() per micro-batch waits for the GPU each time: the count must not grow with them
+    runs = [TrainConfig(pp=2, microbatches=m, batch=m, hidden=16, heads=2, tokens=8, steps=2) for m in (2, 8)]
+    counts = [max(pools(2).run(ranks.item_calls, config)) for config in runs]
+    assert counts[0] == counts[1], counts
+
+
 def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     accepted = [c for values in itertools.product(*FACTORS.values()) if (c := _config(values))]
     held = set().union(*map(_pairs, COVERING))
@@ -175,6 +182,40 @@ def test_the_train_command_prints_the_run_beside_one_process(capsys, tmp_path):
     assert "one process (fp32): losses " in out and "DISAGREES" not in out
     steps = out.split("median")[0].splitlines()  # the table of steps
     assert [line.split()[0] for line in steps if line[:4].strip().isdigit()] == ["4", "5"]
+
+
+def test_the_train_command_reads_a_toml_file_logs_json_lines_and_samples(capsys, tmp_path):
+    import json
+
+    from edulib.cli import main
+
+    (tmp_path / "run.toml").write_text('dp = 2\nhidden = 16\nheads = 2\ntokens = 8\nbatch = 4\nsteps = 9\n'
+                                      'eval_every = 2\n')
+    log = tmp_path / "run.jsonl"
+    assert main(["train", "--config", str(tmp_path / "run.toml"), "--steps", "3", "--log", str(log),
+                 "--sample", "12", "--prompt", "import ", "--quiet"]) == 0  # the command line wins
+    out = capsys.readouterr().out
+    assert "dp 2 x pp 1" in out and "3 steps of 4 x 8 tokens" in out
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3] and "validation" in lines[1]
+    assert all(line["sent"]["dp"] > 0 and line["sent"]["tp"] == 0 for line in lines)
+    written = out.split("the model, after 'import ':\n")[1]
+    assert written.startswith("import ")
+    (tmp_path / "bad.toml").write_text("dp = 2\nlearning_rate = 0.1\n")
+    assert main(["train", "--config", str(tmp_path / "bad.toml")]) == 1
+    assert "names learning_rate, which TrainConfig does not have" in capsys.readouterr().err
+
+
+def test_a_trained_model_writes_text_and_an_untrained_one_noise():
+    from edulib.train import generate
+
+    config = TrainConfig(hidden=32, heads=4, layers=2, tokens=32, batch=8, steps=60, lr=3e-3)
+    trained = reference(config)["weights"]
+    untrained = {name: w.detach() for name, w in model_of(config).named_parameters()}
+    printable = [sum(32 <= b < 127 or b == 10 for b in generate(config, weights, b"def ", 200)) / 200
+                 for weights in (trained, untrained)]
+    assert printable[0] > 0.9 and printable[1] < 0.6, printable
+    assert generate(config, trained, b"def ", 50, seed=3) == generate(config, trained, b"def ", 50, seed=3)
 
 
 def test_the_train_command_refuses_a_layout_by_name(capsys):

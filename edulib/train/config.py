@@ -18,6 +18,39 @@ RUN = ("hidden", "heads", "layers", "experts", "tie", "tokens", "batch", "seed",
 PRECISIONS = ("fp32", "bf16")  # bf16: computed under autocast, weights and reductions in fp32
 OPTIMIZERS = ("adamw", "sgd")
 ZERO = (None, 1, 2, 3)
+HELP = {  # what each field means, for `edulib train --help`
+    "dp": "data-parallel ranks: each trains on its share of the batch",
+    "pp": "pipeline-parallel ranks: the model cut into stages",
+    "tp": "tensor-parallel ranks: each layer's matrices split (Megatron)",
+    "cp": "context-parallel ranks: the sequence split, attention by ring",
+    "ep": "expert-parallel ranks among the dp x cp ranks: each holds experts/ep of each layer",
+    "schedule": "the pipeline schedule",
+    "microbatches": "micro-batches per step (per data-parallel rank)",
+    "chunks": "stages per pipeline rank for the interleaved schedules (default: the schedule's own)",
+    "zero": "ZeRO stage over the data-parallel ranks (None: plain data parallelism)",
+    "sequence_parallel": "split the activations between tensor-parallel blocks along the sequence",
+    "recompute": "recompute each block's activations in the backward pass instead of keeping them",
+    "precision": "what the model computes in (weights, gradients and optimizer stay fp32)",
+    "algorithm": "the all-reduce the gradients and collectives use",
+    "optimizer": "the optimizer",
+    "hidden": "the model's width",
+    "heads": "attention heads",
+    "layers": "transformer blocks",
+    "experts": "experts in each block's MLP (0: a dense MLP)",
+    "tokens": "tokens per sequence (the context)",
+    "tie": "share the token embedding with the output head",
+    "batch": "sequences per step, over all data-parallel ranks",
+    "steps": "training steps",
+    "lr": "learning rate",
+    "seed": "seed of the weights and of the data's order",
+    "eval_every": "the validation loss after every this many steps (0: never)",
+    "peak_tflops": "each rank's peak TFLOP/s, to show the model FLOPs utilisation",
+    "checkpoint": "a directory to write checkpoints into (<checkpoint>/step-<n>)",
+    "checkpoint_every": "a checkpoint after every this many steps (0: after the last only)",
+    "resume": "a checkpoint to start from (any layout's, or one process's)",
+}
+CHOICES = {"schedule": SCHEDULES, "zero": ZERO, "precision": PRECISIONS,
+           "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
     first = reports[0]
     start = first["start"]  # where a resumed run began
     run = config.steps - start
-    shown = sorted(set(range(start, config.steps, max(1, run // ROWS))) | {config.steps - 1})
+    shown = sorted(set(range(start, config.steps, max(1, run // ROWS))) | {config.steps - 1}
+                   | {step - 1 for step in first["validation"]})  # every validation loss has its row
     headers = ["step", "loss", *(["one process"] if reference else []), "validation", "tokens/s",
                *(["MFU"] if "mfu" in first else [])]
     rows = []
@@ -72,3 +73,19 @@ def _agreement(config: TrainConfig, got: dict, want: dict) -> str:
     found, bounds = disagreement(got, want), AGREE[config.precision]
     shown = ", ".join(f"{key} {found[key]:.1e} (bound {bound:.0e})" for key, bound in bounds.items())
     return f"one process ({config.precision}): {shown}" + ("" if agrees(config, found) else "  (DISAGREES)")
+
+
+def log_lines(config: TrainConfig, report: dict) -> list[dict]:
+    """One plain object per step of rank 0's report (what `edulib train --log` writes as JSON lines):
+    the loss, the validation loss where there is one, tokens/s, MFU where the peak is known, and
+    the bytes rank 0 sent in the step, by axis."""
+    lines = []
+    for index, loss in enumerate(report["losses"]):
+        step = report["start"] + index + 1
+        line = {"step": step, "loss": loss, "tokens_per_second": report["tokens_per_second"][index]}
+        if step in report["validation"]:
+            line["validation"] = report["validation"][step]
+        if "mfu" in report:
+            line["mfu"] = report["mfu"][index]
+        lines.append(line | {"sent": report["sent_by_step"][index]})
+    return lines

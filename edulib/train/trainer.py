@@ -348,14 +348,14 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     shape = (rows // m, len(positions), config.hidden)  # every message: a micro-batch's activations
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     messages = dict.fromkeys(range(schedule.stages - 1), (shape, dtype))
-    parts: list[float] = []
+    parts: list[torch.Tensor] = []  # kept on the device: no sync per micro-batch
 
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         value = lm_loss(logits, target) / m
-        parts.append(value.item())
+        parts.append(value.detach())
         return value
 
-    def run(plan: Schedule, split: str, step: int, memory: list | None = None) -> float:
+    def run(plan: Schedule, split: str, step: int, memory: list | None = None) -> torch.Tensor:
         """One batch of the split through the pipeline; this rank's part of its mean loss."""
         inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
@@ -363,7 +363,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         with compute(config):
             events[:] = execute(plan, p, stages, loss, inputs, targets, links=links, messages=messages,
                                 memory=memory, last_backward=averaging.last_backward)
-        return sum(parts) if t == 0 else 0.0  # only the last stage computes a loss; tp ranks agree
+        mean = torch.stack(parts).sum() if parts and t == 0 else torch.zeros(())  # the last stage computes
+        return mean.double()  # a loss; tp ranks agree
 
     position = d * config.cp + c  # in its dp x cp group
     experts = {id(w) for w in averaging.experts}
@@ -379,18 +380,22 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
     if bar is not None:
         bar.update(start)
+    pipeline = set(neighbours.values())
+    context_ranks = set(dist.get_process_group_ranks(context)) if context else set()
+    report["sent_by_step"] = []
     with comm.count_communication() as sent:
         for step in range(start, config.steps):
-            began = time.perf_counter()
+            began, counted = time.perf_counter(), len(sent)
             averaging.accumulate()
             mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
             # walks the graphs: once is enough)
             averaging.step(keep_gradients=step == start)
             report["seconds"].append(time.perf_counter() - began)
+            report["sent_by_step"].append(by_axis(sent[counted:], pipeline, context_ranks))
             if step == start:  # the first step's averaged gradients, assembled as the weights are
-                counted = len(sent)
+                reported = len(sent)
                 first = _gather(full, sources, averaging.kept_gradients(), writes)
-                del sent[counted:]  # the report's traffic, not the training's
+                del sent[reported:]  # the report's traffic, not the training's
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
                                   "compute": list(events),  # and ZeRO's gathers and reduce-scatters
                                   "reduce": [tuple(times) for times in averaging.reduces],
@@ -404,7 +409,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
                 _save(config, step + 1, full, sources, averaging, writes)
     if bar is not None:
         bar.close()
-    totals = comm.all_reduce(torch.tensor(mine + checks, dtype=torch.float64)) / (config.dp * config.cp)
+    totals = comm.all_reduce(torch.stack(mine + checks)) / (config.dp * config.cp)  # one sync for the run
     report["losses"] = totals[:len(mine)].tolist()
     evaluated = [s for s in range(config.eval_every, config.steps + 1, config.eval_every or 1) if s > start]
     report["validation"] = dict(zip(evaluated if config.eval_every else [], totals[len(mine):].tolist(),
@@ -413,8 +418,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     if config.peak_tflops is not None:
         report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
                          for s in report["seconds"]]
-    report["sent"] = by_axis(sent, set(neighbours.values()),
-                             set(dist.get_process_group_ranks(context)) if context else set())
+    report["sent"] = by_axis(sent, pipeline, context_ranks)
     report["memory"] = averaging.peak | {
         "activations": max(held for _, held in activations)}
     if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
@@ -423,10 +427,10 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
 
 
-def _show(step: int, part: float, config: TrainConfig, bar, log: str | None) -> None:
+def _show(step: int, part: torch.Tensor, config: TrainConfig, bar, log: str | None) -> None:
     """The step's loss, summed over the ranks (every rank takes part), on rank 0's bar and log."""
     with comm.labelled("loss"):  # no axis's traffic: `by_axis` leaves it out
-        loss = float(comm.all_reduce(torch.tensor([part], dtype=torch.float64))) / (config.dp * config.cp)
+        loss = float(comm.all_reduce(part.reshape(1).clone())) / (config.dp * config.cp)
     if bar is not None:
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.update(1)
