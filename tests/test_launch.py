@@ -88,6 +88,13 @@ def _timed_failure(fn, timeout: float) -> tuple[RankError, float]:
         return caught.value, time.monotonic() - began
 
 
+@pytest.mark.parametrize("text", [b'{"passed": true}\n', b"\x00\x00\x00\x05junk!"])
+def test_a_rank_that_writes_into_the_launchers_pipe_is_stopped_at_once(text):
+    # a length too long to be a reply, or a short message that is not one: neither is waited for
+    error, seconds = _timed_failure(functools.partial(ranks.write_into_every_descriptor, text), timeout=60)
+    assert "not a reply on its pipe to the launcher" in str(error) and seconds < 20, (str(error), seconds)
+
+
 def test_a_deadlock_ends_in_a_timeout_naming_the_rank_and_the_operation():
     error, seconds = _timed_failure(examples.unmatched_recv, timeout=2)
     assert isinstance(error, RankTimeout) and seconds < 2 + 10
