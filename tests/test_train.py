@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -23,6 +24,8 @@ FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": S
            "zero": (None, 1, 2, 3), "sequence_parallel": (False, True), "recompute": (False, True),
            "tie": (False, True), "experts": (0, 4), "ep": (1, 2), "optimizer": ("adamw", "sgd"),
            "precision": ("fp32", "bf16")}
+FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3)}  # options that never make a run invalid:
+# paired with every accepted config without building it again
 
 
 def _config(values: tuple) -> TrainConfig | None:
@@ -38,31 +41,52 @@ def _config(values: tuple) -> TrainConfig | None:
         return None
 
 
-def _pairs(config: TrainConfig) -> set:
-    items = [(name, getattr(config, name)) for name in FACTORS]
+Candidate = tuple[TrainConfig, tuple]  # an accepted config and values of the FREE options
+
+
+def _accepted() -> list[TrainConfig]:
+    """Every accepted config (the FREE options left at their defaults)."""
+    return [c for values in itertools.product(*FACTORS.values()) if (c := _config(values))]
+
+
+def _every_pair(configs: list[TrainConfig]) -> set:
+    """Every pair of option values that these configs hold, with any values of the FREE options."""
+    items = {(name, getattr(config, name)) for config in configs for name in FACTORS}
+    free = [(name, value) for name, values in FREE.items() for value in values]
+    return (set().union(*(_pairs((config, ())) for config in configs))
+            | {(item, other) for item in items for other in free}
+            | {pair for pair in itertools.combinations(free, 2) if pair[0][0] != pair[1][0]})
+
+
+def _pairs(candidate: Candidate) -> set:
+    """The pairs of option values a config holds, the FREE options' values given (or none)."""
+    config, free = candidate
+    items = [(name, getattr(config, name)) for name in FACTORS] + list(zip(FREE, free, strict=False))
     return set(itertools.combinations(items, 2))
 
 
 def _covering() -> list[TrainConfig]:
     """Accepted configs on at most 8 ranks that together hold every pair of option values that any
     accepted config holds (greedy, seeded: the same list every run)."""
-    valid = [c for values in itertools.product(*FACTORS.values()) if (c := _config(values)) and c.world <= 8]
-    todo = set().union(*map(_pairs, valid))
+    accepted = [c for c in _accepted() if c.world <= 8]
+    todo = _every_pair(accepted)
+    valid = [(config, free) for config in accepted for free in itertools.product(*FREE.values())]
     chosen, pick = [], random.Random(0)
     while todo:
-        best = max(pick.sample(valid, 400), key=lambda c: (len(_pairs(c) & todo), -c.world))
+        best = max(pick.sample(valid, 400), key=lambda c: (len(_pairs(c) & todo), -c[0].world))
         if not _pairs(best) & todo:
             best = next(c for c in valid if _pairs(c) & todo)
         chosen.append(best)
         todo -= _pairs(best)
-    return sorted(chosen, key=lambda c: c.world)
+    made = [dataclasses.replace(config, **dict(zip(FREE, free, strict=True))) for config, free in chosen]
+    return sorted(made, key=lambda c: c.world)
 
 
 COVERING = _covering()
 
 
 def _name(config: TrainConfig) -> str:
-    return "-".join(f"{name}={getattr(config, name)}" for name in FACTORS)
+    return "-".join(f"{name}={getattr(config, name)}" for name in (*FACTORS, *FREE))
 
 
 @pytest.mark.parametrize("config", COVERING, ids=_name)
@@ -70,20 +94,17 @@ def test_every_pair_of_options_trains_like_one_process(config, pools):
     reports = pools(config.world).run(train, config)
     want = reference(config)
     losses = reports[0]["losses"]
-    assert len(losses) == config.steps and losses[-1] < losses[0] - 0.5  # it learned
+    assert len(losses) == config.steps and losses[-1] < losses[0] - 0.3  # it learned (less with a decay)
     for report in reports:
         assert report["losses"] == losses  # the global mean, the same on every rank
-    close = AGREE[config.precision]  # beside one process in the same precision
-    for got, expected in zip(losses, want["losses"], strict=True):
-        assert got == pytest.approx(expected, rel=close["losses"])
+    found = disagreement(reports[0], want)  # beside one process in the same precision: in fp32 every
+    assert agrees(config, found), found  # loss and weight; in bf16 the first loss and gradients
     assert reports[0]["validation"].keys() == want["validation"].keys() == {5, 10, 15, 20}
-    for step, expected in want["validation"].items():
-        assert reports[0]["validation"][step] == pytest.approx(expected, rel=close["losses"])
+    if config.precision == "fp32":
+        for step, expected in want["validation"].items():
+            assert reports[0]["validation"][step] == pytest.approx(expected, rel=AGREE["fp32"]["losses"])
     weights = reports[0]["weights"]
     assert weights.keys() == want["weights"].keys()
-    for name, tensor in want["weights"].items():
-        assert torch.allclose(weights[name], tensor, atol=close["weights"], rtol=0), name
-    assert disagreement(reports[0], want)["gradients"] <= close["gradients"]  # what bf16 cannot hide
     sizes = {"dp": config.dp * config.cp, "pp": config.pp, "tp": config.tp, "cp": config.cp, "ep": config.ep}
     sent = {axis: sum(report["sent"][axis] for report in reports) > 0 for axis in sizes}
     assert sent == {axis: size > 1 for axis, size in sizes.items()}
@@ -115,10 +136,22 @@ def test_no_step_reads_a_value_back_per_micro_batch(pools):
     assert counts[0] == counts[1], counts
 
 
+def test_the_learning_rate_warms_up_then_holds_or_decays_by_the_closed_form():
+    flat, cosine = (TrainConfig(lr=0.3, steps=10, warmup=3, lr_schedule=kind)
+                    for kind in ("constant", "cosine"))
+    assert [flat.lr_at(s) for s in range(4)] == pytest.approx([0.1, 0.2, 0.3, 0.3])
+    assert [cosine.lr_at(s) for s in (2, 3, 9)] == pytest.approx([0.3, 0.3, 0.03])
+    middle = cosine.lr_at(3 + 3)  # half-way through the decay: the mean of lr and a tenth of it
+    assert middle == pytest.approx((0.3 + 0.03) / 2)
+    decay = [cosine.lr_at(s) for s in range(3, 10)]
+    assert decay == sorted(decay, reverse=True)
+    with pytest.raises(ValueError, match="unknown lr_schedule 'linear'"):
+        TrainConfig(lr_schedule="linear")
+
+
 def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
-    accepted = [c for values in itertools.product(*FACTORS.values()) if (c := _config(values))]
-    held = set().union(*map(_pairs, COVERING))
-    assert set().union(*(_pairs(c) for c in accepted if c.world <= 8)) <= held
+    held = set().union(*(_pairs((c, tuple(getattr(c, name) for name in FREE))) for c in COVERING))
+    assert _every_pair([c for c in _accepted() if c.world <= 8]) <= held
     assert {c.schedule for c in COVERING} == set(SCHEDULES) and {c.zero for c in COVERING} == {None, 1, 2, 3}
 
 
@@ -173,13 +206,13 @@ def test_the_train_command_prints_the_run_beside_one_process(capsys, tmp_path):
                  "--checkpoint", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "dp 2 x pp 2 x tp 1 x cp 1 = 4 ranks" in out
-    assert "one process (fp32): losses " in out and "(bound 1e-04), weights " in out
+    assert "one process (fp32): first loss " in out and "(bound 1e-04), weights " in out
     assert "DISAGREES" not in out
     assert out.count("(dp ") == 4  # a row per rank: its traffic and memory
     assert main(["train", "--tp", "2", *SMALL, "--steps", "5", "--resume", str(tmp_path / "step-3")]) == 0
     out = capsys.readouterr().out
     assert f"resumed from {tmp_path / 'step-3'}, after step 3" in out
-    assert "one process (fp32): losses " in out and "DISAGREES" not in out
+    assert "one process (fp32): first loss " in out and "DISAGREES" not in out
     steps = out.split("median")[0].splitlines()  # the table of steps
     assert [line.split()[0] for line in steps if line[:4].strip().isdigit()] == ["4", "5"]
 
@@ -232,7 +265,8 @@ def test_the_train_command_runs_as_ranks_of_a_torchrun_job():
                           capture_output=True, text=True, timeout=300, cwd=root,
                           env={**os.environ, "PYTHONPATH": root})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("one process (fp32): losses ") == 1 and "DISAGREES" not in done.stdout  # rank 0
+    assert done.stdout.count("one process (fp32): first loss ") == 1  # rank 0 prints
+    assert "DISAGREES" not in done.stdout
 
 
 @pytest.mark.parametrize("kind, layout", [("ddp", {"dp": 2}), ("fsdp", {"dp": 2, "zero": 3}),

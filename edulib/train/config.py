@@ -6,6 +6,7 @@ trainer does not support raises a ValueError that names it and says why.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from edulib.checks import check_choice
@@ -17,6 +18,7 @@ from edulib.train.data import VOCAB
 RUN = ("hidden", "heads", "layers", "experts", "tie", "tokens", "batch", "seed", "optimizer")
 PRECISIONS = ("fp32", "bf16")  # bf16: computed under autocast, weights and reductions in fp32
 OPTIMIZERS = ("adamw", "sgd")
+LR_SCHEDULES = ("constant", "cosine")
 ZERO = (None, 1, 2, 3)
 HELP = {  # what each field means, for `edulib train --help`
     "dp": "data-parallel ranks: each trains on its share of the batch",
@@ -41,7 +43,9 @@ HELP = {  # what each field means, for `edulib train --help`
     "tie": "share the token embedding with the output head",
     "batch": "sequences per step, over all data-parallel ranks",
     "steps": "training steps",
-    "lr": "learning rate",
+    "lr": "learning rate (the peak, with a schedule)",
+    "lr_schedule": "after warm-up: lr throughout, or a cosine decay to a tenth of lr at the last step",
+    "warmup": "steps of linear warm-up from lr/warmup to lr",
     "seed": "seed of the weights and of the data's order",
     "eval_every": "the validation loss after every this many steps (0: never)",
     "peak_tflops": "each rank's peak TFLOP/s, to show the model FLOPs utilisation",
@@ -50,7 +54,7 @@ HELP = {  # what each field means, for `edulib train --help`
     "resume": "a checkpoint to start from (any layout's, or one process's)",
 }
 CHOICES = {"schedule": SCHEDULES, "zero": ZERO, "precision": PRECISIONS,
-           "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS}
+           "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES}
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class TrainConfig:
     batch: int = 8
     steps: int = 20
     lr: float = 1e-3
+    lr_schedule: str = "constant"
+    warmup: int = 0
     seed: int = 0
     eval_every: int = 0  # the validation loss after every this many steps (0: never)
     peak_tflops: float | None = None  # each rank's peak, for the model FLOPs utilisation (None: not shown)
@@ -94,6 +100,7 @@ class TrainConfig:
         _whole(self.experts, "experts", 0)
         _whole(self.seed, "seed", 0)
         _whole(self.eval_every, "eval_every", 0)
+        _whole(self.warmup, "warmup", 0)
         _whole(self.checkpoint_every, "checkpoint_every", 0)
         if self.checkpoint_every and not self.checkpoint:
             raise ValueError(f"checkpoint_every={self.checkpoint_every} needs a checkpoint directory "
@@ -106,6 +113,7 @@ class TrainConfig:
         check_choice(self.algorithm, ("builtin", *ALGORITHMS), "all-reduce algorithm")
         check_choice(self.schedule, SCHEDULES, "schedule")
         check_choice(self.optimizer, OPTIMIZERS, "optimizer")
+        check_choice(self.lr_schedule, LR_SCHEDULES, "lr_schedule")
         if not self.lr > 0:
             raise ValueError(f"lr must be more than 0; got {self.lr!r}")
         schedule = self.pipeline()  # the schedule's own checks: micro-batches, chunks
@@ -141,6 +149,16 @@ class TrainConfig:
         data (its seed, batch and sequence length) and the optimizer's kind. The layout, schedule,
         ZeRO stage, precision, learning rate and step count may differ."""
         return {name: getattr(self, name) for name in RUN}
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (from 0): linear warm-up over the first `warmup` steps,
+        then `lr`, or a cosine decay from `lr` to a tenth of it at the last step."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        if self.lr_schedule == "constant":
+            return self.lr
+        progress = (step - self.warmup) / max(1, self.steps - 1 - self.warmup)
+        return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
     @property
     def world(self) -> int:

@@ -67,11 +67,11 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
 
 
 def _agreement(config: TrainConfig, got: dict, want: dict) -> str:
-    """How far the run is from one process computing in the same precision: losses (relative),
-    final weights (absolute) and the first step's gradients (relative), against the precision's
-    bounds (`AGREE`)."""
+    """How far the run is from one process computing in the same precision, on what the precision's
+    bounds hold (`AGREE`: in fp32 every loss and final weight, in bf16 the first step)."""
     found, bounds = disagreement(got, want), AGREE[config.precision]
-    shown = ", ".join(f"{key} {found[key]:.1e} (bound {bound:.0e})" for key, bound in bounds.items())
+    shown = ", ".join(f"{key.replace('_', ' ')} {found[key]:.1e} (bound {bound:.0e})"
+                      for key, bound in bounds.items())
     return f"one process ({config.precision}): {shown}" + ("" if agrees(config, found) else "  (DISAGREES)")
 
 
