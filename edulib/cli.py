@@ -193,7 +193,7 @@ def _train_command(options: argparse.Namespace) -> int:
     print(summarize(config, reports, one_process() if options.compare else None))
     if options.log:
         with open(options.log, "w") as file:
-            file.writelines(json.dumps(line) + "\n" for line in log_lines(config, reports[0]))
+            file.writelines(json.dumps(line) + "\n" for line in log_lines(reports[0]))
     if options.sample:
         written = generate(config, reports[0]["weights"], options.prompt.encode(), options.sample)
         print(f"\nthe model, after {options.prompt!r}:\n{options.prompt}{written.decode(errors='replace')}")

@@ -34,6 +34,8 @@ GRACE = 2.0  # past the timeout, before stopping a rank from outside (gloo's own
 SETTLE = 1.0  # after a rank fails, how long to collect the others' reports before stopping them
 RAW_TAIL = 16_384  # bytes kept of what a rank wrote outside Python (C++ logs, crash reports)
 MAX_REPLY = 1 << 30  # bytes of one reply from a rank: a longer length is not a reply
+GARBLED = ("wrote something that is not a reply on its pipe to the launcher (code in the rank writing to a "
+           "file descriptor it does not own?)")
 
 _SEND_SIDE = "from edulib.rank import serve; import sys; serve(sys.argv[1:])"
 
@@ -317,25 +319,21 @@ class Pool:
                 else:
                     selector.unregister(key.fileobj)
                 continue
+            message, garbled = None, False  # garbled: not a reply; the rank's own code wrote to the pipe
             try:
                 raw = handle.results.recv_bytes(MAX_REPLY)
-            except (EOFError, OSError) as error:
+            except (EOFError, OSError) as error:  # the rank ended, or sent a length no reply has
+                garbled = "bad message length" in str(error)
+            else:
+                try:
+                    message = pickle.loads(raw)
+                except Exception:  # noqa: BLE001 - bytes that do not unpickle, whatever pickle makes of them
+                    garbled = True
+            if message is None:
                 selector.unregister(key.fd)  # (a message too long has closed the connection)
                 call.pending.discard(handle.rank)
-                if "bad message length" in str(error):  # not a reply: the rank's own code wrote there
-                    call.failures[handle.rank] = (_DIED, RankError(
-                        handle.rank, "wrote something that is not a reply on its pipe to the launcher "
-                        "(code in the rank writing to a file descriptor it does not own?)"))
-                else:
-                    call.failures[handle.rank] = (_DIED, self._death(handle))
-                continue
-            try:
-                message = pickle.loads(raw)
-            except Exception:  # noqa: BLE001 - garbage of any kind: the rank's own code wrote there
-                selector.unregister(key.fileobj)
-                call.pending.discard(handle.rank)
-                call.failures[handle.rank] = (_DIED, RankError(
-                    handle.rank, "wrote something that is not a reply on its pipe to the launcher"))
+                call.failures[handle.rank] = (_DIED, RankError(handle.rank, GARBLED) if garbled
+                                              else self._death(handle))
                 continue
             kind, rest = message[0], message[1:]
             if kind == "out":

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.distributed.checkpoint
 
 from edulib.train import TrainConfig, reference, train
 from edulib.train.checkpoint import directory, load
@@ -81,6 +82,11 @@ def test_a_checkpoint_is_refused_by_a_run_it_does_not_fit(tmp_path):
                              ({}, "taken after 6 steps, and this run ends after steps=6: ask for more")]:
         with pytest.raises(ValueError, match=message):
             reference(TrainConfig(**{**MODEL, **options, "resume": step}))
+    older = tmp_path / "older"  # written without its run, as edulib did before
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):  # (one process: meant)
+        torch.distributed.checkpoint.save({"step": 6}, checkpoint_id=str(older), no_dist=True)
+    with pytest.raises(ValueError, match="does not say which run wrote it"):
+        reference(TrainConfig(**{**MODEL, "steps": 8, "resume": str(older)}))
     with pytest.raises(ValueError, match="no checkpoint at '/nowhere'"):
         reference(TrainConfig(resume="/nowhere"))
     with pytest.raises(ValueError, match=r"checkpoint_every=2 needs a checkpoint directory"):

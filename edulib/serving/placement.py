@@ -113,26 +113,30 @@ def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Pl
                     0.0,
                 )
             )
-    matrix = np.zeros((len(rows), count))
-    for r, (coefficients, _, _) in enumerate(rows):
-        for column, value in coefficients.items():
-            matrix[r, column] = value
     upper = np.concatenate([allowed.ravel().astype(float), np.ones(count - n_x)])
-    integrality = np.concatenate([np.ones(n_x), np.zeros(count - n_x)])
-    with silenced():
-        result = milp(
-            objective,
-            constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]),
-            integrality=integrality,
-            bounds=Bounds(0, upper),
-        )
-    if result.x is None:
+    found = _binary_first(objective, rows, upper, n_x)
+    if found is None:
         raise ValueError(
             "no placement runs these models: every operator that computes needs a tier at or "
             "after its inputs' that can compute"
         )
-    tiers = tuple(int(np.argmax(result.x[o * n_tiers : (o + 1) * n_tiers])) for o in range(len(ops)))
+    tiers = tuple(int(np.argmax(found[o * n_tiers : (o + 1) * n_tiers])) for o in range(len(ops)))
     return plan_of(workflow, infra, selection, tiers)
+
+
+def _binary_first(objective: np.ndarray, rows: list[tuple[dict[int, float], float, float]], upper: np.ndarray,
+                  binary: int) -> np.ndarray | None:
+    """The cheapest x with 0 <= x <= upper and low <= sum(coefficients x) <= high for every row
+    (coefficients by variable), its first `binary` variables whole; None if there is none."""
+    matrix = np.zeros((len(rows), len(objective)))
+    for r, (coefficients, _, _) in enumerate(rows):
+        for column, value in coefficients.items():
+            matrix[r, column] += value
+    integrality = np.concatenate([np.ones(binary), np.zeros(len(objective) - binary)])
+    with silenced():
+        result = milp(objective, integrality=integrality, bounds=Bounds(0, upper),
+                      constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]))
+    return result.x
 
 
 def solve(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int = 8) -> Plan:
@@ -187,35 +191,22 @@ def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> P
             choice.output_bytes * infra.moving(t, last) if o in sinks else 0.0)
     for (e, i, a, b), column in y.items():
         objective[column] = ops[edges[e][0]].choices[i].output_bytes * infra.moving(a, b)
-    rows, lower, higher = [], [], []
-
-    def row(coefficients: dict[int, float], low: float, high: float) -> None:
-        line = np.zeros(len(objective))
-        for column, value in coefficients.items():
-            line[column] += value
-        rows.append(line)
-        lower.append(low)
-        higher.append(high)
-
-    for o, op in enumerate(ops):
-        row({w[o, i, t]: 1.0 for i in range(len(op.choices)) for t in range(n_tiers)}, 1.0, 1.0)
+    rows = [({w[o, i, t]: 1.0 for i in range(len(op.choices)) for t in range(n_tiers)}, 1.0, 1.0)
+            for o, op in enumerate(ops)]  # one model and one tier each
     logs = {column: math.log(ops[o].choices[i].accuracy) if upper[column] else 0.0
             for (o, i, _), column in w.items()}
-    row(logs, math.log(accuracy) - 1e-12 if accuracy > 0 else -np.inf, np.inf)
+    rows.append((logs, math.log(accuracy) - 1e-12 if accuracy > 0 else -np.inf, np.inf))
     for e, (u, o) in enumerate(edges):
         for i in range(len(ops[u].choices)):
             for a in range(n_tiers):
-                row({y[e, i, a, b]: 1.0 for b in range(a, n_tiers)} | {w[u, i, a]: -1.0}, 0.0, 0.0)
+                rows.append(({y[e, i, a, b]: 1.0 for b in range(a, n_tiers)} | {w[u, i, a]: -1.0}, 0.0, 0.0))
         for b in range(n_tiers):
-            row({y[e, i, a, b]: 1.0 for i in range(len(ops[u].choices)) for a in range(b + 1)}
-                | {w[o, i, b]: -1.0 for i in range(len(ops[o].choices))}, 0.0, 0.0)
-    integrality = np.concatenate([np.ones(len(w)), np.zeros(len(y))])
-    with silenced():
-        result = milp(objective, constraints=LinearConstraint(np.array(rows), lower, higher),
-                      integrality=integrality, bounds=Bounds(0, upper))
-    if result.x is None:
+            rows.append(({y[e, i, a, b]: 1.0 for i in range(len(ops[u].choices)) for a in range(b + 1)}
+                         | {w[o, i, b]: -1.0 for i in range(len(ops[o].choices))}, 0.0, 0.0))
+    found = _binary_first(objective, rows, upper, len(w))
+    if found is None:
         raise ValueError(f"no plan reaches accuracy {accuracy}")
-    picked = [max((key for key in keys if key[0] == o), key=lambda key: result.x[w[key]])
+    picked = [max((key for key in keys if key[0] == o), key=lambda key: found[w[key]])
               for o in range(len(ops))]
     return plan_of(workflow, infra, tuple(i for _, i, _ in picked), tuple(t for _, _, t in picked))
 

@@ -52,9 +52,13 @@ def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.
     hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
     state = {"model": model_state, "optimizer": optimizer_state, STEP: 0}  # made by a step of lr 0)
-    with _quiet():
-        saved = {RUN: ""}
-        dcp.load(saved, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    saved = {RUN: ""}
+    try:
+        with _quiet():
+            dcp.load(saved, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    except CheckpointException:
+        raise ValueError(f"the checkpoint at {os.fspath(directory)!r} does not say which run wrote it (an "
+                         "older edulib's?): resume from a checkpoint this edulib wrote") from None
     taken = json.loads(saved[RUN])
     changed = {name: (taken.get(name), value) for name, value in run.items() if taken.get(name) != value}
     if changed:

@@ -75,7 +75,7 @@ def _agreement(config: TrainConfig, got: dict, want: dict) -> str:
     return f"one process ({config.precision}): {shown}" + ("" if agrees(config, found) else "  (DISAGREES)")
 
 
-def log_lines(config: TrainConfig, report: dict) -> list[dict]:
+def log_lines(report: dict) -> list[dict]:
     """One plain object per step of rank 0's report (what `edulib train --log` writes as JSON lines):
     the loss, the validation loss where there is one, tokens/s, MFU where the peak is known, and
     the bytes rank 0 sent in the step, by axis."""
