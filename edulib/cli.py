@@ -161,6 +161,8 @@ def _bench_command(options: argparse.Namespace) -> int:
         print(bench.bench_pipedream(tuple(options.world_sizes)))
     elif options.what == "train":
         print(bench.bench_train(backend=options.backend))
+        print()
+        print(bench.bench_resident(backend=options.backend))
     elif options.what == "tp":
         print(bench.bench_tp(backend=options.backend))
     else:

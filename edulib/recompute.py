@@ -14,6 +14,8 @@ the closed form `saved_bytes_formula`, derived from edulib's own layer.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -26,6 +28,26 @@ from edulib.checks import check_choice
 from edulib.models import TOKENS, Block, built_on_host
 
 MODES = ("none", "selective", "full")
+_RECOMPUTING = contextvars.ContextVar("recomputing", default=False)
+
+
+def recomputing() -> bool:
+    """Whether a layer's forward is running again for its backward (full recomputation), so that
+    what is counted once per forward (an expert's load) is not counted twice."""
+    return _RECOMPUTING.get()
+
+
+class _Recomputing:
+    """Marks the forward run inside as a recomputation (entered again at each one)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> None:
+        self.tokens.append(_RECOMPUTING.set(True))
+
+    def __exit__(self, *exc: object) -> None:
+        _RECOMPUTING.reset(self.tokens.pop())
 
 
 def saved_activation_bytes(run: Callable[[], torch.Tensor], parameters: Iterable[torch.Tensor]
@@ -59,7 +81,8 @@ class Recomputed(nn.Module):
         if self.mode == "full":
             if torch.is_grad_enabled():  # (a pass without backward keeps nothing)
                 self._inputs = [weakref.ref(t) for t in (*self.kept_inputs(), x)]
-            return checkpoint(self.layer, x, use_reentrant=False)
+            return checkpoint(self.layer, x, use_reentrant=False,
+                              context_fn=lambda: (contextlib.nullcontext(), _Recomputing()))
         return self.layer(x)
 
     def kept_inputs(self) -> list[torch.Tensor]:

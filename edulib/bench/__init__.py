@@ -11,7 +11,8 @@ the usual way to start ranks, `torch.multiprocessing.spawn` with the same proces
 `energy`: Perseus's frontier on GPT-3-like stages: its computing time and the energy it saves.
 `pipedream`: PipeDream's asynchronous 1F1B against 1F1B with a flush: time per mini-batch, the
 bubble after warm-up against what its messages explain, and the weight versions it holds.
-`train`: the trainer's step against PyTorch's DDP, FSDP2 and pipelining on the same model.
+`train`: the trainer's step against PyTorch's DDP, FSDP2 and pipelining on the same model, and
+the peak resident memory of ZeRO-3 against no ZeRO.
 `tp`: a Linear's bytes and time on every grid of 4 ranks, against Megatron's line and the closed form.
 """
 
@@ -36,11 +37,12 @@ from edulib.bench.pipeline import (
 from edulib.bench.planner import bench_executed_plan, bench_planner
 from edulib.bench.timing import fit_link, fit_overhead, median_slowest
 from edulib.bench.tp import bench_tp
-from edulib.bench.train import bench_train
+from edulib.bench.train import bench_resident, bench_train
 from edulib.bench.zero import bench_memory
 
 __all__ = ["AGREEMENT_FROM", "MEMORY_SCHEDULES", "agreement", "bench_allreduce", "bench_attention",
            "bench_compression", "bench_data_parallel", "bench_energy", "bench_executed_plan",
            "bench_grade", "bench_launch", "bench_memory", "bench_moe", "bench_pipedream", "bench_pipeline",
-           "bench_planner", "bench_split_backward", "bench_tp", "bench_train", "fit_link", "fit_overhead",
+           "bench_planner", "bench_resident", "bench_split_backward", "bench_tp", "bench_train", "fit_link",
+           "fit_overhead",
            "measure_pipeline", "median_slowest", "pipeline_link", "pipeline_memory", "write_traces"]

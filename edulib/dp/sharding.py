@@ -50,6 +50,7 @@ class Unit:
         self.lo, self.hi = (bounds[rank], bounds[rank + 1]) if shard else (0, self.length)
         self.ready = 0  # gradients accumulated in this backward pass
         self.pending = 0  # backward passes that gathered the weights and have not reduced yet
+        self.buffer: torch.Tensor | None = None  # the full weights, the parameters' views into it
 
     def flat(self) -> torch.Tensor:
         """The unit's parameters as one vector."""
@@ -77,12 +78,28 @@ class Unit:
                 for (a, b), shape in zip(itertools.pairwise(self.offsets), self.shapes, strict=True)]
 
     def load(self, flat: torch.Tensor) -> None:
-        """Point every parameter at its piece of a full flat vector."""
-        for parameter, piece in zip(self.parameters, self.views(flat), strict=True):
+        """Make the full weights these values: copied into the unit's buffer (the first becomes it),
+        and every parameter pointed at its piece of the buffer."""
+        if self.buffer is None or self.buffer.dtype != flat.dtype:
+            self.buffer = flat
+        elif self.buffer is not flat:
+            storage = self.buffer.untyped_storage()
+            if storage.nbytes() == 0:
+                storage.resize_(self.buffer.nbytes)
+            self.buffer.copy_(flat)
+        for parameter, piece in zip(self.parameters, self.views(self.buffer), strict=True):
             parameter.data = piece
+
+    def free(self) -> None:
+        """Free the full weights' memory, as FSDP2 does: the buffer's storage shrinks to nothing, so
+        what autograd saved from the weights (a transposed view, say) holds nothing either until
+        the next `load` fills it again."""
+        if self.buffer is not None:
+            self.buffer.untyped_storage().resize_(0)
 
     def release(self) -> None:
         """Free the full parameters and gradients."""
+        self.free()
         for parameter in self.parameters:
             parameter.data = parameter.data.new_empty(0)
             parameter.grad = None

@@ -41,6 +41,11 @@ def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def _storage(tensor: torch.Tensor) -> int:
+    """Where a tensor's memory starts: views of one buffer share it."""
+    return tensor.untyped_storage().data_ptr()
+
+
 def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """An optimizer's per-element state (Adam's moments; not its scalar step counter)."""
     return [t for state in optimizer.state.values() for t in state.values()
@@ -80,19 +85,24 @@ class ZeroDataParallel(Sharding):
         units_ = [Unit(unit, self.ranks, rank, shard=stage >= 1, parameters=parameters)
                   for unit, parameters in group_units(model, units, ignored_params)]
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
-        # fp32 master weights: this rank's chunk of each unit (all of it at stage 0)
-        self.master = [nn.Parameter(unit.flat().detach()[unit.lo:unit.hi].clone()) for unit in units_]
+        # fp32 master weights: this rank's chunk of each unit (all of it at stage 0); computing in
+        # fp32 below stage 3, that chunk of the full weights themselves (a copy would only cost memory)
+        flats = [unit.flat().detach() for unit in units_]
+        alias = self.dtype == torch.float32 and stage < 3
+        self.master = [nn.Parameter(flat[unit.lo:unit.hi] if alias else flat[unit.lo:unit.hi].clone())
+                       for unit, flat in zip(units_, flats, strict=True)]
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
         # stages 2 and 3 keep only this rank's shard of the gradients, summed over micro-batches
         self.grad_shards = [torch.zeros(unit.hi - unit.lo, dtype=self.dtype) if stage >= 2 else None
                             for unit in units_]
         self.last_gradients = [torch.zeros_like(m) for m in self.master]  # averaged, of the last step
-        self.peak = 0
-        for unit in units_:
-            unit.load(unit.flat().detach().to(self.dtype))
-        if stage == 3:
-            self.shards = [unit.flat().detach()[unit.lo:unit.hi].clone() for unit in units_]
+        self.peak = 0  # the most bytes held at any moment so far, and of each kind
+        self.peaks = {"parameters": 0, "gradients": 0, "optimizer": 0}
+        for unit, flat in zip(units_, flats, strict=True):
+            unit.load(flat.to(self.dtype))
+        if stage == 3:  # (in fp32 a shard is its master weight itself, as after every step)
+            self.shards = [m.detach().to(self.dtype) for m in self.master]
             for unit in units_:
                 unit.release()
         self._shard_units(units_, algorithm, group, gather=stage == 3, reduce=stage >= 2, prefetch=prefetch)
@@ -155,17 +165,21 @@ class ZeroDataParallel(Sharding):
     def held(self) -> dict[str, int]:
         """Bytes this rank holds now, counted from the tensors: 16-bit parameters, gradients, and
         the optimizer's (fp32 master weights and the optimizer's per-element state)."""
-        parameters = [p for unit in self.units for p in unit.parameters]
-        state = optimizer_state(self.optimizer)
-        early = [f.result() for f in self._coming.values() if f.done()]  # gathered ahead of use
-        return {"parameters": tensor_bytes([p.data for p in parameters]) + tensor_bytes(early)
-                + (tensor_bytes(self.shards) if self.stage == 3 else 0),
-                "gradients": tensor_bytes([p.grad for p in parameters]) + tensor_bytes(self.grad_shards),
-                "optimizer": tensor_bytes([m.data for m in self.master]) + tensor_bytes(state)}
+        weights = [p.data for unit in self.units for p in unit.parameters]
+        weights += self.shards if self.stage == 3 else []
+        where = set(map(_storage, weights))
+        masters = [m.data for m in self.master if _storage(m) not in where]
+        early = sum(self.units[index].length for index in self._coming) * self.dtype.itemsize  # on their way
+        return {"parameters": tensor_bytes(weights) + early,  # (in fp32 a master may be a weight itself)
+                "gradients": tensor_bytes([p.grad for unit in self.units for p in unit.parameters])
+                + tensor_bytes(self.grad_shards),
+                "optimizer": tensor_bytes(masters) + tensor_bytes(optimizer_state(self.optimizer))}
 
     def _measure(self) -> None:
-        """Note the most bytes held at any moment so far."""
-        self.peak = max(self.peak, sum(self.held().values()))
+        """Note the most bytes held at any moment so far, in all and of each kind."""
+        now = self.held()
+        self.peak = max(self.peak, sum(now.values()))
+        self.peaks = {kind: max(held, now[kind]) for kind, held in self.peaks.items()}
 
     def _whole(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each unit's full flat vector from this rank's chunk of it (at stage 0 it has them all)."""

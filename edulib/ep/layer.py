@@ -36,9 +36,10 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(),
                                                    nn.Linear(2 * hidden, hidden)) for _ in range(experts))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
-        """The layer's output for (tokens, hidden) inputs, and how it routed them."""
-        routing = route(self.router(x), self.k, self.capacity_factor)
+    def forward(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, Routing]:
+        """The layer's output for (tokens, hidden) inputs, and how it routed them (capacity per each
+        of `groups` runs of tokens)."""
+        routing = route(self.router(x), self.k, self.capacity_factor, groups)
         y = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
             token, slot = ((routing.experts == index) & routing.kept).nonzero(as_tuple=True)
@@ -89,9 +90,10 @@ class ExpertParallelMoE(nn.Module):
         self.router = copy.deepcopy(full.router)
         self.experts = copy.deepcopy(full.experts[self.first:self.first + self.per_rank])
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing, dict]:
-        """This rank's tokens through the layer: output, routing, and the rows sent and received."""
-        routing = route(self.router(x), self.k, self.capacity_factor)
+    def forward(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, Routing, dict]:
+        """This rank's tokens through the layer: output, routing (capacity per each of `groups` runs
+        of tokens), and the rows sent and received."""
+        routing = route(self.router(x), self.k, self.capacity_factor, groups)
         token, slot = routing.kept.nonzero(as_tuple=True)
         order = routing.experts[token, slot].argsort(stable=True)  # grouped by expert, so by rank
         token, slot = token[order], slot[order]

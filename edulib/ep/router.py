@@ -1,12 +1,13 @@
 """The router of a mixture-of-experts layer: which experts each token goes to, and with what weight.
 
-A linear layer scores the E experts for every token; the softmax of the scores are the gates.
-Each token goes to its k highest-scoring experts and their outputs are summed, weighted by the
-gates (Switch Transformer for k = 1, GShard for k = 2). With a capacity factor c, an expert takes
-at most ceil(c x tokens x k / E) of this group's tokens, first choices before second choices and
-earlier tokens before later ones; the rest are dropped (they add nothing; the residual carries
-them). The auxiliary loss E x sum_e f_e P_e, f_e the fraction of assignments that chose expert e
-and P_e its mean gate, is smallest when the load is even (Fedus et al. 2021).
+A linear layer scores the E experts for every token; the softmax of the scores are the gates. Each
+token goes to its k highest-scoring experts and their outputs are summed, weighted by the gates
+(Switch Transformer for k = 1, GShard for k = 2). With a capacity factor c, an expert takes at most
+ceil(c x tokens x k / E) of this group's tokens, first choices before second choices and earlier
+tokens before later ones, in each group of tokens on its own (a sequence, say); the rest are dropped
+(they add nothing; the residual carries them). The auxiliary loss E x sum_e f_e P_e, f_e the
+fraction of assignments that chose expert e and P_e its mean gate, is smallest when the load is even
+(Fedus et al. 2021).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Routing:
     weights: torch.Tensor  # (tokens, k) gates of the chosen experts, with autograd
     kept: torch.Tensor  # (tokens, k) False where capacity dropped the assignment
     aux_loss: torch.Tensor  # the load-balancing loss, with autograd
+    gates: torch.Tensor  # (tokens, E) every expert's gate, with autograd
 
     def load(self, experts: int) -> torch.Tensor:
         """Kept assignments per expert."""
@@ -43,19 +45,23 @@ def check_routing(experts: int, k: int, capacity_factor: float | None) -> None:
         raise ValueError(f"capacity_factor must be more than 0 (None: no limit); got {capacity_factor!r}")
 
 
-def route(scores: torch.Tensor, k: int, capacity_factor: float | None = None) -> Routing:
-    """Top-k routing of (tokens, E) router scores, with an optional capacity per expert."""
+def route(scores: torch.Tensor, k: int, capacity_factor: float | None = None, groups: int = 1) -> Routing:
+    """Top-k routing of (tokens, E) router scores, with an optional capacity per expert in each of
+    `groups` equal runs of consecutive tokens."""
     tokens, experts = scores.shape
     check_routing(experts, k, capacity_factor)
+    if groups < 1 or tokens % groups:
+        raise ValueError(f"{tokens} tokens do not split into {groups} equal groups")
     gates = torch.softmax(scores.float(), dim=-1)
     weights, chosen = gates.topk(k, dim=-1)
     kept = torch.ones_like(chosen, dtype=torch.bool)
     if capacity_factor is not None:
-        capacity = math.ceil(capacity_factor * tokens * k / experts)
-        order = chosen.T.reshape(-1)  # first choices of every token, then second choices
-        one_hot = torch.nn.functional.one_hot(order, experts)
-        place = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # each assignment's place in its expert's queue
-        kept = (place < capacity).view(k, tokens).T
+        each = tokens // groups
+        capacity = math.ceil(capacity_factor * each * k / experts)
+        order = chosen.view(groups, each, k).transpose(1, 2).reshape(groups, -1)  # in each group, first
+        one_hot = torch.nn.functional.one_hot(order, experts)  # choices of every token, then second choices
+        place = (one_hot.cumsum(1) * one_hot).sum(-1) - 1  # each assignment's place in its expert's queue
+        kept = (place < capacity).view(groups, k, each).transpose(1, 2).reshape(tokens, k)
     chose = torch.bincount(chosen.reshape(-1), minlength=experts).float() / (tokens * k)
     aux = experts * (chose * gates.mean(0)).sum() if tokens else gates.sum() * 0
-    return Routing(chosen, weights * kept, kept, aux)
+    return Routing(chosen, weights * kept, kept, aux, gates)

@@ -46,8 +46,8 @@ def held_bytes(roots: Iterable[torch.Tensor], kept: Iterable[torch.Tensor],
     (by address and size) and none that lives in one of `weights`' storages."""
     own = {weight.untyped_storage().data_ptr() for weight in weights}
     counted: dict[tuple[int, int], int] = {}
-    for tensor in (*_graph_tensors(roots), *kept):
-        if tensor.untyped_storage().data_ptr() not in own:
+    for tensor in (*_graph_tensors(roots), *kept):  # (a freed storage, as ZeRO-3's, holds nothing)
+        if tensor.untyped_storage().data_ptr() not in own and tensor.untyped_storage().nbytes():
             counted[tensor.data_ptr(), tensor.nbytes] = tensor.nbytes
     return sum(counted.values())
 

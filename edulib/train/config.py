@@ -39,6 +39,9 @@ HELP = {  # what each field means, for `edulib train --help`
     "heads": "attention heads",
     "layers": "transformer blocks",
     "experts": "experts in each block's MLP (0: a dense MLP)",
+    "top_k": "experts each token goes to (1: Switch, 2: GShard)",
+    "capacity_factor": "an expert takes at most this times an even share of a sequence's tokens (None: all)",
+    "aux_loss": "weight of the routers' load-balancing loss (Switch's), added to the gradients",
     "tokens": "tokens per sequence (the context)",
     "tie": "share the token embedding with the output head",
     "batch": "sequences per step, over all data-parallel ranks",
@@ -79,6 +82,9 @@ class TrainConfig:
     heads: int = 4
     layers: int = 2
     experts: int = 0
+    top_k: int = 1
+    capacity_factor: float | None = None
+    aux_loss: float = 0.01
     tokens: int = 16
     tie: bool = False
     batch: int = 8
@@ -98,6 +104,20 @@ class TrainConfig:
                      "batch", "steps"):
             _whole(getattr(self, name), name, 1)
         _whole(self.experts, "experts", 0)
+        _whole(self.top_k, "top_k", 1)
+        if self.experts and self.top_k > self.experts or not self.experts and self.top_k != 1:
+            raise ValueError(f"top_k={self.top_k} routes each token to that many of the {self.experts} "
+                             f"experts; use 1 to {max(1, self.experts)}")
+        if self.capacity_factor is not None and (not self.capacity_factor > 0 or not self.experts):
+            raise ValueError(f"capacity_factor must be more than 0 and needs experts (None: no limit); got "
+                             f"{self.capacity_factor!r} with experts={self.experts}")
+        if self.capacity_factor is not None and (self.cp > 1 or self.sequence_parallel and self.tp > 1):
+            raise ValueError(f"capacity_factor={self.capacity_factor} with cp={self.cp}, tp={self.tp} and "
+                             f"sequence_parallel={self.sequence_parallel}: an expert's capacity is a share "
+                             "of each sequence, which context (or sequence) parallelism cuts over ranks "
+                             "that route their parts apart; use capacity_factor=None or keep sequences whole")
+        if not (isinstance(self.aux_loss, int | float) and self.aux_loss >= 0):
+            raise ValueError(f"aux_loss must be 0 or more; got {self.aux_loss!r}")
         _whole(self.seed, "seed", 0)
         _whole(self.eval_every, "eval_every", 0)
         _whole(self.warmup, "warmup", 0)
@@ -167,10 +187,10 @@ class TrainConfig:
 
     def model_flops(self) -> float:
         """Model FLOPs of one step (PaLM's count, recomputation not included): per token, 6 per weight
-        it meets outside the embeddings (one expert of an MoE layer) and attention's
+        it meets outside the embeddings (top_k experts of an MoE layer) and attention's
         12 x layers x hidden x tokens."""
         h = self.hidden
-        mlp = 4 * h * h + self.experts * h if self.experts else 8 * h * h  # one expert, and the router
+        mlp = self.top_k * 4 * h * h + self.experts * h if self.experts else 8 * h * h  # (the router's too)
         weights = self.layers * (4 * h * h + mlp) + h * VOCAB  # attention, the MLP; the head
         per_token = 6 * weights + 12 * self.layers * self.hidden * self.tokens
         return per_token * self.batch * self.tokens

@@ -1,21 +1,27 @@
 """The one language model every layout trains: a GPT-style causal transformer on bytes.
 
-Token and position embeddings, `layers` pre-norm blocks of causal self-attention and an MLP (a
-dense one, or a mixture of `experts`; no biases in their linear layers, as in LLaMA: a key bias's
-gradient is zero but for rounding, which AdamW would blow up into steps of lr either way), a
-final LayerNorm and a head that scores the next token;
-the loss is the cross-entropy of the next token. There is no dropout, so every run is the same.
-It is an `nn.Sequential` of [Embedding, Block, ..., Block, Head], so a pipeline cuts it into
-stages with `edulib.models.split` and every parameter has one name in the one-process model.
+Token and position embeddings, `layers` pre-norm blocks of causal self-attention and an MLP (a dense
+one, or a mixture of `experts` whose router also learns to balance them; no biases in their linear
+layers, as in LLaMA: a key bias's gradient is zero but for rounding, which AdamW would blow up into
+steps of lr either way), a final LayerNorm and a head that scores the next token; the loss is the
+cross-entropy of the next token. There is no dropout, so every run is the same. It is an
+`nn.Sequential` of [Embedding, Block, ..., Block, Head], so a pipeline cuts it into stages with
+`edulib.models.split` and every parameter has one name in the one-process model.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.autograd import Function
+from torch.nn import functional as F
 
+from edulib import comm
 from edulib.ep.layer import ExpertParallelMoE, MoE
+from edulib.ep.router import Routing
 from edulib.models import Block, built_on_host
+from edulib.recompute import recomputing
 from edulib.tp.layers import Index, ParallelModule
 
 
@@ -43,16 +49,58 @@ class Head(nn.Module):
         return self.out(self.norm(x))
 
 
-class Experts(ParallelModule):
-    """A mixture-of-experts MLP on (batch, tokens, hidden): every token through its expert, in one
-    process (`MoE`) or sent to the rank that holds it (`ExpertParallelMoE`)."""
+class Balance(Function):
+    """A layer's load-balancing loss joined to its output, as Megatron's MoEAuxLossAutoScaler does:
+    forward passes the output on, backward adds the loss's gradient, so the loss reaches the
+    router from wherever the layer sits in a pipeline."""
 
-    def __init__(self, moe: MoE | ExpertParallelMoE) -> None:
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.new_ones((), dtype=torch.float32)
+
+
+class Experts(ParallelModule):
+    """A mixture-of-experts MLP on (batch, tokens, hidden): every token through its experts, in one
+    process (`MoE`) or sent to the rank that holds them (`ExpertParallelMoE`), the capacity per
+    sequence. In training its load-balancing loss, times `aux_loss`, joins the gradients, and
+    `load` adds up the tokens each expert received.
+
+    A sequence may be cut over `sequence_group` (context parallelism, and tensor parallelism's
+    sequence split), of whose ranks `averaged` have their gradients averaged (the rest summed)."""
+
+    def __init__(self, moe: MoE | ExpertParallelMoE, aux_loss: float = 0.0, sequence_group=None,
+                 averaged: int = 1) -> None:
         super().__init__()
-        self.moe = moe
+        self.moe, self.aux_loss, self.sequence_group, self.averaged = moe, aux_loss, sequence_group, averaged
+        self.parts = dist.get_world_size(sequence_group) if sequence_group is not None else 1
+        self.load = torch.zeros(moe.router.out_features, dtype=torch.long)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.moe(x.reshape(-1, x.shape[-1]))[0].view_as(x)
+        rows, tokens, hidden = x.shape
+        y, routing = self.moe(x.reshape(-1, hidden), rows)[:2]
+        if torch.is_grad_enabled() and not recomputing():
+            self.load = self.load.to(x.device) + routing.load(self.load.numel())
+        if self.aux_loss and torch.is_grad_enabled():
+            y = Balance.apply(y, self.aux_loss * self.balance_loss(routing, rows, tokens))
+        return y.view_as(x)
+
+    def balance_loss(self, routing: Routing, rows: int, tokens: int) -> torch.Tensor:
+        """Switch's loss E x sum_e f_e P_e of each sequence, averaged over the sequences: f_e the
+        share of the sequence's choices that went to expert e, P_e its mean gate. Where a sequence
+        is cut, f comes from the whole (the counts summed over the ranks) and P from this part,
+        so that the parts' losses add up to the whole's as the gradients are combined."""
+        experts = routing.gates.shape[-1]
+        counts = F.one_hot(routing.experts.reshape(rows, -1), experts).sum(1).float()
+        if self.sequence_group is not None:
+            with comm.labelled("routing"):
+                counts = comm.all_reduce(counts, group=self.sequence_group)
+        share = counts / counts.sum(-1, keepdim=True)
+        gates = routing.gates.view(rows, tokens, experts).sum(1) * self.averaged / (tokens * self.parts)
+        return experts * (share * gates).sum(-1).mean()
 
     def sources(self) -> dict[str, tuple[str, Index]]:
         """Every parameter whole, its expert numbered as in the full layer."""
@@ -69,10 +117,12 @@ class Experts(ParallelModule):
 
 @built_on_host
 def gpt(vocab: int = 256, hidden: int = 32, heads: int = 4, layers: int = 2, tokens: int = 16,
-        experts: int = 0, tie: bool = False, seed: int = 0) -> nn.Sequential:
+        experts: int = 0, tie: bool = False, seed: int = 0, top_k: int = 1,
+        capacity_factor: float | None = None, aux_loss: float = 0.0) -> nn.Sequential:
     """The model, the same weights for the same seed: [Embedding, `layers` Blocks, Head]; with
-    `experts` every block's MLP is a mixture of that many (top-1, no capacity limit), and with
-    `tie` the head's weight is the token embedding's."""
+    `experts` every block's MLP is a mixture of that many (each token to its `top_k`, at most
+    `capacity_factor` times an even share of a sequence per expert, the balancing loss times
+    `aux_loss`), and with `tie` the head's weight is the token embedding's."""
     torch.manual_seed(seed)
     embedding, head = Embedding(vocab, hidden, tokens), Head(hidden, vocab)
     with torch.no_grad():
@@ -84,6 +134,7 @@ def gpt(vocab: int = 256, hidden: int = 32, heads: int = 4, layers: int = 2, tok
     for layer in range(layers):
         block = Block(hidden, heads, seed + 10 * layer + 1, norm=True, causal=True, bias=False)
         if experts:
-            block.mlp = Experts(MoE(hidden, experts, seed=seed + 10 * layer + 2))
+            moe = MoE(hidden, experts, top_k, capacity_factor, seed=seed + 10 * layer + 2)
+            block.mlp = Experts(moe, aux_loss)
         blocks.append(block)
     return nn.Sequential(embedding, *blocks, head)

@@ -35,6 +35,7 @@ from edulib.cp.layout import token_ranges
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel, optimizer_state, tensor_bytes
 from edulib.ep.layer import ExpertParallelMoE
+from edulib.footprint import sharded_bytes, training_footprint
 from edulib.models import Block, split
 from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
@@ -56,7 +57,7 @@ Sources = dict[int, tuple[str, Index]]  # a rank's parameter (by id) -> its full
 def model_of(config: TrainConfig) -> nn.Sequential:
     """The one-process model the config describes."""
     return gpt(VOCAB, config.hidden, config.heads, config.layers, config.tokens, config.experts, config.tie,
-               config.seed)
+               config.seed, config.top_k, config.capacity_factor, config.aux_loss)
 
 
 def optimizer_of(config: TrainConfig) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:
@@ -102,7 +103,10 @@ def reference(config: TrainConfig) -> dict:
     start = _resume(config, model, optimizer)
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
+    moe = [m for m in model.modules() if isinstance(m, Experts)]
     for step in range(start, config.steps):
+        for layer in moe:
+            layer.load.zero_()
         inputs, targets = text_batch(step, config.batch, config.tokens, config.seed)
         with compute(config):
             loss = lm_loss(model(inputs), targets)
@@ -120,7 +124,8 @@ def reference(config: TrainConfig) -> dict:
             checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1,
                             config.run())
     return {"start": start, "losses": losses, "validation": validation, "gradients": first,
-            "weights": {name: p.detach() for name, p in model.named_parameters()}}
+            "weights": {name: p.detach() for name, p in model.named_parameters()},
+            **({"expert_load": [layer.load.tolist() for layer in moe]} if moe else {})}
 
 
 def _resume(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -162,7 +167,7 @@ def agrees(config: TrainConfig, found: dict[str, float]) -> bool:
 
 
 def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
-           first_token: int) -> tuple[nn.Sequential, Sources]:
+           sequence_group, first_token: int) -> tuple[nn.Sequential, Sources]:
     """This rank's copy of one pipeline stage, and where each of its parameters comes from."""
     piece = copy.deepcopy(piece)  # a tied embedding and head in one stage stay one weight
     sources: Sources = {}
@@ -172,7 +177,10 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
             moe = layer.mlp.moe if config.experts else None
             if moe is not None and config.ep > 1:
                 moe = ExpertParallelMoE(moe, expert_group, config.algorithm)
-            mlp = Experts(moe) if moe is not None else None
+            mlp = None
+            if moe is not None:  # the balancing loss scaled as each micro-batch's loss is
+                mlp = Experts(moe, config.aux_loss / config.microbatches, sequence_group, config.cp)
+                mlp.layer = index
             made = ParallelBlock(layer, tensor_group, config.algorithm, config.sequence_parallel, mlp)
             made.attention.context = context
             sources |= {id(made.get_parameter(name)): (f"{index}.{full}", where)
@@ -213,7 +221,7 @@ class _Averaging:
     def __init__(self, stages: dict[int, nn.Module], config: TrainConfig, data_group, expert_data_group,
                  tied: Callable[[], None]) -> None:
         held = nn.ModuleList(stages[s] for s in sorted(stages))
-        self.zero, self.tied, self.held = config.zero, tied, held
+        self.zero, self.tied, self.held, self.config = config.zero, tied, held, config
         self.peak = {"parameters": 0, "gradients": 0, "optimizer": 0}
         holders = {s: nn.ModuleList(m.experts for m in stage.modules() if isinstance(m, ExpertParallelMoE))
                    for s, stage in stages.items()}
@@ -277,7 +285,8 @@ class _Averaging:
         if self.optimizer is not None:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
-            self._measure()
+        self._measure()
+        if self.optimizer is not None:
             self.optimizer.zero_grad()
 
     def kept_gradients(self) -> dict[int, torch.Tensor]:
@@ -289,13 +298,34 @@ class _Averaging:
 
     def _measure(self) -> None:
         """Note the most bytes this rank's weights, gradients and optimizer state have held, counted
-        from the tensors (ZeRO's shards, master weights and state by ZeRO)."""
+        from the tensors: its own at the step, and the most ZeRO's held at any moment (its shards,
+        the units it gathered, its master weights and state)."""
         now = {"parameters": tensor_bytes(w.data for w in self.own),
                "gradients": tensor_bytes(w.grad for w in self.own),
                "optimizer": tensor_bytes(optimizer_state(self.optimizer)) if self.optimizer else 0}
         if self.zero is not None:
-            now = {kind: held + self.sharded.held()[kind] for kind, held in now.items()}
+            now = {kind: held + self.sharded.peaks[kind] for kind, held in now.items()}
         self.peak = {kind: max(self.peak[kind], now[kind]) for kind in now}
+
+    def formula(self) -> dict[str, float]:
+        """What the footprint formulas say this rank's weights, gradients and optimizer state peak at
+        (fp32, 4 bytes a value): ZeRO's stage over the dp x cp ranks for the weights it shards, with
+        a unit's full gradients before their reduce-scatter (stages 2 and 3) and two units' full
+        weights (stage 3: the one in use, the next one on its way); the rest (experts) in full."""
+        optimizer = "adam" if self.config.optimizer == "adamw" else self.config.optimizer
+        own = training_footprint(max(1, sum(w.numel() for w in self.own)), "fp32", optimizer)
+        found = {"parameters": own.weights, "gradients": own.gradients, "optimizer": own.optimizer}
+        if not self.own:
+            found = dict.fromkeys(found, 0.0)
+        if self.zero is not None:
+            lengths = [unit.length for unit in self.sharded.units]
+            ranks = self.config.dp * self.config.cp
+            sharded = sharded_bytes(sum(lengths), ranks, self.zero, "fp32", optimizer)
+            unit = 4 * max(lengths)
+            found["parameters"] += sharded.weights + (2 * unit if self.zero == 3 else 0)
+            found["gradients"] += sharded.gradients + (unit if self.zero >= 2 else 0)
+            found["optimizer"] += sharded.optimizer
+        return found
 
     def weights(self) -> dict[int, torch.Tensor]:
         """Every weight this rank holds, by id: ZeRO's gathered from the group, the rest its own."""
@@ -334,6 +364,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
     expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
     [positions] = token_ranges(config.tokens, c, config.cp, "contiguous")
+    cut = ("cp", "tp") if config.sequence_parallel else ("cp",)  # the ranks that hold parts of a sequence
+    parts = config.cp * (config.tp if config.sequence_parallel else 1)
+    sequence_group = grid.group(*cut) if config.experts and parts > 1 else None
     full = model_of(config)
     resumed = optimizer_of(config)(full.parameters()) if config.resume else None
     start = _resume(config, full, resumed)
@@ -342,7 +375,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     stages, sources = {}, {}
     for s in schedule.stages_of(p):
         stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, expert_group,
-                                  positions.start)
+                                  sequence_group, positions.start)
         sources |= found
     held = nn.ModuleList(stages[s] for s in sorted(stages))
     if config.sequence_parallel:
@@ -394,9 +427,12 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     pipeline = set(neighbours.values())
     context_ranks = set(dist.get_process_group_ranks(context)) if context else set()
     report["sent_by_step"] = []
+    moe = [m for stage in held for m in stage.modules() if isinstance(m, Experts)]
     with comm.count_communication() as sent:
         for step in range(start, config.steps):
             began, counted = time.perf_counter(), len(sent)
+            for layer in moe:
+                layer.load.zero_()
             averaging.accumulate()
             mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
             # walks the graphs: once is enough)
@@ -432,8 +468,14 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     report["sent"] = by_axis(sent, pipeline, context_ranks)
     report["memory"] = averaging.peak | {
         "activations": max(held for _, held in activations)}
+    report["memory_formula"] = averaging.formula()
     if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
         report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
+    if config.experts:  # the last step's tokens per expert, each routed token counted once
+        load = torch.zeros(config.layers, config.experts)
+        for layer in moe if t == 0 or config.sequence_parallel else []:
+            load[layer.layer - 1] += layer.load.cpu()
+        report["expert_load"] = comm.all_reduce(load).long().tolist()
     gathered = _gather(full, sources, averaging.weights(), writes)
     return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
 
@@ -482,16 +524,26 @@ def by_axis(transfers: list[comm.Transfer], pipeline: set[int], context: set[int
     return sent
 
 
+def _layers(stage: nn.Sequential) -> list[nn.Module]:
+    """A stage's layers, its blocks one by one."""
+    found = []
+    for layer in stage:
+        inner = layer.blocks if isinstance(layer, SequenceSplit) else layer
+        found += list(inner) if isinstance(inner, nn.Sequential) else [layer]
+    return found
+
+
 def _units(held: nn.ModuleList) -> list[nn.Module]:
-    """ZeRO's units: every stage's layers but a tied embedding and head, which their stage holds."""
-    layers = [layer for stage in held for layer in stage]
+    """ZeRO's units, as FSDP2 is wrapped: every block, the embedding and the head, but a tied
+    embedding and head, which their stage holds."""
+    layers = [layer for stage in held for layer in _layers(stage)]
     count: dict[int, int] = {}
     for layer in layers:
         for parameter in layer.parameters():
             count[id(parameter)] = count.get(id(parameter), 0) + 1
     alone = [layer for layer in layers if all(count[id(w)] == 1 for w in layer.parameters())
              and any(True for _ in layer.parameters())]  # (a stage's edge holds none)
-    return alone + [stage for stage in held if any(layer not in alone for layer in stage)]
+    return alone + [stage for stage in held if any(layer not in alone for layer in _layers(stage))]
 
 
 def _tied(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleList, sources: Sources
