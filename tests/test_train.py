@@ -189,6 +189,8 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     ({"experts": 4, "capacity_factor": 0}, "capacity_factor must be more than 0"),
     ({"experts": 4, "capacity_factor": 1.0, "cp": 2}, "capacity_factor=1.0 with cp=2, tp=1 and sequence_par"),
     ({"experts": 4, "aux_loss": -1}, "aux_loss must be 0 or more"),
+    ({"experts": 4, "aux_loss": True}, "aux_loss must be 0 or more; got True"),
+    ({"experts": 4, "capacity_factor": True}, "capacity_factor must be more than 0 .*; got True"),
 ])
 def test_what_the_trainer_does_not_support_is_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):

@@ -80,9 +80,9 @@ class Unit:
     def load(self, flat: torch.Tensor) -> None:
         """Make the full weights these values: copied into the unit's buffer (the first becomes it),
         and every parameter pointed at its piece of the buffer."""
-        if self.buffer is None or self.buffer.dtype != flat.dtype:
+        if self.buffer is None:
             self.buffer = flat
-        elif self.buffer is not flat:
+        else:
             storage = self.buffer.untyped_storage()
             if storage.nbytes() == 0:
                 storage.resize_(self.buffer.nbytes)

@@ -108,7 +108,8 @@ class TrainConfig:
         if self.experts and self.top_k > self.experts or not self.experts and self.top_k != 1:
             raise ValueError(f"top_k={self.top_k} routes each token to that many of the {self.experts} "
                              f"experts; use 1 to {max(1, self.experts)}")
-        if self.capacity_factor is not None and (not self.capacity_factor > 0 or not self.experts):
+        factor = self.capacity_factor
+        if factor is not None and (not _number(factor) or not factor > 0 or not self.experts):
             raise ValueError(f"capacity_factor must be more than 0 and needs experts (None: no limit); got "
                              f"{self.capacity_factor!r} with experts={self.experts}")
         if self.capacity_factor is not None and (self.cp > 1 or self.sequence_parallel and self.tp > 1):
@@ -116,7 +117,7 @@ class TrainConfig:
                              f"sequence_parallel={self.sequence_parallel}: an expert's capacity is a share "
                              "of each sequence, which context (or sequence) parallelism cuts over ranks "
                              "that route their parts apart; use capacity_factor=None or keep sequences whole")
-        if not (isinstance(self.aux_loss, int | float) and self.aux_loss >= 0):
+        if not (_number(self.aux_loss) and self.aux_loss >= 0):
             raise ValueError(f"aux_loss must be 0 or more; got {self.aux_loss!r}")
         _whole(self.seed, "seed", 0)
         _whole(self.eval_every, "eval_every", 0)
@@ -203,6 +204,11 @@ class TrainConfig:
     def pipeline(self) -> Schedule:
         """The pipeline schedule for pp devices."""
         return build_schedule(self.schedule, self.pp, self.microbatches, self.chunks)
+
+
+def _number(value: object) -> bool:
+    """Whether a value is a real number (a bool is not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _whole(value: object, name: str, least: int) -> None:

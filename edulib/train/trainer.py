@@ -285,9 +285,10 @@ class _Averaging:
         if self.optimizer is not None:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
-        self._measure()
-        if self.optimizer is not None:
+            self._measure()
             self.optimizer.zero_grad()
+        else:
+            self._measure()  # (ZeRO's step, its state made)
 
     def kept_gradients(self) -> dict[int, torch.Tensor]:
         """Every weight's averaged gradient of the step that kept them, by id, ZeRO's gathered from
@@ -313,10 +314,10 @@ class _Averaging:
         a unit's full gradients before their reduce-scatter (stages 2 and 3) and two units' full
         weights (stage 3: the one in use, the next one on its way); the rest (experts) in full."""
         optimizer = "adam" if self.config.optimizer == "adamw" else self.config.optimizer
-        own = training_footprint(max(1, sum(w.numel() for w in self.own)), "fp32", optimizer)
-        found = {"parameters": own.weights, "gradients": own.gradients, "optimizer": own.optimizer}
-        if not self.own:
-            found = dict.fromkeys(found, 0.0)
+        found = dict.fromkeys(("parameters", "gradients", "optimizer"), 0.0)
+        if self.own:
+            own = training_footprint(sum(w.numel() for w in self.own), "fp32", optimizer)
+            found = {"parameters": own.weights, "gradients": own.gradients, "optimizer": own.optimizer}
         if self.zero is not None:
             lengths = [unit.length for unit in self.sharded.units]
             ranks = self.config.dp * self.config.cp
