@@ -24,8 +24,8 @@ FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": S
            "zero": (None, 1, 2, 3), "sequence_parallel": (False, True), "recompute": (False, True),
            "tie": (False, True), "experts": (0, 4), "top_k": (1, 2), "ep": (1, 2),
            "optimizer": ("adamw", "sgd"), "precision": ("fp32", "bf16")}
-FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3)}  # options that never make a run invalid:
-# paired with every accepted config without building it again
+FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3), "weight_decay": (0.0, 0.1)}  # options that
+# never make a run invalid: paired with every accepted config without building it again
 
 
 def _config(values: tuple) -> TrainConfig | None:
@@ -190,6 +190,7 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     ({"experts": 4, "capacity_factor": 1.0, "cp": 2}, "capacity_factor=1.0 with cp=2, tp=1 and sequence_par"),
     ({"experts": 4, "aux_loss": -1}, "aux_loss must be 0 or more"),
     ({"experts": 4, "aux_loss": True}, "aux_loss must be 0 or more; got True"),
+    ({"weight_decay": -0.1}, "weight_decay must be 0 or more; got -0.1"),
     ({"experts": 4, "capacity_factor": True}, "capacity_factor must be more than 0 .*; got True"),
 ])
 def test_what_the_trainer_does_not_support_is_refused_by_name(options, message):
@@ -346,6 +347,18 @@ def test_full_recomputation_keeps_each_blocks_input_and_little_else(pools):
     kept = activations(3, True) - activations(2, True)
     assert 0 <= kept - 4 * 4 * 8 * 16 <= 64, kept
     assert activations(3, False) - activations(2, False) > 10 * kept  # q, k, v, scores, the MLP's, ...
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_weight_decay_shrinks_the_matrices_and_nothing_else(tie):
+    config = TrainConfig(optimizer="sgd", lr=0.5, weight_decay=0.2, steps=1, experts=2, tie=tie)
+    plain = reference(dataclasses.replace(config, weight_decay=0.0))["weights"]
+    decayed = reference(config)["weights"]
+    # SGD's step is the same either way; the decay adds -lr x wd x w, on the matrices only
+    for name, weight in model_of(config).named_parameters():
+        matrix = weight.dim() == 2 and "tokens." not in name and "positions." not in name
+        want = plain[name] - (config.lr * config.weight_decay * weight if matrix else 0)
+        assert torch.allclose(decayed[name], want.detach(), atol=1e-6), name
 
 
 def test_the_balancing_loss_spreads_the_tokens_over_the_experts():

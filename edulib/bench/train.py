@@ -117,7 +117,8 @@ def bench_train(steps: int = 12, backend: str = "gloo") -> str:
     """Median step time, tokens per second and bytes held of the trainer beside PyTorch's own, on
     2 ranks: data parallelism against DDP, ZeRO-3 against FSDP2, a 1F1B pipeline against
     torch.distributed.pipelining."""
-    base = dict(hidden=128, heads=4, layers=4, tokens=64, batch=16, microbatches=4, steps=steps, lr=1e-3)
+    base = dict(hidden=128, heads=4, layers=4, tokens=64, batch=16, microbatches=4, steps=steps, lr=1e-3,
+                weight_decay=0.0)  # (torch's runs take no decay)
     layouts = [("ddp", TrainConfig(dp=2, **base)), ("fsdp", TrainConfig(dp=2, zero=3, **base)),
                ("1f1b", TrainConfig(pp=2, schedule="1f1b", **base))]
     rows = []

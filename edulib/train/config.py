@@ -49,6 +49,8 @@ HELP = {  # what each field means, for `edulib train --help`
     "lr": "learning rate (the peak, with a schedule)",
     "lr_schedule": "after warm-up: lr throughout, or a cosine decay to a tenth of lr at the last step",
     "warmup": "steps of linear warm-up from lr/warmup to lr",
+    "weight_decay": "decoupled weight decay (AdamW's, with either optimizer) on matrices only: not on "
+                    "norms, biases or embeddings",
     "seed": "seed of the weights and of the data's order",
     "eval_every": "the validation loss after every this many steps (0: never)",
     "peak_tflops": "each rank's peak TFLOP/s, to show the model FLOPs utilisation",
@@ -92,6 +94,7 @@ class TrainConfig:
     lr: float = 1e-3
     lr_schedule: str = "constant"
     warmup: int = 0
+    weight_decay: float = 0.01
     seed: int = 0
     eval_every: int = 0  # the validation loss after every this many steps (0: never)
     peak_tflops: float | None = None  # each rank's peak, for the model FLOPs utilisation (None: not shown)
@@ -117,8 +120,9 @@ class TrainConfig:
                              f"sequence_parallel={self.sequence_parallel}: an expert's capacity is a share "
                              "of each sequence, which context (or sequence) parallelism cuts over ranks "
                              "that route their parts apart; use capacity_factor=None or keep sequences whole")
-        if not (_number(self.aux_loss) and self.aux_loss >= 0):
-            raise ValueError(f"aux_loss must be 0 or more; got {self.aux_loss!r}")
+        for name in ("aux_loss", "weight_decay"):
+            if not (_number(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be 0 or more; got {getattr(self, name)!r}")
         _whole(self.seed, "seed", 0)
         _whole(self.eval_every, "eval_every", 0)
         _whole(self.warmup, "warmup", 0)

@@ -64,7 +64,25 @@ def optimizer_of(config: TrainConfig) -> Callable[[Iterable[nn.Parameter]], torc
     """What builds the config's optimizer over some weights: AdamW, or plain SGD."""
     if config.optimizer == "sgd":
         return functools.partial(torch.optim.SGD, lr=config.lr)
-    return functools.partial(torch.optim.AdamW, lr=config.lr, eps=ADAMW_EPS)
+    return functools.partial(torch.optim.AdamW, lr=config.lr, eps=ADAMW_EPS, weight_decay=0.0)  # (`decay`)
+
+
+def decays(config: TrainConfig, name: str, dims: int) -> bool:
+    """Whether a weight (by its one-process name) takes weight decay: a linear layer's matrix, not a
+    norm's weight or a bias (fewer dims), nor an embedding table or a head tied to one."""
+    table = name.endswith(("tokens.weight", "positions.weight")) or (
+        config.tie and name == f"{config.layers + 1}.out.weight")
+    return dims >= 2 and not table
+
+
+def decay(weights: list[tuple[torch.Tensor, torch.Tensor | float]], lr: float, weight_decay: float) -> None:
+    """AdamW's decoupled weight decay, taken just before the optimizer's step: each weight shrinks by
+    lr x weight_decay where its mask is 1 (a mask picks the matrices out of a ZeRO chunk)."""
+    if not weight_decay:
+        return
+    with torch.no_grad():
+        for weight, mask in weights:
+            weight.mul_(1 - lr * weight_decay * mask)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -104,6 +122,7 @@ def reference(config: TrainConfig) -> dict:
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     moe = [m for m in model.modules() if isinstance(m, Experts)]
+    decaying = [(w, 1.0) for name, w in model.named_parameters() if decays(config, name, w.dim())]
     for step in range(start, config.steps):
         for layer in moe:
             layer.load.zero_()
@@ -115,6 +134,7 @@ def reference(config: TrainConfig) -> dict:
         if step == start:
             first = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
         set_lr(optimizer, config.lr_at(step))
+        decay(decaying, config.lr_at(step), config.weight_decay)
         optimizer.step()
         losses.append(loss.item())
         if config.eval_every and (step + 1) % config.eval_every == 0:
@@ -219,7 +239,7 @@ class _Averaging:
     so a stage's buckets start reducing during its last backward pass while the others compute."""
 
     def __init__(self, stages: dict[int, nn.Module], config: TrainConfig, data_group, expert_data_group,
-                 tied: Callable[[], None]) -> None:
+                 tied: Callable[[], None], names: dict[int, str]) -> None:
         held = nn.ModuleList(stages[s] for s in sorted(stages))
         self.zero, self.tied, self.held, self.config = config.zero, tied, held, config
         self.peak = {"parameters": 0, "gradients": 0, "optimizer": 0}
@@ -243,6 +263,13 @@ class _Averaging:
                                             prefetch=config.zero == 3, ignored_params=self.experts)
         self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
         self.optimizer = make(self.own) if self.own else None
+        self.decaying = [(w, 1.0) for w in self.own if decays(config, names[id(w)], w.dim())]
+        sharded = zip(self.sharded.master, self.sharded.units, strict=True) if config.zero is not None else ()
+        for master, unit in sharded:
+            mask = master.new_zeros(master.shape)  # the elements of the chunk that are a matrix's
+            for parameter, shape, part in zip(unit.parameters, unit.shapes, unit.parts, strict=True):
+                mask[part] = float(decays(config, names[id(parameter)], len(shape)))
+            self.decaying.append((master, mask))
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
         self.kept: dict[int, torch.Tensor] = {}  # each own weight's averaged gradient, when a step keeps them
@@ -276,6 +303,7 @@ class _Averaging:
         if keep_gradients:
             self.kept = {id(w): torch.zeros_like(w) if w.grad is None else w.grad.detach().clone()
                          for w in self.own}
+        decay(self.decaying, lr, self.config.weight_decay)
         if self.zero is not None:
             set_lr(self.sharded.optimizer, lr)
             self.sharded.step()
@@ -312,7 +340,9 @@ class _Averaging:
         """What the footprint formulas say this rank's weights, gradients and optimizer state peak at
         (fp32, 4 bytes a value): ZeRO's stage over the dp x cp ranks for the weights it shards, with
         a unit's full gradients before their reduce-scatter (stages 2 and 3) and two units' full
-        weights (stage 3: the one in use, the next one on its way); the rest (experts) in full."""
+        weights (stage 3: the one in use, the next one on its way), besides a tied embedding and head
+        that one stage holds, gathered from the head's backward to the embedding's; the rest
+        (experts) in full."""
         optimizer = "adam" if self.config.optimizer == "adamw" else self.config.optimizer
         found = dict.fromkeys(("parameters", "gradients", "optimizer"), 0.0)
         if self.own:
@@ -323,7 +353,9 @@ class _Averaging:
             ranks = self.config.dp * self.config.cp
             sharded = sharded_bytes(sum(lengths), ranks, self.zero, "fp32", optimizer)
             unit = 4 * max(lengths)
-            found["parameters"] += sharded.weights + (2 * unit if self.zero == 3 else 0)
+            stages = {id(stage) for stage in self.held}
+            ends = 4 * sum(held.length for held in self.sharded.units if id(held.module) in stages)
+            found["parameters"] += sharded.weights + (2 * unit + ends if self.zero == 3 else 0)
             found["gradients"] += sharded.gradients + (unit if self.zero >= 2 else 0)
             found["optimizer"] += sharded.optimizer
         return found
@@ -383,7 +415,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
                    for w in m.replicated()], tensor_group, config.algorithm)
     averaging = _Averaging(stages, config, data_group, expert_data_group,
-                           _tied(config, schedule, grid, held, sources))
+                           _tied(config, schedule, grid, held, sources),
+                           {key: name for key, (name, _) in sources.items()})
     if resumed is not None:
         averaging.load_optimizer_state(_slices(full, resumed, sources))
     m = config.microbatches
