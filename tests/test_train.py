@@ -24,8 +24,9 @@ FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": S
            "zero": (None, 1, 2, 3), "sequence_parallel": (False, True), "recompute": (False, True),
            "tie": (False, True), "experts": (0, 4), "top_k": (1, 2), "ep": (1, 2),
            "optimizer": ("adamw", "sgd"), "precision": ("fp32", "bf16")}
-FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3), "weight_decay": (0.0, 0.1)}  # options that
-# never make a run invalid: paired with every accepted config without building it again
+FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3), "weight_decay": (0.0, 0.1),
+        "grad_clip": (None, 0.5)}  # options that never make a run invalid: paired with every accepted
+# config without building it again
 
 
 def _config(values: tuple) -> TrainConfig | None:
@@ -191,6 +192,7 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     ({"experts": 4, "aux_loss": -1}, "aux_loss must be 0 or more"),
     ({"experts": 4, "aux_loss": True}, "aux_loss must be 0 or more; got True"),
     ({"weight_decay": -0.1}, "weight_decay must be 0 or more; got -0.1"),
+    ({"grad_clip": 0}, r"grad_clip must be more than 0 \(None: no clipping\); got 0"),
     ({"experts": 4, "capacity_factor": True}, "capacity_factor must be more than 0 .*; got True"),
 ])
 def test_what_the_trainer_does_not_support_is_refused_by_name(options, message):
@@ -347,6 +349,16 @@ def test_full_recomputation_keeps_each_blocks_input_and_little_else(pools):
     kept = activations(3, True) - activations(2, True)
     assert 0 <= kept - 4 * 4 * 8 * 16 <= 64, kept
     assert activations(3, False) - activations(2, False) > 10 * kept  # q, k, v, scores, the MLP's, ...
+
+
+def test_clipping_scales_the_step_to_the_global_norm_as_one_process_does():
+    config = TrainConfig(optimizer="sgd", lr=0.5, weight_decay=0.0, steps=1, grad_clip=0.1)
+    free, clipped = (reference(dataclasses.replace(config, grad_clip=clip)) for clip in (None, 0.1))
+    norm = torch.stack([g.norm() for g in free["gradients"].values()]).norm()
+    assert norm > 0.1  # it clips: every step is the unclipped one times 0.1 / norm
+    for name, weight in model_of(config).named_parameters():
+        moved, want = clipped["weights"][name] - weight, (free["weights"][name] - weight) * 0.1 / norm
+        assert torch.allclose(moved, want.detach(), atol=1e-6), name
 
 
 @pytest.mark.parametrize("tie", [False, True])

@@ -1,5 +1,5 @@
-"""Timing helpers the benchmarks share: the slowest rank's median, and the link's alpha, beta
-and o fitted on the pool."""
+"""Measuring helpers the benchmarks share: the slowest rank's median, the link's alpha, beta and o
+fitted on the pool, and a process's own peak resident memory."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ import numpy as np
 from edulib.comm.cost import fit_alpha_beta
 from edulib.comm.workers import message_stream, ping_pong
 from edulib.launch import Pool
+
+
+def peak_resident() -> int:
+    """The most resident memory this process has had since it started its program, in bytes, as the
+    kernel counts it (VmHWM). Not `ru_maxrss`: on Linux that also holds the parent's size at the fork
+    that started it, so a child of a large process reads large."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
 def median_slowest(per_rank: list[dict], key: object) -> float:

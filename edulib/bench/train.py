@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import resource
 import statistics
 import time
 
@@ -15,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+from edulib.bench.timing import peak_resident
 from edulib.dp.zero import optimizer_state, tensor_bytes
 from edulib.launch import Pool
 from edulib.models import split
@@ -79,7 +79,7 @@ def resident_train(config: TrainConfig) -> dict:
     """Train the config on this rank (a fresh one) and say the most resident memory it ever had,
     as the kernel counts it, beside what the trainer counted."""
     report = train(config)
-    return {"resident": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "memory": report["memory"],
+    return {"resident": peak_resident(), "memory": report["memory"],
             "formula": report["memory_formula"]}
 
 

@@ -121,9 +121,11 @@ class ZeroDataParallel(Sharding):
         """Backward pass of one micro-batch's loss (scaled, for fp16); gradients accumulate."""
         (loss * self.loss_scale).backward()
 
-    def step(self) -> None:
+    def step(self, adjust: Callable[[], None] | None = None) -> None:
         """Average the gradients over the ranks, update this rank's master weights, and share the
-        new 16-bit weights as the stage needs; then zero the gradients for the next step."""
+        new 16-bit weights as the stage needs; then zero the gradients for the next step. `adjust`
+        runs once the master weights have their averaged gradients, before the update; it may give
+        them new ones (clipped, say), and `last_gradients` keeps the averaged ones."""
         if self.stage >= 2:
             self._end_pass()
         for index, unit in enumerate(self.units):
@@ -135,6 +137,9 @@ class ZeroDataParallel(Sharding):
                 else:
                     grad = self.grad_shards[index]
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
+            self.last_gradients[index] = self.master[index].grad  # (as averaged: `adjust` replaces it)
+        if adjust is not None:
+            adjust()
         if self.loss_scale != 1.0 and self._overflowed():
             self.loss_scale /= 2  # an overflow somewhere: skip this step, scale less
         else:
@@ -147,7 +152,6 @@ class ZeroDataParallel(Sharding):
                 unit.load(self._all_gather(index, new).result())
             else:
                 self.shards[index] = new
-            self.last_gradients[index] = self.master[index].grad
             self.master[index].grad = None
             if self.stage <= 1:
                 for parameter in unit.parameters:

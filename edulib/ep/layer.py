@@ -39,12 +39,19 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, Routing]:
         """The layer's output for (tokens, hidden) inputs, and how it routed them (capacity per each
         of `groups` runs of tokens)."""
-        routing = route(self.router(x), self.k, self.capacity_factor, groups)
+        routing = route(scores(self.router, x), self.k, self.capacity_factor, groups)
         y = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
             token, slot = ((routing.experts == index) & routing.kept).nonzero(as_tuple=True)
             y = y.index_add(0, token, expert(x[token]) * routing.weights[token, slot, None])
         return y, routing
+
+
+def scores(router: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The router's scores, in fp32 whatever autocast computes in (as Megatron's fp32 router): a
+    near tie between two experts should not be decided by bf16's rounding."""
+    with torch.autocast(x.device.type, enabled=False):
+        return router(x.float())
 
 
 @built_on_host
@@ -93,7 +100,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, Routing, dict]:
         """This rank's tokens through the layer: output, routing (capacity per each of `groups` runs
         of tokens), and the rows sent and received."""
-        routing = route(self.router(x), self.k, self.capacity_factor, groups)
+        routing = route(scores(self.router, x), self.k, self.capacity_factor, groups)
         token, slot = routing.kept.nonzero(as_tuple=True)
         order = routing.experts[token, slot].argsort(stable=True)  # grouped by expert, so by rank
         token, slot = token[order], slot[order]

@@ -49,6 +49,7 @@ HELP = {  # what each field means, for `edulib train --help`
     "lr": "learning rate (the peak, with a schedule)",
     "lr_schedule": "after warm-up: lr throughout, or a cosine decay to a tenth of lr at the last step",
     "warmup": "steps of linear warm-up from lr/warmup to lr",
+    "grad_clip": "clip the gradients' global norm, over every rank, to this (None: no clipping)",
     "weight_decay": "decoupled weight decay (AdamW's, with either optimizer) on matrices only: not on "
                     "norms, biases or embeddings",
     "seed": "seed of the weights and of the data's order",
@@ -95,6 +96,7 @@ class TrainConfig:
     lr_schedule: str = "constant"
     warmup: int = 0
     weight_decay: float = 0.01
+    grad_clip: float | None = None
     seed: int = 0
     eval_every: int = 0  # the validation loss after every this many steps (0: never)
     peak_tflops: float | None = None  # each rank's peak, for the model FLOPs utilisation (None: not shown)
@@ -120,6 +122,8 @@ class TrainConfig:
                              f"sequence_parallel={self.sequence_parallel}: an expert's capacity is a share "
                              "of each sequence, which context (or sequence) parallelism cuts over ranks "
                              "that route their parts apart; use capacity_factor=None or keep sequences whole")
+        if self.grad_clip is not None and not (_number(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip must be more than 0 (None: no clipping); got {self.grad_clip!r}")
         for name in ("aux_loss", "weight_decay"):
             if not (_number(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name} must be 0 or more; got {getattr(self, name)!r}")

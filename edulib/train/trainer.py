@@ -133,6 +133,8 @@ def reference(config: TrainConfig) -> dict:
         loss.backward()
         if step == start:
             first = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+        if config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         set_lr(optimizer, config.lr_at(step))
         decay(decaying, config.lr_at(step), config.weight_decay)
         optimizer.step()
@@ -263,18 +265,46 @@ class _Averaging:
                                             prefetch=config.zero == 3, ignored_params=self.experts)
         self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
         self.optimizer = make(self.own) if self.own else None
-        self.decaying = [(w, 1.0) for w in self.own if decays(config, names[id(w)], w.dim())]
-        sharded = zip(self.sharded.master, self.sharded.units, strict=True) if config.zero is not None else ()
-        for master, unit in sharded:
-            mask = master.new_zeros(master.shape)  # the elements of the chunk that are a matrix's
-            for parameter, shape, part in zip(unit.parameters, unit.shapes, unit.parts, strict=True):
-                mask[part] = float(decays(config, names[id(parameter)], len(shape)))
-            self.decaying.append((master, mask))
+        self.decaying = self._masked(lambda w, dims, _: decays(config, names[id(w)], dims))
+        self.counted: list[tuple[torch.Tensor, torch.Tensor | float]] = []  # see `count_once`
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
         self.kept: dict[int, torch.Tensor] = {}  # each own weight's averaged gradient, when a step keeps them
         self.kept_chunks: list[torch.Tensor] = []  # and this rank's chunks of ZeRO's
         self.sharding: list[tuple[str, float, float]] = []  # and ZeRO's collectives: kind, start, end
+
+    def _masked(self, pick: Callable[[nn.Parameter, int, bool], bool]) -> list[tuple[torch.Tensor,
+                                                                                      torch.Tensor | float]]:
+        """This rank's weights that `pick(weight, dims, sharded)` picks, each with a mask: 1 for a
+        weight of its own, and for each ZeRO master chunk 1 on the elements of the weights picked."""
+        found: list[tuple[torch.Tensor, torch.Tensor | float]] = [
+            (w, 1.0) for w in self.own if pick(w, w.dim(), False)]
+        sharded = zip(self.sharded.master, self.sharded.units, strict=True) if self.zero is not None else ()
+        for master, unit in sharded:
+            mask = master.new_zeros(master.shape)
+            for parameter, shape, part in zip(unit.parameters, unit.shapes, unit.parts, strict=True):
+                mask[part] = float(pick(parameter, len(shape), True))
+            found.append((master, mask))
+        return found
+
+    def count_once(self, counted: Callable[[int, bool], bool]) -> None:
+        """Which gradient elements this rank adds to the global norm: `counted(weight's id, sharded)`,
+        true on exactly one of the ranks that hold each (a ZeRO chunk is its rank's alone)."""
+        self.counted = self._masked(lambda w, _, sharded: counted(id(w), sharded))
+
+    def _clip(self) -> None:
+        """Scale every averaged gradient so that their norm over the whole model, each element counted
+        once over all the ranks, is at most grad_clip: `clip_grad_norm_` of one process."""
+        squares = torch.zeros(1, dtype=torch.float64)
+        for weight, mask in self.counted:
+            if weight.grad is not None:
+                squares += (weight.grad.double().square() * mask).sum()
+        with comm.labelled("norm"):
+            norm = comm.all_reduce(squares).sqrt().float()
+        scale = torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0)
+        for weight in [*self.own, *(self.sharded.master if self.zero is not None else [])]:
+            if weight.grad is not None:
+                weight.grad = weight.grad * scale  # (a new tensor: the averaged one may be kept)
 
     def accumulate(self) -> None:
         """From now on backward passes only accumulate gradients, until a stage's `last_backward`."""
@@ -304,12 +334,15 @@ class _Averaging:
             self.kept = {id(w): torch.zeros_like(w) if w.grad is None else w.grad.detach().clone()
                          for w in self.own}
         decay(self.decaying, lr, self.config.weight_decay)
+        clip = self._clip if self.config.grad_clip is not None else None
         if self.zero is not None:
             set_lr(self.sharded.optimizer, lr)
-            self.sharded.step()
+            self.sharded.step(clip)  # (with every rank's own gradients averaged by then too)
             self.sharding = list(self.sharded.spans)
             if keep_gradients:
                 self.kept_chunks = [chunk.clone() for chunk in self.sharded.last_gradients]
+        elif clip is not None:
+            clip()
         if self.optimizer is not None:
             set_lr(self.optimizer, lr)
             self.optimizer.step()
@@ -452,6 +485,17 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         first = position < config.ep if key in experts else position == 0
         return first and (t == 0 or index != WHOLE)
 
+    named = dict(full.named_parameters())
+
+    def counted(key: int, sharded: bool) -> bool:
+        """Whether this rank counts its slice of a weight's gradient in the global norm: where it
+        writes the slice (a tied head's copy is the embedding's), or for a ZeRO chunk, which is this
+        rank's alone in its group, where the slice is not a copy of another tp rank's."""
+        name, index = sources[key]
+        return name in named and ((t == 0 or index != WHOLE) if sharded else writes(key, index))
+
+    averaging.count_once(counted)
+
     report: dict = {"start": start, "seconds": [], "validation": {}}
     mine, checks, activations, events = [], [], [], []
     forwards = forward_only(schedule)
@@ -542,7 +586,7 @@ def by_axis(transfers: list[comm.Transfer], pipeline: set[int], context: set[int
     gradients' and ZeRO's weights' collectives (dp), and the tensor-parallel layers' (tp)."""
     sent = dict.fromkeys(AXES, 0)
     for transfer in transfers:
-        if transfer.direction == "loss":
+        if transfer.direction in ("loss", "norm"):  # (a step's loss, the gradients' norm)
             continue
         if transfer.operation == "send":
             axis = "pp" if set(transfer.ranks) <= pipeline else "cp"
