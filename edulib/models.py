@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from edulib.cp.ring import ring_attention
+from edulib.cp.ring import Context, ring_attention
 
 TOKENS = 3  # sequence length of the attention examples' inputs: (batch, tokens, hidden)
 HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
@@ -103,14 +103,14 @@ def reference_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.T
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal: bool = False,
-           context=None) -> torch.Tensor:
+           context: Context | None = None) -> torch.Tensor:
     """Scaled dot-product attention over `heads` heads of (batch, tokens, heads x head_dim) inputs;
-    `causal` hides every key after its query. With a `context` process group the tokens are this
-    rank's part of a sequence split over the group, attended round its ring (`edulib.cp`)."""
+    `causal` hides every key after its query. With a `context` the tokens are this rank's part of a
+    sequence cut over its group, attended round its ring (`edulib.cp`)."""
     batch, tokens, width = q.shape
     q, k, v = (t.reshape(batch, tokens, heads, width // heads).transpose(1, 2) for t in (q, k, v))
     if context is not None:
-        out = ring_attention(q, k, v, causal, group=context)
+        out = ring_attention(q, k, v, causal, context.layout, context.group, context.trace)
     else:
         scores = q @ k.transpose(-1, -2) / (width // heads) ** 0.5
         if causal:
@@ -122,7 +122,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal
 
 class SelfAttention(nn.Module):
     """GPT-style multi-head self-attention: one fused QKV projection, attention, an output projection
-    (`causal` for a language model; `context` a process group when the sequence is split over it).
+    (`causal` for a language model; a `Context` where the sequence is cut over ranks).
     Without `bias` no key bias gets a gradient that is zero but for rounding (softmax ignores it),
     which Adam would blow up into an update of lr either way."""
 

@@ -59,9 +59,9 @@ def test_a_run_resumes_from_a_checkpoint_on_any_layout_like_an_uninterrupted_one
     for name, weight in want[0].items():
         assert torch.allclose(got[0][name], weight, atol=1e-5, rtol=0), name
     assert got[1].keys() == want[1].keys()
-    for name, state in want[1].items():
+    for name, state in want[1].items():  # (moments of gradients up to 0.8, rounded apart by up to 3e-6)
         for key, value in state.items():
-            assert torch.allclose(got[1][name][key], value, atol=1e-6, rtol=1e-4), (name, key)
+            assert torch.allclose(got[1][name][key], value, atol=1e-5, rtol=1e-4), (name, key)
     then = _run(resumed, model, pools, resume=directory(tmp_path / "saved", 3))
     assert then["start"] == 3
     assert then["losses"] == pytest.approx(whole["losses"][3:], rel=1e-4)

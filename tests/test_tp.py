@@ -10,6 +10,7 @@ from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
 from edulib.models import TOKENS
 from edulib.tp.cost import LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
+from edulib.tp.vocab import vocab_parallel_bytes, vocab_parallel_cross_entropy
 from edulib.tp.workers import (
     LAYERS,
     case,
@@ -18,6 +19,8 @@ from edulib.tp.workers import (
     data_parallel_linear_step,
     tensor_layer_reference,
     tensor_layer_step,
+    vocab_parallel_step,
+    vocab_reference,
 )
 
 BATCH, WIDTH = 8, 16
@@ -140,3 +143,23 @@ def test_the_lecture_table_and_bytes_sent_are_one_formula_apart():
 def test_unknown_layout_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown layout 'pipeline'; choose one of " + ", ".join(LAYOUTS)):
         linear_traffic("pipeline", 1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_split_vocabulary_trains_as_the_whole_and_sends_what_the_formula_says(ranks, pools):
+    batch, tokens, hidden, vocab = 2, 8, 16, 32
+    want = vocab_reference(batch, tokens, hidden, vocab)
+    for algorithm in ("builtin", "ring"):
+        reports = pools(ranks).run(vocab_parallel_step, batch, tokens, hidden, vocab, algorithm=algorithm)
+        for report in reports:
+            rows = slice(report["rows"].start, report["rows"].stop)
+            assert rows.stop - rows.start == vocab // ranks
+            assert report["loss"] == pytest.approx(want["loss"], rel=1e-6)
+            torch.testing.assert_close(report["embedding"], want["embedding"][rows])
+            torch.testing.assert_close(report["head"], want["head"][rows])
+            assert report["sent"] == pytest.approx(vocab_parallel_bytes(batch * tokens, hidden, ranks))
+
+
+def test_the_split_cross_entropy_refuses_scores_that_miss_a_target(pools):
+    with pytest.raises(RankError, match=r"logits \(2, 8, 16\) must score every target \(2, 7\)"):
+        pools(2).run(vocab_parallel_cross_entropy, torch.zeros(2, 8, 16), torch.zeros(2, 7, dtype=torch.long))

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from edulib.cp.layout import balance, blocks_per_rank, pieces
 from edulib.launch import RankError
 from edulib.pp.schedules import SCHEDULES
 from edulib.train import TrainConfig, reference, text_batch, train
@@ -25,8 +26,8 @@ FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": S
            "tie": (False, True), "experts": (0, 4), "top_k": (1, 2), "ep": (1, 2),
            "optimizer": ("adamw", "sgd"), "precision": ("fp32", "bf16")}
 FREE = {"lr_schedule": ("constant", "cosine"), "warmup": (0, 3), "weight_decay": (0.0, 0.1),
-        "grad_clip": (None, 0.5)}  # options that never make a run invalid: paired with every accepted
-# config without building it again
+        "grad_clip": (None, 0.5), "cp_layout": ("contiguous", "zigzag")}  # options that never make a run
+# invalid: paired with every accepted config without building it again
 
 
 def _config(values: tuple) -> TrainConfig | None:
@@ -74,7 +75,7 @@ def _covering() -> list[TrainConfig]:
     valid = [(config, free) for config in accepted for free in itertools.product(*FREE.values())]
     chosen, pick = [], random.Random(0)
     while todo:
-        best = max(pick.sample(valid, 400), key=lambda c: (len(_pairs(c) & todo), -c[0].world))
+        best = max(pick.sample(valid, 1500), key=lambda c: (len(_pairs(c) & todo), -c[0].world))
         if not _pairs(best) & todo:
             best = next(c for c in valid if _pairs(c) & todo)
         chosen.append(best)
@@ -177,8 +178,9 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
      "cuts the model into 8 stages, but it has 4"),
     ({"dp": 4, "batch": 6}, "the batch of 6 sequences must split evenly over dp=4 ranks"),
     ({"tp": 3}, "heads must split evenly over tp=3 ranks"),
-    ({"cp": 3}, "splits the 16 tokens over cp=3 ranks"),
-    ({"cp": 2, "tp": 2, "sequence_parallel": True, "tokens": 6},
+    ({"cp": 3}, r"\(zigzag\) cuts the 16 tokens into 6 equal chunks over cp=3 ranks; use a multiple of 6"),
+    ({"cp": 2, "tokens": 6}, "cuts the 6 tokens into 4 equal chunks over cp=2 ranks"),
+    ({"cp": 2, "tp": 2, "sequence_parallel": True, "tokens": 6, "cp_layout": "contiguous"},
      "splits each rank's 3 tokens over tp=2 ranks; use tokens that are a multiple of 4"),
     ({"ep": 2, "experts": 4}, r"ep=2 shares each layer's experts out over ep of the dp x cp = 1 ranks"),
     ({"ep": 2, "dp": 2, "experts": 3}, r"it must divide both that and the experts \(3\)"),
@@ -198,6 +200,20 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
 def test_what_the_trainer_does_not_support_is_refused_by_name(options, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**options)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_zigzag_gives_every_context_parallel_rank_the_same_attention_work(layout, pools):
+    config = TrainConfig(cp=4, cp_layout=layout, hidden=16, heads=2, layers=2, tokens=16, batch=2,
+                         microbatches=2, steps=2, lr=3e-3)
+    reports = pools(4).run(train, config)
+    assert agrees(config, disagreement(reports[0], reference(config)))
+    chunk = config.tokens // pieces(config.cp, layout)  # blocks of chunk x chunk pairs, each call
+    calls = config.layers * config.microbatches
+    assert reports[0]["attention_work"] == [b * chunk ** 2 * calls for b in blocks_per_rank(4, layout)]
+    work = reports[0]["attention_work"]
+    assert sum(work) / len(work) / max(work) == pytest.approx(balance(4, layout))  # 5/8, then 1
+    TrainConfig(cp=2, tokens=6, cp_layout="contiguous")  # (zigzag refuses it: 4 chunks of 6 tokens)
 
 
 def test_the_ranks_must_match_the_layout(pool4):

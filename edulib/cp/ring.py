@@ -11,6 +11,8 @@ and values, each rank adding its queries' share, and one last step brings the su
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch.autograd import Function
@@ -19,6 +21,16 @@ from edulib import comm
 from edulib.cp.layout import token_ranges
 
 Part = list[range]  # the positions a rank holds, one range per chunk
+
+
+@dataclass
+class Context:
+    """Where a layer's sequence is cut: over `group`, as `layout` places the tokens; `trace`, if a
+    list, collects the attention blocks computed (as `ring_attention`'s)."""
+
+    group: object
+    layout: str = "contiguous"
+    trace: list | None = None
 
 
 def _offsets(part: Part) -> list[range]:

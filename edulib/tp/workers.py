@@ -1,6 +1,7 @@
 """Tensor parallelism's rank-side entry points, one place for the package, each beside the
 one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or attention layer),
 `sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
+`vocab_parallel_step` (a language model's ends with the vocabulary split),
 `cnn_step` (data-parallel convolutions, a tensor-parallel classifier),
 `data_parallel_linear_step` (the same layer data-parallel, for its bytes), `grid_step` (a
 Linear on a grid of ranks, `edulib.tp.grid`; `time_grids` times it) and `auto_parallel_step` (a
@@ -34,6 +35,7 @@ from edulib.tp.layers import (
 )
 from edulib.tp.ops import gather, sync_gradients
 from edulib.tp.sequence import layer_case
+from edulib.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 LAYERS = ("column", "column_split", "row", "row_split", "mlp", "attention")
 
@@ -199,6 +201,40 @@ def sequence_parallel_reference(batch: int = 2, tokens: int = 8, hidden: int = 1
 
 
 @built_on_host
+@built_on_host
+def vocab_case(batch: int, tokens: int, hidden: int, vocab: int, seed: int = 0
+               ) -> tuple[nn.Embedding, nn.Linear, torch.Tensor, torch.Tensor]:
+    """A language model's two ends (an embedding, a head), token ids and the next tokens."""
+    torch.manual_seed(seed)
+    ids, targets = torch.randint(vocab, (2, batch, tokens)).unbind(0)
+    return nn.Embedding(vocab, hidden), nn.Linear(hidden, vocab, bias=False), ids, targets
+
+
+def vocab_parallel_step(batch: int, tokens: int, hidden: int, vocab: int, seed: int = 0,
+                        algorithm: str = "builtin") -> dict:
+    """Embedding, tanh, head and cross-entropy with the vocabulary split over the ranks: the loss,
+    this rank's rows of both gradients, and the bytes sent by direction."""
+    embedding, head, ids, targets = vocab_case(batch, tokens, hidden, vocab, seed)
+    table = VocabParallelEmbedding(embedding, algorithm=algorithm)
+    out = ColumnParallelLinear(head, gather_output=False, algorithm=algorithm)
+    with count_communication() as transfers:
+        loss = vocab_parallel_cross_entropy(out(torch.tanh(table(ids))), targets, algorithm=algorithm)
+        loss.backward()
+    sent = {"forward": 0, "backward": 0}
+    for transfer in transfers:
+        sent[transfer.direction] += transfer.nbytes
+    return {"loss": loss.item(), "rows": table.rows, "embedding": table.table.weight.grad,
+            "head": out.weight.grad, "sent": sent}
+
+
+def vocab_reference(batch: int, tokens: int, hidden: int, vocab: int, seed: int = 0) -> dict:
+    """The same in one process, the scores whole: F.cross_entropy's loss and gradients."""
+    embedding, head, ids, targets = vocab_case(batch, tokens, hidden, vocab, seed)
+    loss = nn.functional.cross_entropy(head(torch.tanh(embedding(ids))).flatten(0, 1), targets.flatten())
+    loss.backward()
+    return {"loss": loss.item(), "embedding": embedding.weight.grad, "head": head.weight.grad}
+
+
 def grid_case(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
               ) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
     """A full Linear, its input and the probe (the loss is sum(output x probe))."""

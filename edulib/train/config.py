@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from edulib.checks import check_choice
 from edulib.comm import ALGORITHMS
+from edulib.cp.layout import LAYOUTS, pieces, token_ranges
 from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
 from edulib.train.data import VOCAB
@@ -25,6 +26,8 @@ HELP = {  # what each field means, for `edulib train --help`
     "pp": "pipeline-parallel ranks: the model cut into stages",
     "tp": "tensor-parallel ranks: each layer's matrices split (Megatron)",
     "cp": "context-parallel ranks: the sequence split, attention by ring",
+    "cp_layout": "which tokens each context-parallel rank holds: one chunk each (contiguous), or an early "
+                 "and a late chunk (zigzag), which gives every rank the same causal attention work",
     "ep": "expert-parallel ranks among the dp x cp ranks: each holds experts/ep of each layer",
     "schedule": "the pipeline schedule",
     "microbatches": "micro-batches per step (per data-parallel rank)",
@@ -60,7 +63,8 @@ HELP = {  # what each field means, for `edulib train --help`
     "resume": "a checkpoint to start from (any layout's, or one process's)",
 }
 CHOICES = {"schedule": SCHEDULES, "zero": ZERO, "precision": PRECISIONS,
-           "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES}
+           "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES,
+           "cp_layout": LAYOUTS}
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class TrainConfig:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    cp_layout: str = "zigzag"
     schedule: str = "1f1b"
     microbatches: int = 1
     chunks: int | None = None  # stages per device: None for the schedule's own
@@ -143,6 +148,7 @@ class TrainConfig:
         check_choice(self.schedule, SCHEDULES, "schedule")
         check_choice(self.optimizer, OPTIMIZERS, "optimizer")
         check_choice(self.lr_schedule, LR_SCHEDULES, "lr_schedule")
+        check_choice(self.cp_layout, LAYOUTS, "cp_layout")
         if not self.lr > 0:
             raise ValueError(f"lr must be more than 0; got {self.lr!r}")
         schedule = self.pipeline()  # the schedule's own checks: micro-batches, chunks
@@ -157,9 +163,10 @@ class TrainConfig:
         if self.hidden % self.heads or self.heads % self.tp:
             raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}, and the heads "
                              f"must split evenly over tp={self.tp} ranks")
-        if self.tokens % self.cp:
-            raise ValueError(f"context parallelism splits the {self.tokens} tokens over cp={self.cp} ranks; "
-                             f"use a multiple of {self.cp}")
+        cut = pieces(self.cp, self.cp_layout) if self.cp > 1 else 1
+        if self.tokens % cut:
+            raise ValueError(f"context parallelism ({self.cp_layout}) cuts the {self.tokens} tokens into "
+                             f"{cut} equal chunks over cp={self.cp} ranks; use a multiple of {cut}")
         if self.sequence_parallel and (self.tokens // self.cp) % self.tp:
             raise ValueError(f"sequence parallelism splits each rank's {self.tokens // self.cp} tokens over "
                              f"tp={self.tp} ranks; use tokens that are a multiple of {self.cp * self.tp}")
@@ -188,6 +195,12 @@ class TrainConfig:
             return self.lr
         progress = (step - self.warmup) / max(1, self.steps - 1 - self.warmup)
         return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+    def positions(self, rank: int) -> list[range]:
+        """The positions of the tokens context-parallel rank `rank` holds, one range per chunk."""
+        if self.cp == 1:
+            return [range(self.tokens)]
+        return token_ranges(self.tokens, rank, self.cp, self.cp_layout)
 
     @property
     def world(self) -> int:

@@ -31,11 +31,11 @@ class Embedding(nn.Module):
     def __init__(self, vocab: int, hidden: int, tokens: int) -> None:
         super().__init__()
         self.tokens, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(tokens, hidden)
-        self.first = 0  # the position of the first token this rank holds (context parallelism)
+        self.held: torch.Tensor | None = None  # the positions of the tokens held (context parallelism)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        where = torch.arange(self.first, self.first + ids.shape[1], device=ids.device)
-        return self.tokens(ids) + self.positions(where)
+        where = torch.arange(ids.shape[1]) if self.held is None else self.held
+        return self.tokens(ids) + self.positions(where.to(ids.device))
 
 
 class Head(nn.Module):

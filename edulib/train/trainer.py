@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from edulib import comm
 from edulib.comm.groups import Grid, subgroup
-from edulib.cp.layout import token_ranges
+from edulib.cp.ring import Context
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel, optimizer_state, tensor_bytes
 from edulib.ep.layer import ExpertParallelMoE
@@ -41,12 +41,13 @@ from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
 from edulib.recompute import Recomputed
-from edulib.tp.layers import Index, ParallelBlock
+from edulib.tp.layers import ColumnParallelLinear, Index, ParallelBlock, ParallelModule
 from edulib.tp.sequence import SequenceSplit
+from edulib.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from edulib.train import checkpoint
 from edulib.train.config import TrainConfig
 from edulib.train.data import VOCAB, text_batch
-from edulib.train.model import Embedding, Experts, gpt
+from edulib.train.model import Embedding, Experts, Head, gpt
 
 WHOLE = (slice(None),)
 ADAMW_EPS = 1e-6  # not 1e-8: a gradient near eps moves its weight by lr x g / (|g| + eps), and a
@@ -188,8 +189,8 @@ def agrees(config: TrainConfig, found: dict[str, float]) -> bool:
     return all(found[key] <= bound for key, bound in AGREE[config.precision].items())
 
 
-def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context, expert_group,
-           sequence_group, first_token: int) -> tuple[nn.Sequential, Sources]:
+def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_group, context: Context | None,
+           expert_group, sequence_group, positions: torch.Tensor) -> tuple[nn.Sequential, Sources]:
     """This rank's copy of one pipeline stage, and where each of its parameters comes from."""
     piece = copy.deepcopy(piece)  # a tied embedding and head in one stage stay one weight
     sources: Sources = {}
@@ -210,9 +211,16 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
             blocks.append(Recomputed(made, "full") if config.recompute else made)
             continue
         if isinstance(layer, Embedding):
-            layer.first = first_token
-        sources |= {id(w): (f"{index}.{name}", WHOLE)
-                    for name, w in layer.named_parameters(remove_duplicate=False) if id(w) not in sources}
+            layer.held = positions
+        if config.tp > 1 and isinstance(layer, Embedding):  # the vocabulary split, as Megatron's
+            layer.tokens = VocabParallelEmbedding(layer.tokens, tensor_group, algorithm=config.algorithm)
+        if config.tp > 1 and isinstance(layer, Head):
+            layer.out = ColumnParallelLinear(layer.out, gather_output=False, group=tensor_group,
+                                             algorithm=config.algorithm)
+            if config.tie and first_layer == 0:  # the embedding is in this stage: one weight still
+                layer.out.weight = piece[0].tokens.table.weight
+        sources |= {id(w): (f"{index}.{full}", where) for w, (full, where) in _parts_of(layer)
+                    if id(w) not in sources}
         (before if not blocks else after).append(layer)
     middle = nn.Sequential(*blocks)
     if config.sequence_parallel and blocks:
@@ -222,6 +230,14 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
     if config.precision == "fp32":
         edges = ([], [])
     return nn.Sequential(*edges[0], *before, *([middle] if blocks else []), *after, *edges[1]), sources
+
+
+def _parts_of(layer: nn.Module) -> list[tuple[nn.Parameter, tuple[str, Index]]]:
+    """Each parameter of a layer, with its name in the whole layer and the slice it holds: a
+    tensor-parallel part's own, the rest whole."""
+    parts = {f"{path}.{name}": (f"{path}.{full}", index) for path, module in layer.named_modules()
+             if isinstance(module, ParallelModule) for name, (full, index) in module.sources().items()}
+    return [(w, parts.get(name, (name, WHOLE))) for name, w in layer.named_parameters(remove_duplicate=False)]
 
 
 def _sum_over(parameters: list[nn.Parameter], group, algorithm: str) -> None:
@@ -424,12 +440,12 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     d, p, t, c = here["dp"], here["pp"], here["tp"], here["cp"]
     schedule = config.pipeline()
     tensor_group, data_group = grid.group("tp"), grid.group("dp", "cp")
-    context = grid.group("cp") if config.cp > 1 else None
+    context = Context(grid.group("cp"), config.cp_layout) if config.cp > 1 else None
     # experts: ep consecutive ranks of each dp x cp group share them out; every ep-th holds the same
     alike = grid.groups("dp", "cp")
     expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
     expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
-    [positions] = token_ranges(config.tokens, c, config.cp, "contiguous")
+    positions = torch.tensor([i for chunk in config.positions(c) for i in chunk])
     cut = ("cp", "tp") if config.sequence_parallel else ("cp",)  # the ranks that hold parts of a sequence
     parts = config.cp * (config.tp if config.sequence_parallel else 1)
     sequence_group = grid.group(*cut) if config.experts and parts > 1 else None
@@ -441,7 +457,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     stages, sources = {}, {}
     for s in schedule.stages_of(p):
         stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, expert_group,
-                                  sequence_group, positions.start)
+                                  sequence_group, positions)
         sources |= found
     held = nn.ModuleList(stages[s] for s in sorted(stages))
     if config.sequence_parallel:
@@ -462,13 +478,16 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     parts: list[torch.Tensor] = []  # kept on the device: no sync per micro-batch
 
     def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        value = lm_loss(logits, target) / m
+        if config.tp > 1:  # each rank holds its part of the vocabulary's scores
+            value = vocab_parallel_cross_entropy(logits, target, tensor_group, config.algorithm) / m
+        else:
+            value = lm_loss(logits, target) / m
         parts.append(value.detach())
         return value
 
     def run(plan: Schedule, split: str, step: int, memory: list | None = None) -> torch.Tensor:
         """One batch of the split through the pipeline; this rank's part of its mean loss."""
-        inputs, targets = (x[d * rows:(d + 1) * rows, positions.start:positions.stop].chunk(m)
+        inputs, targets = (x[d * rows:(d + 1) * rows, positions].chunk(m)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
         parts.clear()
         with compute(config):
@@ -503,7 +522,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     if bar is not None:
         bar.update(start)
     pipeline = set(neighbours.values())
-    context_ranks = set(dist.get_process_group_ranks(context)) if context else set()
+    context_ranks = set(dist.get_process_group_ranks(context.group)) if context else set()
     report["sent_by_step"] = []
     moe = [m for stage in held for m in stage.modules() if isinstance(m, Experts)]
     with comm.count_communication() as sent:
@@ -512,12 +531,17 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
             for layer in moe:
                 layer.load.zero_()
             averaging.accumulate()
+            if context is not None and step == start:  # the first step's attention blocks: each rank's work
+                context.trace = []
             mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
             # walks the graphs: once is enough)
             averaging.step(config.lr_at(step), keep_gradients=step == start)
             report["seconds"].append(time.perf_counter() - began)
             report["sent_by_step"].append(by_axis(sent[counted:], pipeline, context_ranks))
             if step == start:  # the first step's averaged gradients, assembled as the weights are
+                if context is not None:  # query-key pairs it scored, per sequence and head
+                    work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
+                    context.trace = None
                 reported = len(sent)
                 first = _gather(full, sources, averaging.kept_gradients(), writes)
                 del sent[reported:]  # the report's traffic, not the training's
@@ -544,6 +568,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
                          for s in report["seconds"]]
     report["sent"] = by_axis(sent, pipeline, context_ranks)
+    if context is not None:  # by cp rank (outside the count: no axis's traffic)
+        found = comm.all_gather(torch.tensor([work]), group=context.group)
+        report["attention_work"] = found.flatten().tolist()
     report["memory"] = averaging.peak | {
         "activations": max(held for _, held in activations)}
     report["memory_formula"] = averaging.formula()
