@@ -58,11 +58,19 @@ def test_each_axis_sends_what_its_formula_says(shape, pool4):
     config = TrainConfig(dp=dp, pp=pp, tp=tp, microbatches=2, batch=8, hidden=16, heads=2, tokens=8, steps=1,
                          algorithm="ring")
     activation = 4 * (config.batch // dp // config.microbatches) * config.tokens * config.hidden
-    for report in pool4.run(train, config):
+    rows = config.batch // dp // config.microbatches
+    grid = Grid(dp=dp, pp=pp, tp=tp)
+    for rank, report in enumerate(pool4.run(train, config)):
         sent, weights = report["sent"], report["memory"]["parameters"]
+        stage = grid.where(rank)["pp"]
         assert sent["dp"] == 2 * (dp - 1) * weights // dp  # the ring over the replicas, once per step
         # forward from stage 0, backward from stage 1: one activation per micro-batch
         assert sent["pp"] == config.microbatches * activation * (pp > 1)
         # each block (layers / pp per stage) all-reduces a whole activation four times per micro-batch
         blocks = config.layers // pp
-        assert sent["tp"] == (tp > 1) * 4 * config.microbatches * blocks * 2 * (tp - 1) * activation // tp
+        # and the vocabulary split: the embedding's all-reduce on the first stage; on the last, the
+        # loss's all-gather of two fp32 numbers per token and the head input's gradient all-reduced
+        ends = (stage == 0) + (stage == pp - 1)
+        loss = (stage == pp - 1) * (tp - 1) * 2 * rows * config.tokens * 4
+        assert sent["tp"] == (tp > 1) * config.microbatches * (
+            (4 * blocks + ends) * 2 * (tp - 1) * activation // tp + loss)
