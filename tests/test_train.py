@@ -190,7 +190,9 @@ def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
     ({"experts": 4, "top_k": 5}, r"top_k=5 routes each token to that many of the 4 experts; use 1 to 4"),
     ({"top_k": 2}, r"top_k=2 .* of the 0 experts"),
     ({"experts": 4, "capacity_factor": 0}, "capacity_factor must be more than 0"),
-    ({"experts": 4, "capacity_factor": 1.0, "cp": 2}, "capacity_factor=1.0 with cp=2, tp=1 and sequence_par"),
+    ({"experts": 4, "capacity_factor": 1.0, "cp": 2}, "capacity_factor=1.0 with cp=2 and tp=1: an expert's"),
+    ({"experts": 4, "capacity_factor": 1.0, "tp": 2}, "capacity_factor=1.0 with cp=1 and tp=2: an expert's"),
+    ({"experts": 4, "tp": 2, "tokens": 7}, "the experts' routing splits each rank's 7 tokens over tp=2"),
     ({"experts": 4, "aux_loss": -1}, "aux_loss must be 0 or more"),
     ({"experts": 4, "aux_loss": True}, "aux_loss must be 0 or more; got True"),
     ({"weight_decay": -0.1}, "weight_decay must be 0 or more; got -0.1"),
@@ -408,6 +410,17 @@ def test_top_2_routing_with_a_capacity_on_expert_parallel_ranks_trains_like_one_
     no_aux = reference(dataclasses.replace(config, aux_loss=0.0))  # and the loss moves the router
     router = "1.mlp.moe.router.weight"
     assert not torch.equal(no_aux["weights"][router], want["weights"][router])
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_ranks_route_a_part_of_the_tokens_each(sequence_parallel, pools):
+    config = TrainConfig(tp=2, experts=4, top_k=2, sequence_parallel=sequence_parallel, hidden=16, heads=2,
+                         layers=2, tokens=8, batch=2, steps=3, lr=3e-3)
+    reports = pools(2).run(train, config)
+    want = reference(config)
+    assert agrees(config, disagreement(reports[0], want)) and reports[0]["expert_load"] == want["expert_load"]
+    assignments = config.batch * config.tokens * config.layers * config.top_k
+    assert [report["routed"] for report in reports] == [assignments // 2] * 2  # no token's experts twice
 
 
 def test_zero3_shards_each_block_and_holds_what_the_formula_says(pools):

@@ -122,11 +122,12 @@ class TrainConfig:
         if factor is not None and (not _number(factor) or not factor > 0 or not self.experts):
             raise ValueError(f"capacity_factor must be more than 0 and needs experts (None: no limit); got "
                              f"{self.capacity_factor!r} with experts={self.experts}")
-        if self.capacity_factor is not None and (self.cp > 1 or self.sequence_parallel and self.tp > 1):
-            raise ValueError(f"capacity_factor={self.capacity_factor} with cp={self.cp}, tp={self.tp} and "
-                             f"sequence_parallel={self.sequence_parallel}: an expert's capacity is a share "
-                             "of each sequence, which context (or sequence) parallelism cuts over ranks "
-                             "that route their parts apart; use capacity_factor=None or keep sequences whole")
+        if self.capacity_factor is not None and self.cp * self.tp > 1:
+            raise ValueError(f"capacity_factor={self.capacity_factor} with cp={self.cp} and tp={self.tp}: an "
+                             "expert's capacity is a share of each sequence, which context parallelism cuts "
+                             "over ranks, and tensor parallelism too (its ranks route a part each, so that "
+                             "no expert computes a token twice), and they route their parts apart; use "
+                             "capacity_factor=None, or cp=1 and tp=1")
         if self.grad_clip is not None and not (_number(self.grad_clip) and self.grad_clip > 0):
             raise ValueError(f"grad_clip must be more than 0 (None: no clipping); got {self.grad_clip!r}")
         for name in ("aux_loss", "weight_decay"):
@@ -167,8 +168,9 @@ class TrainConfig:
         if self.tokens % cut:
             raise ValueError(f"context parallelism ({self.cp_layout}) cuts the {self.tokens} tokens into "
                              f"{cut} equal chunks over cp={self.cp} ranks; use a multiple of {cut}")
-        if self.sequence_parallel and (self.tokens // self.cp) % self.tp:
-            raise ValueError(f"sequence parallelism splits each rank's {self.tokens // self.cp} tokens over "
+        if (self.sequence_parallel or self.experts) and (self.tokens // self.cp) % self.tp:
+            split = "sequence parallelism" if self.sequence_parallel else "the experts' routing"
+            raise ValueError(f"{split} splits each rank's {self.tokens // self.cp} tokens over "
                              f"tp={self.tp} ranks; use tokens that are a multiple of {self.cp * self.tp}")
         if self.ep > 1 and (not self.experts or self.experts % self.ep or (self.dp * self.cp) % self.ep):
             raise ValueError(f"ep={self.ep} shares each layer's experts out over ep of the dp x cp = "

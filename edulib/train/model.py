@@ -22,6 +22,7 @@ from edulib.ep.layer import ExpertParallelMoE, MoE
 from edulib.ep.router import Routing
 from edulib.models import Block, built_on_host
 from edulib.recompute import recomputing
+from edulib.tp import ops
 from edulib.tp.layers import Index, ParallelModule
 
 
@@ -70,16 +71,26 @@ class Experts(ParallelModule):
     `load` adds up the tokens each expert received.
 
     A sequence may be cut over `sequence_group` (context parallelism, and tensor parallelism's
-    sequence split), of whose ranks `averaged` have their gradients averaged (the rest summed)."""
+    split), of whose ranks `averaged` have their gradients averaged (the rest summed). Ranks of a
+    `split` group that hold the same tokens route a part each, so no expert computes a token twice,
+    and gather the outputs."""
 
     def __init__(self, moe: MoE | ExpertParallelMoE, aux_loss: float = 0.0, sequence_group=None,
-                 averaged: int = 1) -> None:
+                 averaged: int = 1, split=None, algorithm: str = "builtin") -> None:
         super().__init__()
         self.moe, self.aux_loss, self.sequence_group, self.averaged = moe, aux_loss, sequence_group, averaged
+        self.split, self.algorithm = split, algorithm
         self.parts = dist.get_world_size(sequence_group) if sequence_group is not None else 1
         self.load = torch.zeros(moe.router.out_features, dtype=torch.long)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.split is None:
+            return self._route(x)
+        mine = self._route(ops.split(x, -2, self.split, self.algorithm))
+        return ops.gather(mine, -2, self.split, self.algorithm)
+
+    def _route(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens through their experts."""
         rows, tokens, hidden = x.shape
         y, routing = self.moe(x.reshape(-1, hidden), rows)[:2]
         if torch.is_grad_enabled() and not recomputing():

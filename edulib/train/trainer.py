@@ -4,14 +4,17 @@
 Rank r sits at (d, p, c, t) of a `Grid` of dp x pp x cp x tp ranks. Its pipeline stage (or
 stages, for the interleaved and V schedules) holds consecutive layers of the model; the blocks
 among them are tensor-parallel over the tp group (`ParallelBlock`, sequence-parallel between
-them with `sequence_parallel`), attend round the cp group's ring when the sequence is split
-(`edulib.cp`), and may be recomputed in backward (`recompute`). Micro-batches flow through the
+them with `sequence_parallel`; a mixture of experts routes each tp rank's part of the sequence,
+so that no expert computes a token twice), and so are the embedding's and the head's vocabulary.
+The blocks attend round the cp group's ring when the sequence is split (`edulib.cp`, on the
+`cp_layout`), and may be recomputed in backward (`recompute`). Micro-batches flow through the
 one pipeline executor on any schedule. The ranks that hold the same stage split the batch (dp)
 and the sequence (cp), so their gradients are averaged over that dp x cp group: by
 `DistributedDataParallel` and the optimizer, or by ZeRO (`zero`), which also takes the step.
 Weights that every tp rank holds whole but that saw only its part of the sequence (sequence
-parallelism's LayerNorms and biases) have their gradients summed over tp as they arrive; an
-embedding tied to a head on another stage has the two copies' gradients summed after backward.
+parallelism's LayerNorms and biases, the experts and routers) have their gradients summed over
+tp as they arrive; an embedding tied to a head on another stage has the two copies' gradients
+summed after backward.
 """
 
 from __future__ import annotations
@@ -202,7 +205,9 @@ def _stage(piece: nn.Sequential, first_layer: int, config: TrainConfig, tensor_g
                 moe = ExpertParallelMoE(moe, expert_group, config.algorithm)
             mlp = None
             if moe is not None:  # the balancing loss scaled as each micro-batch's loss is
-                mlp = Experts(moe, config.aux_loss / config.microbatches, sequence_group, config.cp)
+                mlp = Experts(moe, config.aux_loss / config.microbatches, sequence_group, config.cp,
+                              tensor_group if config.tp > 1 and not config.sequence_parallel else None,
+                              config.algorithm)
                 mlp.layer = index
             made = ParallelBlock(layer, tensor_group, config.algorithm, config.sequence_parallel, mlp)
             made.attention.context = context
@@ -446,9 +451,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
     expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
     positions = torch.tensor([i for chunk in config.positions(c) for i in chunk])
-    cut = ("cp", "tp") if config.sequence_parallel else ("cp",)  # the ranks that hold parts of a sequence
-    parts = config.cp * (config.tp if config.sequence_parallel else 1)
-    sequence_group = grid.group(*cut) if config.experts and parts > 1 else None
+    # the ranks whose experts route parts of a sequence: the cp ranks', cut again over the tp ranks
+    sequence_group = grid.group("cp", "tp") if config.experts and config.cp * config.tp > 1 else None
     full = model_of(config)
     resumed = optimizer_of(config)(full.parameters()) if config.resume else None
     start = _resume(config, full, resumed)
@@ -463,6 +467,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     if config.sequence_parallel:
         _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
                    for w in m.replicated()], tensor_group, config.algorithm)
+    elif config.tp > 1:  # each tp rank's experts saw its part of the tokens
+        _sum_over([w for stage in held for m in stage.modules() if isinstance(m, Experts)
+                   for w in m.parameters()], tensor_group, config.algorithm)
     averaging = _Averaging(stages, config, data_group, expert_data_group,
                            _tied(config, schedule, grid, held, sources),
                            {key: name for key, (name, _) in sources.items()})
@@ -578,8 +585,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
     if config.experts:  # the last step's tokens per expert, each routed token counted once
         load = torch.zeros(config.layers, config.experts)
-        for layer in moe if t == 0 or config.sequence_parallel else []:
+        for layer in moe:  # (the tp ranks route parts of the tokens)
             load[layer.layer - 1] += layer.load.cpu()
+        report["routed"] = int(load.sum())  # the expert assignments this rank made
         report["expert_load"] = comm.all_reduce(load).long().tolist()
     gathered = _gather(full, sources, averaging.weights(), writes)
     return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
