@@ -99,3 +99,23 @@ def test_the_run_checkpoints_when_asked(tmp_path):
     reference(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-4", "step-5"]
     assert not dataclasses.replace(config, checkpoint=None, checkpoint_every=0).saves_after(5)
+
+
+def test_a_save_or_load_holds_its_share_and_one_layer_at_most(pools, tmp_path):
+    # ZeRO-3 over 4 ranks: each holds a quarter of the weights and optimizer state; the checkpoint is
+    # the whole model's (weights and Adam's two moments, fp32), moved a layer at a time
+    config = TrainConfig(dp=4, zero=3, hidden=32, heads=2, layers=6, tokens=8, batch=4, steps=1,
+                         checkpoint=str(tmp_path))
+    saved = pools(4).run(train, config)
+    resumed = pools(4).run(train, dataclasses.replace(config, steps=2, checkpoint=None,
+                                                      resume=directory(tmp_path, 1)))
+    weights = saved[0]["weights"]
+    whole = 3 * 4 * sum(w.numel() for w in weights.values())
+    layer = max(3 * 4 * sum(w.numel() for name, w in weights.items() if name.split(".")[0] == str(index))
+                for index in range(config.layers + 2))
+    assert whole / 4 + layer < whole / 2  # (assembling the whole, as every rank once did, is far above)
+    for wrote, read in zip(saved, resumed, strict=True):
+        assert 0 < wrote["checkpoint_bytes"]["save"] <= whole / 4 + layer, (wrote["checkpoint_bytes"], layer)
+        assert 0 < read["checkpoint_bytes"]["load"] <= layer, (read["checkpoint_bytes"], layer)
+    assert resumed[0]["losses"][0] == pytest.approx(reference(dataclasses.replace(
+        config, steps=2, checkpoint=None))["losses"][1], rel=1e-4)

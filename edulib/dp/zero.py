@@ -185,11 +185,13 @@ class ZeroDataParallel(Sharding):
         self.peak = max(self.peak, sum(now.values()))
         self.peaks = {kind: max(held, now[kind]) for kind, held in self.peaks.items()}
 
+    def _full(self, index: int, chunk: torch.Tensor) -> torch.Tensor:
+        """Unit `index`'s full flat vector from this rank's chunk of it (at stage 0 it has it all)."""
+        return chunk if self.stage == 0 else self._all_gather(index, chunk).result()
+
     def _whole(self, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each unit's full flat vector from this rank's chunk of it (at stage 0 it has them all)."""
-        if self.stage == 0:
-            return chunks
-        return [self._all_gather(index, chunk).result() for index, chunk in enumerate(chunks)]
+        """Each unit's full flat vector from this rank's chunk of it."""
+        return [self._full(index, chunk) for index, chunk in enumerate(chunks)]
 
     def full_parameters(self) -> torch.Tensor:
         """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""
@@ -205,22 +207,21 @@ class ZeroDataParallel(Sharding):
         return {id(parameter): piece for flat, unit in zip(self._whole(chunks), self.units, strict=True)
                 for parameter, piece in zip(unit.parameters, unit.views(flat), strict=True)}
 
-    def optimizer_state(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Every parameter's optimizer state (Adam's moments, gathered, and its step), by its id:
-        what a checkpoint keeps, in the parameter's own shape."""
-        states = [self.optimizer.state[m] for m in self.master]
-        scalars = {key: t for state in states for key, t in state.items() if t.dim() == 0}
-        moments = {key: self.by_parameter([state[key] for state in states])
-                   for key in sorted({key for state in states for key, t in state.items() if t.dim() > 0})}
-        return {id(p): scalars | {key: pieces[id(p)] for key, pieces in moments.items()}
-                for unit in self.units for p in unit.parameters}
+    def unit_state(self, index: int, kind: str = "weight") -> dict[int, torch.Tensor]:
+        """Unit `index`'s parameters' fp32 master weights ("weight"), or one kind of their optimizer
+        state (Adam's "exp_avg", ...), each in its parameter's shape, gathered from the ranks, by the
+        parameter's id: a checkpoint takes them a unit and a kind at a time."""
+        master, unit = self.master[index], self.units[index]
+        chunk = master.detach() if kind == "weight" else self.optimizer.state[master][kind]
+        return {id(p): view for p, view in zip(unit.parameters, unit.views(self._full(index, chunk)),
+                                                strict=True)}
 
-    def load_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
-        """Take up each parameter's optimizer state (as `optimizer_state` gives it): this rank keeps
-        its chunk of every unit's moments."""
-        for master, unit in zip(self.master, self.units, strict=True):
-            first = state[id(unit.parameters[0])]
-            self.optimizer.state[master] = {
-                key: t.clone() if t.dim() == 0 else
-                torch.cat([state[id(p)][key].reshape(-1) for p in unit.parameters])[unit.lo:unit.hi].clone()
-                for key, t in first.items()}
+    def load_unit_state(self, index: int, state: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Take up unit `index`'s optimizer state (each of its parameters' by id: its step and each
+        kind in the parameter's shape): this rank keeps its chunk of the unit's moments."""
+        master, unit = self.master[index], self.units[index]
+        first = state[id(unit.parameters[0])]
+        self.optimizer.state[master] = {
+            key: t.clone() if t.dim() == 0 else
+            torch.cat([state[id(p)][key].reshape(-1) for p in unit.parameters])[unit.lo:unit.hi].clone()
+            for key, t in first.items()}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 KINDS = ("F", "B", "W")
 MESSAGES = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -95,7 +96,8 @@ Step = Action | Overlap  # what a row holds
 @dataclass(frozen=True)
 class Schedule:
     """Per-device action lists for `devices` devices, `microbatches` micro-batches, `chunks` stages
-    each, placed on the devices as `placement` says ("loop" or "v")."""
+    each, placed on the devices as `placement` says ("loop" or "v"). Frozen: what a walk over
+    every action finds (`kinds`, `split_backward`, `lowered`) is found once and kept."""
 
     name: str
     devices: int
@@ -115,19 +117,19 @@ class Schedule:
         """Model stages in all (devices x chunks)."""
         return self.devices * self.chunks
 
-    @property
+    @cached_property
     def lowered(self) -> bool:
         """Whether the rows spell out their sends and receives."""
         return any(action.is_message for row in self.actions for action in row)
 
-    @property
+    @cached_property
     def kinds(self) -> str:
         """The kinds of action every stage runs for every micro-batch: "FBW" with a split backward,
         "FB", or "F" for a forward-only schedule (inference, or a validation batch)."""
         present = {part.kind for row in self.actions for step in row for part in step.parts}
         return "FBW" if "W" in present else "FB" if "B" in present else "F"
 
-    @property
+    @cached_property
     def split_backward(self) -> bool:
         """Whether the backward pass is split into B (input gradient) and W (weight gradient)."""
         return any(action.kind == "W" for row in self.actions for action in row)

@@ -5,8 +5,9 @@ A checkpoint is what `torch.distributed.checkpoint.state_dict.get_state_dict` ma
 one-process model and its optimizer ({"model": ..., "optimizer": ...}), the step it was taken
 after, and the run it belongs to (`TrainConfig.run()`: the model's size, the data's seed, batch and
 length, the optimizer), so that a resume that would change the model or its data is refused by
-name. Every rank hands the whole of it to `dcp.save`, which writes each tensor once, spreading the
-writes over the ranks; every rank loads the whole of it and keeps its own slices.
+name. A run on many ranks writes it one layer at a time (`edulib.train.trainer`): each layer is
+assembled on one rank, which hands it to `dcp.save` with the others it was dealt; and each rank
+reads back, a layer at a time, only the layers it holds slices of.
 """
 
 from __future__ import annotations
@@ -35,27 +36,30 @@ def directory(root: str | os.PathLike, step: int) -> str:
 def save(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
          run: dict) -> None:
     """Write the one-process model's weights and its optimizer's state after `step` steps, and the
-    run's identity (on every rank of a run together, or in one process)."""
+    run's identity (one process)."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    write(directory, {"model": model_state, "optimizer": optimizer_state}, step, run)
+
+
+def write(directory: str | os.PathLike, state: dict, step: int, run: dict) -> None:
+    """Write a checkpoint, every rank of a run together (or one process): each hands over its part
+    of {"model": ..., "optimizer": ...} in `get_state_dict`'s names and shapes, any tensor of the
+    one-process model by one rank or several alike, and `dcp.save` writes each once."""
     with _quiet():
-        dcp.save({"model": model_state, "optimizer": optimizer_state, STEP: step, RUN: json.dumps(run)},
-                 checkpoint_id=directory, no_dist=not dist.is_initialized())
+        dcp.save({**state, STEP: step, RUN: json.dumps(run)}, checkpoint_id=directory,
+                 no_dist=not dist.is_initialized())
 
 
-def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, run: dict) -> int:
-    """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
-    optimizer's own hyperparameters (the run's config names them); the steps it was taken after.
-    Refuses, by name, a checkpoint of a run whose identity differs from `run`."""
+def check(directory: str | os.PathLike, run: dict) -> int:
+    """The steps a checkpoint was taken after; refuses, by name, a missing checkpoint or one of a
+    run whose identity differs from `run`."""
     if not (os.path.isdir(directory) and os.path.exists(os.path.join(directory, ".metadata"))):
         raise ValueError(f"no checkpoint at {os.fspath(directory)!r}: a checkpoint is a directory that "
                          "torch.distributed.checkpoint wrote (it holds a .metadata file)")
-    hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
-    state = {"model": model_state, "optimizer": optimizer_state, STEP: 0}  # made by a step of lr 0)
-    saved = {RUN: ""}
+    saved = {RUN: "", STEP: 0}
     try:
         with _quiet():
-            dcp.load(saved, checkpoint_id=directory, no_dist=not dist.is_initialized())
+            dcp.load(saved, checkpoint_id=directory, no_dist=True)
     except CheckpointException:
         raise ValueError(f"the checkpoint at {os.fspath(directory)!r} does not say which run wrote it (an "
                          "older edulib's?): resume from a checkpoint this edulib wrote") from None
@@ -67,17 +71,34 @@ def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.
         raise ValueError(f"the checkpoint at {os.fspath(directory)!r} belongs to a run with {was}; this one "
                          f"has {now}: resuming would change the model or its data (the layout, schedule, "
                          "ZeRO stage, precision, learning rate and steps may change)")
+    return int(saved[STEP])
+
+
+def read(directory: str | os.PathLike, state: dict) -> None:
+    """Fill `state` (a part of {"model": ..., "optimizer": ...} in `get_state_dict`'s names, its
+    tensors in their shapes) from a checkpoint, in place; each rank reads alone what it asks for."""
     try:
         with _quiet():
-            dcp.load(state, checkpoint_id=directory, no_dist=not dist.is_initialized())
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            dcp.load(state, checkpoint_id=directory, no_dist=True)
     except (CheckpointException, RuntimeError) as error:  # a missing key, a wrong shape (DCP's exception
         cause = str(error).strip().splitlines()[-1]  # holds the rank's whole traceback: its last line)
         raise ValueError(f"the checkpoint at {os.fspath(directory)!r} does not fit this model and optimizer "
                          f"(a different size, experts, tie or optimizer?): {cause}") from None
+
+
+def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, run: dict) -> int:
+    """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
+    optimizer's own hyperparameters (the run's config names them); the steps it was taken after.
+    Refuses, by name, a checkpoint of a run whose identity differs from `run`."""
+    step = check(directory, run)
+    hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
+    state = {"model": model_state, "optimizer": optimizer_state}  # made by a step of lr 0)
+    read(directory, state)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     for group, kept in zip(optimizer.param_groups, hyperparameters, strict=True):
         group.update(kept)
-    return int(state[STEP])
+    return step
 
 
 @contextlib.contextmanager

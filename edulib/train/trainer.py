@@ -71,6 +71,9 @@ def optimizer_of(config: TrainConfig) -> Callable[[Iterable[nn.Parameter]], torc
     return functools.partial(torch.optim.AdamW, lr=config.lr, eps=ADAMW_EPS, weight_decay=0.0)  # (`decay`)
 
 
+MOMENTS = {"adamw": ("exp_avg", "exp_avg_sq"), "sgd": ()}  # each optimizer's state per element
+
+
 def decays(config: TrainConfig, name: str, dims: int) -> bool:
     """Whether a weight (by its one-process name) takes weight decay: a linear layer's matrix, not a
     norm's weight or a bias (fewer dims), nor an embedding table or a head tied to one."""
@@ -122,7 +125,9 @@ def reference(config: TrainConfig) -> dict:
     loss, the validation losses, the first step's gradients and the final weights, by name."""
     model = model_of(config)
     optimizer = optimizer_of(config)(model.parameters())
-    start = _resume(config, model, optimizer)
+    start = _first_step(config)
+    if config.resume:
+        checkpoint.load(config.resume, model, optimizer, config.run())
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     moe = [m for m in model.modules() if isinstance(m, Experts)]
@@ -154,12 +159,11 @@ def reference(config: TrainConfig) -> dict:
             **({"expert_load": [layer.load.tolist() for layer in moe]} if moe else {})}
 
 
-def _resume(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load the config's checkpoint into the one-process model and optimizer, if it names one;
-    the step to start from."""
+def _first_step(config: TrainConfig) -> int:
+    """The step to start from: 0, or that of the checkpoint the config resumes from (if it fits)."""
     if config.resume is None:
         return 0
-    start = checkpoint.load(config.resume, model, optimizer, config.run())
+    start = checkpoint.check(config.resume, config.run())
     if start >= config.steps:
         raise ValueError(f"the checkpoint at {config.resume!r} was taken after {start} steps, and this run "
                          f"ends after steps={config.steps}: ask for more steps")
@@ -419,17 +423,31 @@ class _Averaging:
         own = {id(w): w.detach() for w in self.held.parameters()}
         return own if self.zero is None else own | self.sharded.gathered()
 
-    def optimizer_state(self) -> dict[int, dict[str, torch.Tensor]]:
-        """Every weight's optimizer state, by the weight's id: ZeRO's gathered from the group."""
-        own = {id(w): dict(self.optimizer.state.get(w, {})) for w in self.own}
-        return own if self.zero is None else own | self.sharded.optimizer_state()
+    def layer_state(self, keys: set[int], kind: str) -> dict[int, torch.Tensor]:
+        """Of these of this rank's weights (by id), each one's value ("weight") or one kind of its
+        optimizer state: its own, and ZeRO's gathered a unit at a time (every rank of the
+        data-parallel group asks for the same units in the same order)."""
+        found = {id(w): w.detach() if kind == "weight" else self.optimizer.state[w][kind]
+                 for w in self.own if id(w) in keys}
+        for index, unit in enumerate(self.sharded.units if self.zero is not None else ()):
+            if any(id(p) in keys for p in unit.parameters):
+                found |= {key: t for key, t in self.sharded.unit_state(index, kind).items() if key in keys}
+        return found
 
-    def load_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> None:
-        """Take up every weight's optimizer state (by the weight's id, in its shape here)."""
+    def load_optimizer_state(self, state: dict[int, dict[str, torch.Tensor]]) -> dict:
+        """Take up the optimizer state of the weights given (by id, in its shape here): each own
+        weight's, and each ZeRO unit's whose weights are all given; returns the rest, to come again."""
+        taken = set()
         for w in self.own:
-            self.optimizer.state[w] = {key: t.clone() for key, t in state[id(w)].items()}
-        if self.zero is not None:
-            self.sharded.load_optimizer_state(state)
+            if id(w) in state:
+                self.optimizer.state[w] = state[id(w)]
+                taken.add(id(w))
+        for index, unit in enumerate(self.sharded.units if self.zero is not None else ()):
+            ids = {id(p) for p in unit.parameters}
+            if ids <= state.keys():
+                self.sharded.load_unit_state(index, state)
+                taken |= ids
+        return {key: value for key, value in state.items() if key not in taken}
 
 
 def train(config: TrainConfig, progress: bool = False, log: str | None = None) -> dict:
@@ -454,8 +472,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     # the ranks whose experts route parts of a sequence: the cp ranks', cut again over the tp ranks
     sequence_group = grid.group("cp", "tp") if config.experts and config.cp * config.tp > 1 else None
     full = model_of(config)
-    resumed = optimizer_of(config)(full.parameters()) if config.resume else None
-    start = _resume(config, full, resumed)
+    start = _first_step(config)
+    if config.resume:  # the weights, read in place into the one-process model every rank builds
+        checkpoint.read(config.resume, {"model": {name: w.data for name, w in full.named_parameters()}})
     pieces = split(full, schedule.stages)
     starts = list(itertools.accumulate(map(len, pieces), initial=0))
     stages, sources = {}, {}
@@ -473,8 +492,9 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
     averaging = _Averaging(stages, config, data_group, expert_data_group,
                            _tied(config, schedule, grid, held, sources),
                            {key: name for key, (name, _) in sources.items()})
-    if resumed is not None:
-        averaging.load_optimizer_state(_slices(full, resumed, sources))
+    report: dict = {"start": start, "seconds": [], "validation": {},  # the checkpoint's bytes held at once
+                    "checkpoint_bytes": {"load": _read_optimizer(config, full, sources, averaging)
+                                         if config.resume else 0, "save": 0}}
     m = config.microbatches
     neighbours = {q: grid.rank(d, q, t, c) for q in range(config.pp)}
     links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
@@ -522,7 +542,6 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
 
     averaging.count_once(counted)
 
-    report: dict = {"start": start, "seconds": [], "validation": {}}
     mine, checks, activations, events = [], [], [], []
     forwards = forward_only(schedule)
     bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
@@ -550,7 +569,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
                     work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
                     context.trace = None
                 reported = len(sent)
-                first = _gather(full, sources, averaging.kept_gradients(), writes)
+                first = _gather(named, sources, averaging.kept_gradients(), writes)
                 del sent[reported:]  # the report's traffic, not the training's
             report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
                                   "compute": list(events),  # and ZeRO's gathers and reduce-scatters
@@ -562,7 +581,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
                 with torch.no_grad():
                     checks.append(run(forwards, "validation", 0))
             if config.saves_after(step + 1):
-                _save(config, step + 1, full, sources, averaging, writes)
+                most = _save(config, step + 1, full, sources, averaging, writes)
+                report["checkpoint_bytes"]["save"] = max(report["checkpoint_bytes"]["save"], most)
     if bar is not None:
         bar.close()
     totals = comm.all_reduce(torch.stack(mine + checks)) / (config.dp * config.cp)  # one sync for the run
@@ -589,7 +609,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
             load[layer.layer - 1] += layer.load.cpu()
         report["routed"] = int(load.sum())  # the expert assignments this rank made
         report["expert_load"] = comm.all_reduce(load).long().tolist()
-    gathered = _gather(full, sources, averaging.weights(), writes)
+    gathered = _gather(named, sources, averaging.weights(), writes)
     return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
 
 
@@ -685,50 +705,125 @@ def _tied(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleList, source
     return sum_copies
 
 
-def _gather(full: nn.Sequential, sources: Sources, weights: dict[int, torch.Tensor],
-            writes: Callable[[int, Index], bool], everywhere: bool = False) -> dict[str, torch.Tensor]:
-    """Every weight (or a tensor of each weight's shape) of the one-process model, assembled on rank
-    0 (or `everywhere`) from the slices the ranks hold: each slice is written by exactly one rank
-    (`writes`) and summed there."""
-    named = dict(full.named_parameters())
+def _gather(named: dict[str, torch.Tensor], sources: Sources, weights: dict[int, torch.Tensor],
+            writes: Callable[[int, Index], bool], root: int = 0) -> dict[str, torch.Tensor]:
+    """These weights of the one-process model (by name; or a tensor of each one's shape), assembled
+    on rank `root` from the slices the ranks hold: each slice is written by exactly one rank
+    (`writes`) and summed there. Every rank takes part."""
     offsets = dict(zip(named, itertools.accumulate((w.numel() for w in named.values()), initial=0),
                        strict=False))
     flat = torch.zeros(sum(w.numel() for w in named.values()))
     for key, (name, index) in sources.items():
-        if name in named and writes(key, index):
+        if name in named and key in weights and writes(key, index):
             start = offsets[name]
             flat[start:start + named[name].numel()].view(named[name].shape)[index] = weights[key]
-    if everywhere:
-        flat = comm.all_reduce(flat)
-    else:
-        comm.reduce(flat, root=0)
+    comm.reduce(flat, root=root)
     return {name: flat[offsets[name]:offsets[name] + w.numel()].view(w.shape) for name, w in named.items()}
 
 
-def _slices(full: nn.Sequential, optimizer: torch.optim.Optimizer, sources: Sources
-            ) -> dict[int, dict[str, torch.Tensor]]:
-    """Each of this rank's weights' optimizer state, by the weight's id: its slice of the
-    one-process optimizer's."""
-    named = dict(full.named_parameters(remove_duplicate=False))
-    return {key: {k: v if v.dim() == 0 else v[index] for k, v in optimizer.state.get(named[name], {}).items()}
-            for key, (name, index) in sources.items()}
+def _layers_of(named: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """The one-process model's weights (by name), layer by layer: what a checkpoint moves at once."""
+    layers: dict[str, dict[str, torch.Tensor]] = {}
+    for name, w in named.items():
+        layers.setdefault(name.split(".")[0], {})[name] = w
+    return list(layers.values())
+
+
+def _aliases(full: nn.Sequential) -> dict[str, str]:
+    """Every parameter name of the one-process model, to the name it is saved under (a tied head's
+    weight is its embedding's)."""
+    every = list(full.named_parameters(remove_duplicate=False))
+    first: dict[int, str] = {}
+    for name, w in every:
+        first.setdefault(id(w), name)
+    return {name: first[id(w)] for name, w in every}
+
+
+def _deal(sizes: list[int], ranks: int) -> list[int]:
+    """Which rank gets each of these sizes: the largest first, each to the rank with least so far."""
+    load, owner = [0] * ranks, [0] * len(sizes)
+    for item in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        owner[item] = min(range(ranks), key=lambda r: (load[r], r))
+        load[owner[item]] += sizes[item]
+    return owner
+
+
+def _storage_bytes(tensors: Iterable[torch.Tensor], known: Iterable[int] = ()) -> int:
+    """The bytes of the storages under these tensors, each once, leaving out those in `known`."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(size for pointer, size in seen.items() if pointer not in set(known))
 
 
 def _save(config: TrainConfig, step: int, full: nn.Sequential, sources: Sources, averaging: _Averaging,
-          writes: Callable[[int, Index], bool]) -> None:
-    """Checkpoint the run after `step` steps: every rank assembles the one-process model and
-    optimizer from the slices the ranks hold, and `torch.distributed.checkpoint` writes them."""
-    state = averaging.optimizer_state()
-    scalars = next(({k: v for k, v in s.items() if v.dim() == 0} for s in state.values() if s), {})
-    moments = {key: _gather(full, sources, {i: s[key] for i, s in state.items()}, writes, everywhere=True)
-               for key in sorted({k for s in state.values() for k, v in s.items() if v.dim() > 0})}
-    model = model_of(config)
-    weights = _gather(full, sources, averaging.weights(), writes, everywhere=True)
-    with torch.no_grad():
-        for name, w in model.named_parameters():
-            w.copy_(weights[name])
-    optimizer = optimizer_of(config)(model.parameters())
-    for name, w in model.named_parameters():
-        if moments:
-            optimizer.state[w] = scalars | {key: by_name[name].clone() for key, by_name in moments.items()}
-    checkpoint.save(checkpoint.directory(config.checkpoint, step), model, optimizer, step, config.run())
+          writes: Callable[[int, Index], bool]) -> int:
+    """Checkpoint the run after `step` steps, one layer of the one-process model at a time: the
+    slices the ranks hold of its weights and optimizer state are summed onto the rank the layer was
+    dealt to (by bytes, so each gets about its share), which keeps them, and then every rank hands
+    `torch.distributed.checkpoint` what it kept. No rank holds the whole. Returns the most bytes
+    this rank held for it at once (what it kept, the layer on its way, ZeRO's gathered unit)."""
+    named = dict(full.named_parameters())
+    layers = _layers_of(named)
+    owners = _deal([sum(w.numel() for w in layer.values()) for layer in layers], dist.get_world_size())
+    kinds, aliases = ("weight", *MOMENTS[config.optimizer]), _aliases(full)
+    training = {t.untyped_storage().data_ptr() for w in averaging.own
+                for t in (w, *averaging.optimizer.state.get(w, {}).values())} if averaging.own else set()
+    model_state, optimizer_state, kept, most = {}, {}, 0, 0
+    for layer, owner in zip(layers, owners, strict=True):
+        keys = {key for key, (name, _) in sources.items() if name in layer}
+        size = sum(4 * w.numel() for w in layer.values())
+        wholes = {}
+        for kind in kinds:  # a kind at a time: the layer's whole on its way, and ZeRO's gathered unit
+            values = averaging.layer_state(keys, kind)
+            whole = _gather(layer, sources, values, writes, owner)
+            most = max(most, kept + size + _storage_bytes(values.values(), training))
+            if dist.get_rank() == owner:
+                wholes[kind], kept = whole, kept + size
+        if wholes:  # (the model's state names a tied weight twice, the optimizer's once)
+            model_state |= {name: wholes["weight"][key] for name, key in aliases.items() if key in layer}
+            optimizer_state |= {name: {"step": torch.tensor(float(step)), **{k: wholes[k][name]
+                                                                              for k in kinds[1:]}}
+                                for name in layer if len(kinds) > 1}
+    order = list(named)
+    groups = [{**group, "params": [order[i] for i in group["params"]]}
+              for group in optimizer_of(config)(full.parameters()).state_dict()["param_groups"]]
+    checkpoint.write(checkpoint.directory(config.checkpoint, step),
+                     {"model": model_state, "optimizer": {"state": optimizer_state, "param_groups": groups}},
+                     step, config.run())
+    return most
+
+
+def _part(tensor: torch.Tensor, index: Index) -> torch.Tensor:
+    """A slice of a tensor to keep: the tensor itself if the slice is all of it, else a copy (which
+    lets the whole go)."""
+    return tensor if index == WHOLE or tensor.dim() == 0 else tensor[index].clone()
+
+
+def _read_optimizer(config: TrainConfig, full: nn.Sequential, sources: Sources, averaging: _Averaging) -> int:
+    """Take up the checkpoint's optimizer state one layer of the one-process model at a time: read
+    the layer's state where this rank holds a slice of it, keep the slices, and hand each ZeRO unit
+    over once all its weights are read. Returns the most bytes this rank held for it at once."""
+    moments, alias = MOMENTS[config.optimizer], _aliases(full)
+    pending: dict[int, dict[str, torch.Tensor]] = {}
+    most = 0
+    for layer in _layers_of(dict(full.named_parameters())) if moments else ():
+        wanted = {alias[name] for name, _ in sources.values()} & layer.keys()
+        if not wanted:
+            continue
+        state = {name: {"step": torch.zeros(()), **{k: torch.empty_like(layer[name]) for k in moments}}
+                 for name in wanted}
+        checkpoint.read(config.resume, {"optimizer": {"state": state}})
+        slices: dict[str, list[tuple[int, Index]]] = {}
+        for key, (name, index) in sources.items():
+            if alias[name] in wanted:
+                slices.setdefault(alias[name], []).append((key, index))
+        for name, keys in slices.items():  # a weight at a time, its whole let go once sliced
+            whole = state.pop(name)
+            pending |= {key: {k: _part(v, index) for k, v in whole.items()} for key, index in keys}
+            most = max(most, _storage_bytes(t for part in (state, pending, {name: whole})
+                                            for each in part.values() for t in each.values()))
+            del whole
+        pending = averaging.load_optimizer_state(pending)
+    if pending:
+        raise RuntimeError(f"{len(pending)} weights' optimizer state was read but not taken up")
+    return most
+
