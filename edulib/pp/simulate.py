@@ -189,10 +189,56 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
                   for part in step.parts) for step in steps[device]] for device in range(p)]
     finished: list[float | None] = [None] * (3 * stages * m)
     position, clock = [0] * p, [0.0] * p
+    timed: list[tuple[int, int, float, float]] = []
+    if cores is None:  # no device slows another: each runs ahead as far as its inputs allow
+        ready, blocked = list(range(p)), {}
+        while ready:
+            device = ready.pop()
+            row, done = rows[device], position[device]
+            while done < len(row):
+                needed = inputs[device][done]
+                missing = next((k for k in needed if finished[k] is None), None)
+                if missing is not None:
+                    blocked.setdefault(missing, []).append(device)
+                    break
+                arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
+                start = max([clock[device], *arriving]) + overhead * len(arriving)
+                end = start + times[device][done]
+                clock[device] = end + overhead * sends[device][done]
+                for key in row[done]:
+                    finished[key] = clock[device]
+                    ready += blocked.pop(key, ())
+                timed.append((device, done, start, end))
+                done += 1
+                if done < len(row):
+                    clock[device] += dispatch
+            position[device] = done
+    else:
+        _share_cores(rows, times, inputs, sends, held_by, finished, position, clock, timed, cores, t_comm,
+                     overhead, dispatch)
+    stuck = [device for device in range(p) if position[device] < len(rows[device])]
+    if stuck:
+        details = "; ".join(
+            f"device {device} waits at {steps[device][position[device]]} for " + ", ".join(
+                str(action_of(k, stages, m)) for k in inputs[device][position[device]] if finished[k] is None)
+            for device in stuck)
+        raise ValueError(f"{schedule.name} deadlocks: {details}")
+    events = [Event(device, steps[device][index], start, end)
+              for device, index, start, end in sorted(timed, key=lambda t: (t[3], t[0], t[2]))]
+    busy = tuple(sum(row) for row in times)
+    return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
+
+
+def _share_cores(rows: list[list[tuple[int, ...]]], times: list[list[float]], inputs: list[list[list[int]]],
+                 sends: list[list[int]], held_by: dict[int, int], finished: list[float | None],
+                 position: list[int], clock: list[float], timed: list, cores: int, t_comm: float,
+                 overhead: float, dispatch: float) -> None:
+    """`simulate` with devices sharing `cores`: one clock for all, each running action slowed to
+    min(1, cores / running); fills in `finished`, `position`, `clock` and `timed`."""
+    p = len(rows)
     waiting: dict[int, float] = {}  # device -> when its next action may start (inputs are there)
     running: dict[int, list[float]] = {}  # device -> [start, end at the current rate]
     blocked: dict[int, list[int]] = {}  # key not yet finished -> devices whose next action needs it
-    timed: list[tuple[int, int, float, float]] = []
     now, rate, free = 0.0, 1.0, list(range(p))  # free: devices that may go on now
     while True:
         for device in sorted(free):
@@ -209,7 +255,7 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
         for device in [d for d, start in waiting.items() if start <= now]:
             start = waiting.pop(device)
             running[device] = [start, now + times[device][position[device]] / rate]
-        new_rate = 1.0 if cores is None else min(1.0, cores / max(len(running), 1))
+        new_rate = min(1.0, cores / max(len(running), 1))
         if new_rate != rate:  # the work left on each running action, at the new speed
             for span in running.values():
                 span[1] = now + (span[1] - now) * rate / new_rate
@@ -228,16 +274,6 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
             if position[device] < len(rows[device]):
                 clock[device] += dispatch
             free += [device, *(d for key in rows[device][index] for d in blocked.pop(key, []))]
-    stuck = [device for device in range(p) if position[device] < len(rows[device])]
-    if stuck:
-        details = "; ".join(
-            f"device {device} waits at {steps[device][position[device]]} for " + ", ".join(
-                str(action_of(k, stages, m)) for k in inputs[device][position[device]] if finished[k] is None)
-            for device in stuck)
-        raise ValueError(f"{schedule.name} deadlocks: {details}")
-    events = [Event(device, steps[device][index], start, end) for device, index, start, end in timed]
-    busy = tuple(sum(row) for row in times)
-    return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
 
 
 def _given(durations: Mapping[Action, float], action: Action) -> float:

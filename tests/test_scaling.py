@@ -1,0 +1,52 @@
+"""How the hot paths' time grows with their work: 4x the work must take under 8x the time where
+the algorithm is linear (a quadratic path takes 16x). Ratios of two sizes timed in the same test,
+each the best of several runs, never a time against a clock: noise slows both sizes alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from edulib.pp import simulate
+from edulib.pp.lower import lower
+from edulib.pp.schedules import SCHEDULES, build_schedule
+
+DEVICES, SMALL, LARGE = 8, 64, 256  # micro-batches: 4x the actions
+
+
+def _best(work: Callable[[], object], repeats: int = 5) -> float:
+    """The fastest of a few runs, in seconds (the least disturbed by whatever else runs)."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def _growth(make: Callable[[int], object], run: Callable[[object], object]) -> float:
+    """How many times longer `run` takes on the large input than on the small one."""
+    small, large = make(SMALL), make(LARGE)
+    return _best(lambda: run(large)) / _best(lambda: run(small))
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_the_simulator_takes_time_in_proportion_to_the_actions(name):
+    growth = _growth(lambda m: build_schedule(name, DEVICES, m), lambda s: simulate(s, 1.0, 2.0, 1.0))
+    assert growth < 8, f"4x the actions took {growth:.1f}x the time"
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb_v"])
+def test_sharing_cores_and_lowering_take_time_in_proportion_to_the_actions(name):
+    make = lambda m: build_schedule(name, DEVICES, m)  # noqa: E731
+    for run in (lambda s: simulate(s, 1.0, 2.0, 1.0, cores=2), lower):
+        growth = _growth(make, run)
+        assert growth < 8, f"4x the actions took {growth:.1f}x the time"
+
+
+@pytest.mark.parametrize("name", ["gpipe", "zero_bubble"])
+def test_building_a_schedule_takes_time_in_proportion_to_the_actions(name):
+    growth = _growth(lambda m: m, lambda m: build_schedule(name, DEVICES, m))
+    assert growth < 8, f"4x the actions took {growth:.1f}x the time"
