@@ -75,32 +75,37 @@ def torch_train(config: TrainConfig, kind: str) -> dict:
             + tensor_bytes(_local(t) for t in optimizer_state(optimizer))}
 
 
-def resident_train(config: TrainConfig) -> dict:
-    """Train the config on this rank (a fresh one) and say the most resident memory it ever had,
-    as the kernel counts it, beside what the trainer counted."""
+def resident_train(config: TrainConfig, kind: str | None = None) -> dict:
+    """Train the config on this rank (a fresh one), by the trainer or PyTorch's own `kind`, and say
+    the most resident memory it ever had, as the kernel counts it, beside what the trainer counted."""
+    if kind is not None:
+        torch_train(config, kind)
+        return {"resident": peak_resident()}
     report = train(config)
-    return {"resident": peak_resident(), "memory": report["memory"],
-            "formula": report["memory_formula"]}
+    return {"resident": peak_resident(), "memory": report["memory"], "formula": report["memory_formula"]}
 
 
 def bench_resident(backend: str = "gloo") -> str:
     """The most resident memory of 2 data-parallel ranks training a 25M-parameter model (hidden 512,
-    8 blocks) beyond a tiny one's, with no ZeRO and with ZeRO-3 (per block), each on fresh ranks;
-    beside the parameter bytes the trainer reports and the formula's."""
-    base = dict(dp=2, heads=4, tokens=32, batch=4, microbatches=2, steps=3)
-    runs = {"tiny": TrainConfig(hidden=16, layers=2, **base),
-            "no ZeRO": TrainConfig(hidden=512, layers=8, **base),
-            "ZeRO-3": TrainConfig(hidden=512, layers=8, zero=3, **base)}
+    8 blocks) beyond a tiny one's, with no ZeRO and with ZeRO-3 (per block), and PyTorch's DDP and
+    FSDP2 (per block) alike, each on fresh ranks; beside the parameter bytes the trainer reports
+    and the formula's."""
+    base = dict(dp=2, heads=4, tokens=32, batch=4, microbatches=2, steps=3, weight_decay=0.0)
+    big = TrainConfig(hidden=512, layers=8, **base)
+    runs = {"tiny": (TrainConfig(hidden=16, layers=2, **base), None), "no ZeRO": (big, None),
+            "ZeRO-3": (TrainConfig(hidden=512, layers=8, zero=3, **base), None),
+            "torch DDP": (big, "ddp"), "torch FSDP2": (big, "fsdp")}
     found = {}
-    for name, config in runs.items():
+    for name, (config, kind) in runs.items():
         with Pool(2, backend, timeout=600) as pool:
-            found[name] = pool.run(resident_train, config)
+            found[name] = pool.run(resident_train, config, kind)
     tiny = max(r["resident"] for r in found["tiny"])
-    plain = max(r["resident"] for r in found["no ZeRO"]) - tiny
-    rows = [(name, format_bytes(max(r["resident"] for r in reports) - tiny),
-             f"{(max(r['resident'] for r in reports) - tiny) / plain:.2f}x",
-             format_bytes(max(r["memory"]["parameters"] for r in reports)),
-             format_bytes(max(r["formula"]["parameters"] for r in reports)))
+    beyond = {name: max(r["resident"] for r in reports) - tiny for name, reports in found.items()}
+
+    def counted(reports: list[dict], key: str) -> str:
+        return format_bytes(max(r[key]["parameters"] for r in reports)) if key in reports[0] else "-"
+    rows = [(name, format_bytes(beyond[name]), f"{beyond[name] / beyond['no ZeRO']:.2f}x",
+             counted(reports, "memory"), counted(reports, "formula"))
             for name, reports in found.items() if name != "tiny"]
     return ("peak resident memory of 2 data-parallel ranks (hidden 512, 8 blocks, 25M parameters, AdamW, "
             f"fp32), beyond a tiny model's ({format_bytes(tiny)}), {backend} on {platform.node()}\n\n"

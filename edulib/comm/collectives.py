@@ -131,15 +131,19 @@ def all_gather(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
 
 
 def all_gather_chunks(chunk: torch.Tensor, length: int, algorithm: str = "builtin",
-                      group: Group = None) -> torch.Tensor:
+                      group: Group = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse of `reduce_scatter`: a flat vector of `length` whose chunk r (of N nearly equal
-    chunks, some maybe empty) comes from group rank r, which passes it as `chunk`."""
+    chunks, some maybe empty) comes from group rank r, which passes it as `chunk`; written into
+    `out` (flat, of `length`) if given."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     bounds = chunk_bounds(length, n)
     if chunk.numel() != bounds[rank + 1] - bounds[rank]:
         raise ValueError(f"group rank {rank} must hand chunk {rank} of a vector of {length} over {n} ranks, "
                          f"{bounds[rank + 1] - bounds[rank]} elements; got {chunk.numel()}")
-    flat = chunk.new_empty(length)
+    if out is not None and (out.dim() != 1 or out.numel() != length or out.dtype != chunk.dtype):
+        raise ValueError(f"out must be a flat {chunk.dtype} vector of {length}; "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    flat = chunk.new_empty(length) if out is None else out
     flat[bounds[rank]:bounds[rank + 1]] = chunk.reshape(-1)
 
     def builtin() -> None:  # torch's own needs equal pieces: pad each chunk to the longest

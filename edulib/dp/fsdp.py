@@ -64,6 +64,7 @@ class FullyShardedDataParallel(Sharding, nn.Module):
 
     def _free(self, index: int) -> None:
         """Make every parameter its part of the fp32 chunk again (the full weights are freed)."""
+        self._settle(index)
         unit = self.units[index]
         unit.free()
         for parameter, part in zip(unit.parameters, unit.parts, strict=True):

@@ -77,15 +77,21 @@ class Unit:
         return [flat[a:b].view(shape)
                 for (a, b), shape in zip(itertools.pairwise(self.offsets), self.shapes, strict=True)]
 
+    def filled(self, like: torch.Tensor) -> torch.Tensor:
+        """The unit's buffer, its memory there again (a gather writes straight into it)."""
+        if self.buffer is None:
+            self.buffer = like.new_empty(self.length)
+        storage = self.buffer.untyped_storage()
+        if storage.nbytes() == 0:
+            storage.resize_(self.buffer.nbytes)
+        return self.buffer
+
     def load(self, flat: torch.Tensor) -> None:
-        """Make the full weights these values: copied into the unit's buffer (the first becomes it),
-        and every parameter pointed at its piece of the buffer."""
+        """Make the full weights these values (the first becomes the buffer; the buffer itself, if a
+        gather wrote into it), and every parameter pointed at its piece of the buffer."""
         if self.buffer is None:
             self.buffer = flat
-        else:
-            storage = self.buffer.untyped_storage()
-            if storage.nbytes() == 0:
-                storage.resize_(self.buffer.nbytes)
+        elif flat is not self.filled(flat):
             self.buffer.copy_(flat)
         for parameter, piece in zip(self.parameters, self.views(self.buffer), strict=True):
             parameter.data = piece
@@ -138,6 +144,13 @@ class Sharding:
         """Drop unit `index`'s full weights after use."""
         raise NotImplementedError
 
+    def _settle(self, index: int) -> None:
+        """Before a unit's buffer is freed: let a gather into it that started early finish (its
+        weights are gathered again when next needed)."""
+        coming = self._coming.pop(index, None)
+        if coming is not None:
+            coming.result()
+
     def _measure(self) -> None:
         """Called whenever what the rank holds may have peaked (ZeRO counts it)."""
 
@@ -157,9 +170,13 @@ class Sharding:
     def _all_gather(self, index: int, chunk: torch.Tensor | None = None) -> Future:
         """Unit `index`'s full flat vector from every rank's chunk of it (its `_chunk`), to come."""
         with comm.labelled("parameters"):
-            chunk = self._chunk(index) if chunk is None else chunk
+            if chunk is None:  # the unit's own weights: straight into its buffer, no temporary
+                chunk = self._chunk(index)
+                out = self.units[index].filled(chunk)
+            else:
+                out = None
             return self._submit("gather", comm.all_gather_chunks, chunk, self.units[index].length,
-                                self.gather_with, self.group)
+                                self.gather_with, self.group, out)
 
     def _gather(self, index: int, ahead: int) -> None:
         """Load a unit's full weights (gathered now, or earlier), and maybe start the next one's."""

@@ -115,6 +115,7 @@ class ZeroDataParallel(Sharding):
     def _free(self, index: int) -> None:
         """Stage 3 frees the unit's full weights (stage 2 keeps them)."""
         if self.stage == 3:
+            self._settle(index)
             self.units[index].release()
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -173,7 +174,8 @@ class ZeroDataParallel(Sharding):
         weights += self.shards if self.stage == 3 else []
         where = set(map(_storage, weights))
         masters = [m.data for m in self.master if _storage(m) not in where]
-        early = sum(self.units[index].length for index in self._coming) * self.dtype.itemsize  # on their way
+        early = sum(self.units[index].length for index in self._coming  # on their way, into a unit's
+                    if not self.units[index].parameters[0].numel()) * self.dtype.itemsize  # buffer not in use
         return {"parameters": tensor_bytes(weights) + early,  # (in fp32 a master may be a weight itself)
                 "gradients": tensor_bytes([p.grad for unit in self.units for p in unit.parameters])
                 + tensor_bytes(self.grad_shards),
