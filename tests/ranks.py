@@ -712,6 +712,30 @@ def item_calls(config) -> int:
     return len(calls)
 
 
+def live_tensor_bytes(config) -> int:
+    """The most bytes of floating-point tensor storage that Python objects reach (each storage once)
+    at the start of any pipeline run of a training run without the report's gathered weights: what
+    the trainer keeps alive between steps, whatever counts it reports (the data's tokens left out)."""
+    import gc
+
+    from edulib.train import trainer
+
+    most, execute = [0], trainer.execute
+
+    def measured(*args: object, **kwargs: object) -> object:
+        gc.collect()  # (what an earlier run on this rank left in cycles)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in gc.get_objects()
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        most[0] = max(most[0], sum(storages.values()))
+        return execute(*args, **kwargs)
+    trainer.execute = measured
+    try:
+        trainer.train(config, weights=False)
+    finally:
+        trainer.execute = execute  # the pool's ranks serve other tests next
+    return most[0]
+
+
 def write_into_every_descriptor(text: bytes) -> None:
     """A rank whose code writes into every file descriptor it can, the launcher's pipe included."""
     for fd in range(3, 256):

@@ -433,6 +433,22 @@ def test_zero3_shards_each_block_and_holds_what_the_formula_says(pools):
         assert max(r["memory"][kind] for r in sharded) < 0.75 * min(r["memory"][kind] for r in plain), kind
 
 
+# per rank between steps, in the model's fp32 bytes P on dp=2 with AdamW: the weights it holds, the
+# two moments of its share, and ZeRO's gradients (whole at stage 1, as the ZeRO paper counts them;
+# summed chunks at 2 and 3); nothing else: no copy of the whole model, no masks or copies of chunks
+LIVE = {None: 1 + 2, 1: 1 + 1 + 1, 2: 1 + 1 + 0.5, 3: 0.5 + 1 + 0.5}
+
+
+@pytest.mark.parametrize("zero", LIVE)
+def test_between_steps_the_trainer_holds_only_what_the_layout_needs(zero, pools):
+    config = TrainConfig(dp=2, zero=zero, microbatches=2, batch=4, hidden=64, heads=2, layers=8, tokens=8,
+                         steps=2)
+    model = 4 * sum(w.numel() for w in model_of(config).parameters())
+    for _ in range(2):  # and a run leaves nothing behind on its ranks for the next
+        for live in pools(2).run(ranks.live_tensor_bytes, config):
+            assert live / model == pytest.approx(LIVE[zero], abs=0.01)
+
+
 def test_zero3_gathers_ahead_and_reduce_scatters_each_unit_once_per_backward_pass(pools):
     config = TrainConfig(dp=2, zero=3, microbatches=2, batch=4, hidden=16, heads=2, tokens=8, steps=2)
     for report in pools(2).run(train, config):

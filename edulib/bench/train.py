@@ -4,6 +4,7 @@ DistributedDataParallel, FSDP2's `fully_shard` and torch.distributed.pipelining'
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import statistics
 import time
@@ -81,36 +82,61 @@ def resident_train(config: TrainConfig, kind: str | None = None) -> dict:
     if kind is not None:
         torch_train(config, kind)
         return {"resident": peak_resident()}
-    report = train(config)
+    report = train(config, weights=False)  # (no whole model gathered on rank 0 for a report)
     return {"resident": peak_resident(), "memory": report["memory"], "formula": report["memory_formula"]}
+
+
+ALLOCATORS = {"glibc's default": {}, "large blocks mapped": {"MALLOC_MMAP_THRESHOLD_": "1048576"}}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    """These environment variables set while the block runs (ranks started in it inherit them)."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
 
 
 def bench_resident(backend: str = "gloo") -> str:
     """The most resident memory of 2 data-parallel ranks training a 25M-parameter model (hidden 512,
     8 blocks) beyond a tiny one's, with no ZeRO and with ZeRO-3 (per block), and PyTorch's DDP and
-    FSDP2 (per block) alike, each on fresh ranks; beside the parameter bytes the trainer reports
-    and the formula's."""
+    FSDP2 (per block) alike, each on fresh ranks, under glibc's allocator as it comes (which keeps
+    what is freed) and with large blocks mapped (given back to the kernel when freed, as a caching
+    allocator would reuse them); beside the parameter bytes the trainer reports and the formula's."""
     base = dict(dp=2, heads=4, tokens=32, batch=4, microbatches=2, steps=3, weight_decay=0.0)
     big = TrainConfig(hidden=512, layers=8, **base)
     runs = {"tiny": (TrainConfig(hidden=16, layers=2, **base), None), "no ZeRO": (big, None),
             "ZeRO-3": (TrainConfig(hidden=512, layers=8, zero=3, **base), None),
             "torch DDP": (big, "ddp"), "torch FSDP2": (big, "fsdp")}
-    found = {}
-    for name, (config, kind) in runs.items():
-        with Pool(2, backend, timeout=600) as pool:
-            found[name] = pool.run(resident_train, config, kind)
-    tiny = max(r["resident"] for r in found["tiny"])
-    beyond = {name: max(r["resident"] for r in reports) - tiny for name, reports in found.items()}
-
-    def counted(reports: list[dict], key: str) -> str:
-        return format_bytes(max(r[key]["parameters"] for r in reports)) if key in reports[0] else "-"
-    rows = [(name, format_bytes(beyond[name]), f"{beyond[name] / beyond['no ZeRO']:.2f}x",
-             counted(reports, "memory"), counted(reports, "formula"))
-            for name, reports in found.items() if name != "tiny"]
+    rows = []
+    for allocator, variables in ALLOCATORS.items():
+        found = {}
+        with _environment(variables):
+            for name, (config, kind) in runs.items():
+                with Pool(2, backend, timeout=600) as pool:
+                    found[name] = pool.run(resident_train, config, kind)
+        tiny = max(r["resident"] for r in found["tiny"])
+        beyond = {name: max(r["resident"] for r in reports) - tiny for name, reports in found.items()}
+        rows += [(allocator, name, format_bytes(tiny), format_bytes(beyond[name]),
+                  f"{beyond[name] / beyond['no ZeRO']:.2f}x", _counted(reports, "memory"),
+                  _counted(reports, "formula")) for name, reports in found.items() if name != "tiny"]
     return ("peak resident memory of 2 data-parallel ranks (hidden 512, 8 blocks, 25M parameters, AdamW, "
-            f"fp32), beyond a tiny model's ({format_bytes(tiny)}), {backend} on {platform.node()}\n\n"
-            + format_table(["layout", "resident beyond tiny", "of no ZeRO's", "parameters (counted)",
-                            "parameters (formula)"], rows))
+            f"fp32, no weights gathered for a report), beyond a tiny model's, {backend} on "
+            f"{platform.node()}\n\n"
+            + format_table(["allocator", "layout", "tiny", "resident beyond tiny", "of no ZeRO's",
+                            "parameters (counted)", "parameters (formula)"], rows))
+
+
+def _counted(reports: list[dict], key: str) -> str:
+    """The most parameter bytes the trainer's ranks reported under `key`, or "-" (PyTorch's runs)."""
+    return format_bytes(max(r[key]["parameters"] for r in reports)) if key in reports[0] else "-"
 
 
 def _local(tensor: torch.Tensor | None) -> torch.Tensor | None:

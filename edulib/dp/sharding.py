@@ -32,6 +32,7 @@ from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
 from edulib.comm.schedule import chunk_bounds
+from edulib.hooks import weakly
 
 
 class Unit:
@@ -126,15 +127,16 @@ class Sharding:
         self.gather_with, self.reduce_with = (comm.algorithm_for(collective, algorithm)
                                               for collective in ("all_gather", "reduce_scatter"))
         self._coming: dict[int, Future] = {}  # unit -> its gather, started early
-        self._reducing: list[tuple[int, Future]] = []  # reduce-scatters in flight: unit, its chunk to come
+        self._reducing: list[Future] = []  # reduce-scatters in flight, each adding to its unit's shard
         self.spans: list[tuple[str, float, float]] = []  # each collective's kind, start and end
         for index, unit in enumerate(units):
             if gather:
                 unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
                 unit.module.register_forward_hook(
                     lambda _, __, out, index=index: self._after_forward(index, out))
+            ready = weakly(self._accumulated)  # (a parameter's hook must not hold its owner)
             for parameter in unit.trainable if reduce else []:
-                parameter.register_post_accumulate_grad_hook(lambda _, index=index: self._accumulated(index))
+                parameter.register_post_accumulate_grad_hook(lambda _, index=index, ready=ready: ready(index))
 
     def _chunk(self, index: int) -> torch.Tensor:
         """This rank's chunk of unit `index`, in the dtype the unit computes in."""
@@ -206,20 +208,23 @@ class Sharding:
             self._reduce(index)
 
     def _reduce(self, index: int) -> None:
-        """Start reduce-scattering unit `index`'s full gradients (this rank's chunk is added to its
-        gradient shard when it ends) and free them; free the weights too unless another backward
-        still needs them."""
+        """Start reduce-scattering unit `index`'s full gradients and free them; free the weights too
+        unless another backward still needs them."""
         unit = self.units[index]
         unit.ready = 0
         self._measure()
         with comm.labelled("gradients"):
-            self._reducing.append((index, self._submit("reduce", comm.reduce_scatter, unit.flat_grad(),
-                                                       self.reduce_with, group=self.group)))
+            self._reducing.append(self._submit("reduce", self._reduce_into, index, unit.flat_grad()))
         for parameter in unit.parameters:
             parameter.grad = None
         unit.pending = max(unit.pending - 1, 0)
         if not unit.pending:
             self._free(index)
+
+    def _reduce_into(self, index: int, gradients: torch.Tensor) -> None:
+        """Reduce-scatter a unit's full gradients and add this rank's chunk to its gradient shard as
+        soon as it comes (on the communication thread: no chunk waits for the end of the pass)."""
+        self.grad_shards[index] += comm.reduce_scatter(gradients, self.reduce_with, group=self.group)
 
     def _end_pass(self) -> None:
         """After the step's backward passes: reduce the units some of whose gradients never came (a
@@ -228,8 +233,8 @@ class Sharding:
         for index, unit in enumerate(self.units):
             if unit.ready:
                 self._reduce(index)
-        for index, reducing in self._reducing:
-            self.grad_shards[index] += reducing.result()
+        for reducing in self._reducing:
+            reducing.result()
         self._reducing.clear()
         for coming in self._coming.values():
             coming.result()

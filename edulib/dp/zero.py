@@ -87,24 +87,24 @@ class ZeroDataParallel(Sharding):
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
         # fp32 master weights: this rank's chunk of each unit (all of it at stage 0); computing in
         # fp32 below stage 3, that chunk of the full weights themselves (a copy would only cost memory)
-        flats = [unit.flat().detach() for unit in units_]
         alias = self.dtype == torch.float32 and stage < 3
-        self.master = [nn.Parameter(flat[unit.lo:unit.hi] if alias else flat[unit.lo:unit.hi].clone())
-                       for unit, flat in zip(units_, flats, strict=True)]
+        self.master: list[nn.Parameter] = []
+        self.shards: list[torch.Tensor] = []  # stage 3: this rank's 16-bit chunk of each unit
+        for unit in units_:  # a unit at a time: one unit's weights held twice at most
+            flat = unit.flat().detach()
+            chunk = flat[unit.lo:unit.hi]
+            self.master.append(nn.Parameter(chunk if alias else chunk.clone()))
+            unit.load(flat.to(self.dtype))
+            if stage == 3:  # (in fp32 a shard is its master weight itself, as after every step)
+                self.shards.append(self.master[-1].detach().to(self.dtype))
+                unit.release()
         make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
         self.optimizer = make(self.master)
         # stages 2 and 3 keep only this rank's shard of the gradients, summed over micro-batches
         self.grad_shards = [torch.zeros(unit.hi - unit.lo, dtype=self.dtype) if stage >= 2 else None
                             for unit in units_]
-        self.last_gradients = [torch.zeros_like(m) for m in self.master]  # averaged, of the last step
         self.peak = 0  # the most bytes held at any moment so far, and of each kind
         self.peaks = {"parameters": 0, "gradients": 0, "optimizer": 0}
-        for unit, flat in zip(units_, flats, strict=True):
-            unit.load(flat.to(self.dtype))
-        if stage == 3:  # (in fp32 a shard is its master weight itself, as after every step)
-            self.shards = [m.detach().to(self.dtype) for m in self.master]
-            for unit in units_:
-                unit.release()
         self._shard_units(units_, algorithm, group, gather=stage == 3, reduce=stage >= 2, prefetch=prefetch)
         self._measure()
 
@@ -125,8 +125,8 @@ class ZeroDataParallel(Sharding):
     def step(self, adjust: Callable[[], None] | None = None) -> None:
         """Average the gradients over the ranks, update this rank's master weights, and share the
         new 16-bit weights as the stage needs; then zero the gradients for the next step. `adjust`
-        runs once the master weights have their averaged gradients, before the update; it may give
-        them new ones (clipped, say), and `last_gradients` keeps the averaged ones."""
+        runs once the master weights have their averaged gradients, before the update; it may read
+        them (to keep them, say) or give them new ones (clipped, say)."""
         if self.stage >= 2:
             self._end_pass()
         for index, unit in enumerate(self.units):
@@ -138,7 +138,6 @@ class ZeroDataParallel(Sharding):
                 else:
                     grad = self.grad_shards[index]
             self.master[index].grad = grad.float() / (self.ranks * self.loss_scale)
-            self.last_gradients[index] = self.master[index].grad  # (as averaged: `adjust` replaces it)
         if adjust is not None:
             adjust()
         if self.loss_scale != 1.0 and self._overflowed():
@@ -199,10 +198,9 @@ class ZeroDataParallel(Sharding):
         """Every fp32 master weight, gathered from the ranks, as one flat vector in model order."""
         return torch.cat(self._whole([m.detach() for m in self.master]))
 
-    def gathered(self, gradients: bool = False) -> dict[int, torch.Tensor]:
-        """Every parameter's fp32 master weight (or, with `gradients`, the averaged gradient of the
-        last step), gathered from the ranks, by the parameter's id."""
-        return self.by_parameter(self.last_gradients if gradients else [m.detach() for m in self.master])
+    def gathered(self) -> dict[int, torch.Tensor]:
+        """Every parameter's fp32 master weight, gathered from the ranks, by the parameter's id."""
+        return self.by_parameter([m.detach() for m in self.master])
 
     def by_parameter(self, chunks: list[torch.Tensor]) -> dict[int, torch.Tensor]:
         """Each parameter's piece of the units' full vectors, gathered from these chunks, by its id."""

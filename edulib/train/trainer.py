@@ -82,14 +82,19 @@ def decays(config: TrainConfig, name: str, dims: int) -> bool:
     return dims >= 2 and not table
 
 
-def decay(weights: list[tuple[torch.Tensor, torch.Tensor | float]], lr: float, weight_decay: float) -> None:
-    """AdamW's decoupled weight decay, taken just before the optimizer's step: each weight shrinks by
-    lr x weight_decay where its mask is 1 (a mask picks the matrices out of a ZeRO chunk)."""
+Picked = list[tuple[torch.Tensor, list[slice]]]  # weights, each with the parts of it picked
+WHOLE_WEIGHT = [slice(None)]
+
+
+def decay(weights: Picked, lr: float, weight_decay: float) -> None:
+    """AdamW's decoupled weight decay, taken just before the optimizer's step: each picked part of
+    a weight shrinks by lr x weight_decay (the parts pick the matrices out of a ZeRO chunk)."""
     if not weight_decay:
         return
     with torch.no_grad():
-        for weight, mask in weights:
-            weight.mul_(1 - lr * weight_decay * mask)
+        for weight, parts in weights:
+            for part in parts:
+                weight[part].mul_(1 - lr * weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -131,7 +136,7 @@ def reference(config: TrainConfig) -> dict:
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     moe = [m for m in model.modules() if isinstance(m, Experts)]
-    decaying = [(w, 1.0) for name, w in model.named_parameters() if decays(config, name, w.dim())]
+    decaying = [(w, WHOLE_WEIGHT) for name, w in model.named_parameters() if decays(config, name, w.dim())]
     for step in range(start, config.steps):
         for layer in moe:
             layer.load.zero_()
@@ -157,6 +162,13 @@ def reference(config: TrainConfig) -> dict:
     return {"start": start, "losses": losses, "validation": validation, "gradients": first,
             "weights": {name: p.detach() for name, p in model.named_parameters()},
             **({"expert_load": [layer.load.tolist() for layer in moe]} if moe else {})}
+
+
+def _hollow(model: nn.Module) -> None:
+    """Let a model's weights go, keeping its names, shapes and ties: every rank builds the whole
+    one-process model to cut its stages from (copies), and after that needs only its outline."""
+    for w in model.parameters():
+        w.data = w.data.new_zeros(()).expand(w.shape)
 
 
 def _first_step(config: TrainConfig) -> int:
@@ -291,25 +303,25 @@ class _Averaging:
         self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
         self.optimizer = make(self.own) if self.own else None
         self.decaying = self._masked(lambda w, dims, _: decays(config, names[id(w)], dims))
-        self.counted: list[tuple[torch.Tensor, torch.Tensor | float]] = []  # see `count_once`
+        self.counted: Picked = []  # see `count_once`
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
         self.kept: dict[int, torch.Tensor] = {}  # each own weight's averaged gradient, when a step keeps them
         self.kept_chunks: list[torch.Tensor] = []  # and this rank's chunks of ZeRO's
         self.sharding: list[tuple[str, float, float]] = []  # and ZeRO's collectives: kind, start, end
 
-    def _masked(self, pick: Callable[[nn.Parameter, int, bool], bool]) -> list[tuple[torch.Tensor,
-                                                                                      torch.Tensor | float]]:
-        """This rank's weights that `pick(weight, dims, sharded)` picks, each with a mask: 1 for a
-        weight of its own, and for each ZeRO master chunk 1 on the elements of the weights picked."""
-        found: list[tuple[torch.Tensor, torch.Tensor | float]] = [
-            (w, 1.0) for w in self.own if pick(w, w.dim(), False)]
+    def _masked(self, pick: Callable[[nn.Parameter, int, bool], bool]) -> Picked:
+        """This rank's weights that `pick(weight, dims, sharded)` picks: a weight of its own whole,
+        and of each ZeRO master chunk the parts that hold the weights picked (slices, not a mask
+        the chunk's size)."""
+        found: Picked = [(w, WHOLE_WEIGHT) for w in self.own if pick(w, w.dim(), False)]
         sharded = zip(self.sharded.master, self.sharded.units, strict=True) if self.zero is not None else ()
         for master, unit in sharded:
-            mask = master.new_zeros(master.shape)
-            for parameter, shape, part in zip(unit.parameters, unit.shapes, unit.parts, strict=True):
-                mask[part] = float(pick(parameter, len(shape), True))
-            found.append((master, mask))
+            pieces = zip(unit.parameters, unit.shapes, unit.parts, strict=True)
+            parts = [part for parameter, shape, part in pieces
+                     if part.stop > part.start and pick(parameter, len(shape), True)]
+            if parts:
+                found.append((master, parts))
         return found
 
     def count_once(self, counted: Callable[[int, bool], bool]) -> None:
@@ -321,9 +333,10 @@ class _Averaging:
         """Scale every averaged gradient so that their norm over the whole model, each element counted
         once over all the ranks, is at most grad_clip: `clip_grad_norm_` of one process."""
         squares = torch.zeros(1, dtype=torch.float64)
-        for weight, mask in self.counted:
+        for weight, parts in self.counted:
             if weight.grad is not None:
-                squares += (weight.grad.double().square() * mask).sum()
+                for part in parts:
+                    squares += weight.grad[part].double().square().sum()
         with comm.labelled("norm"):
             norm = comm.all_reduce(squares).sqrt().float()
         scale = torch.clamp(self.config.grad_clip / (norm + 1e-6), max=1.0)
@@ -361,11 +374,14 @@ class _Averaging:
         decay(self.decaying, lr, self.config.weight_decay)
         clip = self._clip if self.config.grad_clip is not None else None
         if self.zero is not None:
+            def adjust() -> None:  # ZeRO's chunks averaged: keep them, then clip
+                if keep_gradients:
+                    self.kept_chunks = [m.grad.clone() for m in self.sharded.master]
+                if clip is not None:
+                    clip()
             set_lr(self.sharded.optimizer, lr)
-            self.sharded.step(clip)  # (with every rank's own gradients averaged by then too)
+            self.sharded.step(adjust)  # (with every rank's own gradients averaged by then too)
             self.sharding = list(self.sharded.spans)
-            if keep_gradients:
-                self.kept_chunks = [chunk.clone() for chunk in self.sharded.last_gradients]
         elif clip is not None:
             clip()
         if self.optimizer is not None:
@@ -450,11 +466,13 @@ class _Averaging:
         return {key: value for key, value in state.items() if key not in taken}
 
 
-def train(config: TrainConfig, progress: bool = False, log: str | None = None) -> dict:
+def train(config: TrainConfig, progress: bool = False, log: str | None = None, weights: bool = True) -> dict:
     """Train on this rank's part of the layout; every rank returns each step's loss (the mean over
-    the global batch), and rank 0 also every final weight, gathered, by the one-process model's
-    names. With `progress`, rank 0 draws a progress bar on stderr, the loss beside it; with `log`,
-    it appends each step's "step loss" line to that file as the step ends (a live plot reads it)."""
+    the global batch), and with `weights` rank 0 also every final weight and the first step's
+    averaged gradients, gathered, by the one-process model's names (what a comparison with one
+    process needs; a long run need not hold the whole model on one rank). With `progress`, rank 0
+    draws a progress bar on stderr, the loss beside it; with `log`, it appends each step's "step
+    loss" line to that file as the step ends (a live plot reads it)."""
     if dist.get_world_size() != config.world:
         raise ValueError(f"dp x pp x tp x cp = {config.world} ranks run this config; {dist.get_world_size()} "
                          "are running")
@@ -482,6 +500,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
         stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, expert_group,
                                   sequence_group, positions)
         sources |= found
+    _hollow(full)
     held = nn.ModuleList(stages[s] for s in sorted(stages))
     if config.sequence_parallel:
         _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
@@ -561,13 +580,13 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
                 context.trace = []
             mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
             # walks the graphs: once is enough)
-            averaging.step(config.lr_at(step), keep_gradients=step == start)
+            averaging.step(config.lr_at(step), keep_gradients=weights and step == start)
             report["seconds"].append(time.perf_counter() - began)
             report["sent_by_step"].append(by_axis(sent[counted:], pipeline, context_ranks))
-            if step == start:  # the first step's averaged gradients, assembled as the weights are
-                if context is not None:  # query-key pairs it scored, per sequence and head
-                    work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
-                    context.trace = None
+            if step == start and context is not None:  # query-key pairs it scored, per sequence and head
+                work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
+                context.trace = None
+            if step == start and weights:  # the first step's averaged gradients, assembled as the weights are
                 reported = len(sent)
                 first = _gather(named, sources, averaging.kept_gradients(), writes)
                 del sent[reported:]  # the report's traffic, not the training's
@@ -609,6 +628,8 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None) -
             load[layer.layer - 1] += layer.load.cpu()
         report["routed"] = int(load.sum())  # the expert assignments this rank made
         report["expert_load"] = comm.all_reduce(load).long().tolist()
+    if not weights:
+        return report
     gathered = _gather(named, sources, averaging.weights(), writes)
     return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
 
@@ -718,6 +739,8 @@ def _gather(named: dict[str, torch.Tensor], sources: Sources, weights: dict[int,
             start = offsets[name]
             flat[start:start + named[name].numel()].view(named[name].shape)[index] = weights[key]
     comm.reduce(flat, root=root)
+    if dist.get_rank() != root:  # (the sum is the root's alone)
+        return {}
     return {name: flat[offsets[name]:offsets[name] + w.numel()].view(w.shape) for name, w in named.items()}
 
 
