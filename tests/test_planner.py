@@ -42,8 +42,10 @@ from edulib.planner.intra import (
     exhaustive,
     ilp,
     least_memory,
+    priced_optima,
     priced_optimum,
     strategies,
+    viterbi,
 )
 
 KINDS = ("matmul", "elementwise", "rowwise", "attention", "experts")
@@ -92,6 +94,27 @@ def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed
     tight = (least_memory(table, 3) + chain_optimum(table).memory(3)) / 2
     priced, exact = priced_optimum(table, tight, 3), ilp(table, tight, 3)
     assert priced.memory(3) <= tight and priced.time >= exact.time - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stages_priced_together_equal_each_priced_alone(seed):
+    rng = np.random.default_rng(200 + seed)
+    table = costs(random_graph(rng, 9, chain=True), MESHES[seed % len(MESHES)])
+    first, stages = 2, [(8, 3), (5, 1), (8, 1), (2, 2), (6, 4)]  # (last, micro-batches in flight)
+    memory = max((least_memory(part, f) + chain_optimum(part).memory(f)) / 2
+                 for last, f in stages if (part := table.part(first, last)))
+    together = priced_optima(table, first, stages, memory)
+    for (last, f), found in zip(stages, together, strict=True):
+        alone = priced_optimum(table.part(first, last), memory, f)
+        assert found.choice == alone.choice and found.time == pytest.approx(alone.time, rel=1e-12)
+    # and a sweep whose rows begin at their own operators equals a sweep from each
+    firsts = [0, 2, 5]
+    together = list(viterbi(table, 0, [0.0, 1e-9, 0.0], begins=firsts))
+    for k, begin in enumerate(firsts):
+        for alone in viterbi(table, begin, [(0.0, 1e-9, 0.0)[k]]):
+            for name in ("cost", "seconds", "weight", "activation"):
+                np.testing.assert_allclose(getattr(together[alone.v], name)[k], getattr(alone, name)[0],
+                                           rtol=1e-12)
 
 
 @pytest.mark.parametrize("axis, n", [(0, 2), (0, 4), (1, 2)])

@@ -27,7 +27,7 @@ import numpy as np
 from edulib.comm.cost import message_time
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
-from edulib.planner.intra import Costs, Sharding, costs, ilp, priced_optimum, solve, viterbi
+from edulib.planner.intra import Costs, Sharding, costs, fewest_bytes, ilp, priced_optima, solve, viterbi
 from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -90,19 +90,40 @@ def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int,
     return sum(message_time(graph.operators[u].output_bytes, alpha, beta) for u in out | back)
 
 
-def _fastest_stages(table: Costs, first: int, ends: dict[int, int]) -> Iterator[tuple[int, Sharding]]:
-    """The least-time choice for operators first..v, for every cluster end v after `first`,
-    memory aside: one Viterbi sweep on a chain, the ILP once per end on any other graph."""
+def _fastest_stages(table: Costs, firsts: list[int],
+                    ends: dict[int, int]) -> Iterator[tuple[int, int, Sharding]]:
+    """The least-time choice for operators first..v, memory aside, for every first operator of a
+    cluster (by its index) and every cluster end v after it: one Viterbi sweep on a chain, a row
+    per first operator, and the ILP once per range on any other graph."""
     if not table.graph.is_chain:
-        for v in sorted(e for e in ends if e >= first):
-            yield v, ilp(table.part(first, v))
+        for k, first in enumerate(firsts):
+            for v in sorted(e for e in ends if e >= first):
+                yield k, v, ilp(table.part(first, v))
         return
-    for step in viterbi(table, first):
+    for step in viterbi(table, firsts[0], [0.0] * len(firsts), begins=firsts):
         if step.v in ends:
-            cost = step.cost[0] + table.ends(step.v, "leave")
-            c = int(np.argmin(cost))
-            yield step.v, Sharding((), float(cost[c]), float(step.weight[0, c]),
-                                   float(step.activation[0, c]))  # the choice itself is not needed
+            cost = step.cost + table.ends(step.v, "leave")
+            for k in range(len(firsts)):
+                if firsts[k] <= step.v:
+                    c = int(np.argmin(cost[k]))
+                    yield k, step.v, Sharding((), float(cost[k, c]), float(step.weight[k, c]),
+                                              float(step.activation[k, c]))  # the choice itself is not needed
+
+
+def _priced(stages: list[tuple], tables: dict[tuple[int, int], Costs], memory: float,
+            in_flight: np.ndarray) -> dict[tuple, Sharding]:
+    """`priced_optimum` of each (seconds, where, logical mesh, first, last) stage, by (where, mesh):
+    those of one logical mesh and first operator in one pair of sweeps (`priced_optima`)."""
+    groups: dict[tuple[int, int, int], list[tuple]] = {}
+    for stage in stages:
+        _, where, j, first, _ = stage
+        groups.setdefault((where[3], j, first), []).append(stage)
+    found = {}
+    for (m, j, first), group in groups.items():
+        wanted = [(v, int(in_flight[where[0]])) for _, where, _, _, v in group]
+        optima = priced_optima(tables[(m, j)], first, wanted, memory)
+        found |= {(where, j): optimum for (_, where, _, _, _), optimum in zip(group, optima, strict=True)}
+    return found
 
 
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
@@ -135,24 +156,28 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                 progress("intra-op pass (logical meshes)", len(tables), total)
             full = tables[(m, j)] = costs(graph, mesh, microbatches)
             # fewest bytes of each operator, per number of micro-batches in flight, summed up
-            fewest = np.array([[full.memory(v, f).min() for v in range(len(graph))] for f in in_flight])
+            fewest = fewest_bytes(full, in_flight)
             prefix = np.concatenate([np.zeros((stages, 1)), np.cumsum(fewest, axis=1)], axis=1)
-            for k, (first, _) in enumerate(ranges):
-                for v, fastest in _fastest_stages(full, first, ends):
-                    i, need = ends[v], prefix[:, v + 1] - prefix[:, first]
-                    for s in range(stages):
-                        least[s, k, i, m] = min(least[s, k, i, m], need[s])
-                        if fastest.memory(in_flight[s]) <= cluster.memory:
-                            keep((s, k, i, m), fastest.time, j)
-                        elif need[s] <= cluster.memory:
-                            overflowing.append((fastest.time, (s, k, i, m), j, first, v))
+            firsts = [first for first, _ in ranges]
+            for k, v, fastest in _fastest_stages(full, firsts, ends):
+                first = firsts[k]
+                i, need = ends[v], prefix[:, v + 1] - prefix[:, first]
+                for s in range(stages):
+                    least[s, k, i, m] = min(least[s, k, i, m], need[s])
+                    if fastest.memory(in_flight[s]) <= cluster.memory:
+                        keep((s, k, i, m), fastest.time, j)
+                    elif need[s] <= cluster.memory:
+                        overflowing.append((fastest.time, (s, k, i, m), j, first, v))
     # The fastest choice overflowed memory: find one that fits, fastest candidates first, and skip
     # those that cannot beat what another logical mesh already gives (they are no faster than that).
-    for seconds, where, j, first, v in sorted(overflowing, key=lambda c: c[0]):
+    # On a chain, the stages that share a logical mesh and a first operator are priced together.
+    overflowing = sorted((c for c in overflowing if c[0] < best[c[1]]), key=lambda c: c[0])
+    priced = _priced(overflowing, tables, cluster.memory, in_flight) if graph.is_chain else {}
+    for seconds, where, j, first, v in overflowing:
         if seconds < best[where]:
-            part = tables[(where[3], j)].part(first, v)
-            fits = priced_optimum if part.graph.is_chain else solve
-            keep(where, fits(part, cluster.memory, int(in_flight[where[0]])).time, j)
+            found = priced.get((where, j)) or solve(tables[(where[3], j)].part(first, v), cluster.memory,
+                                                    int(in_flight[where[0]]))
+            keep(where, found.time, j)
     messages = np.array([[[boundary_seconds(graph, cluster, ranges[k][0], ranges[i][1], submesh)
                            for submesh in submeshes] for i in range(count)] for k in range(count)])
     return StageTable(ranges, list(submeshes), tried, best + messages[None], which, least, tables)

@@ -293,37 +293,48 @@ class Step:
 
 
 def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
-            in_flight: int = 1) -> Iterator[Step]:
-    """Min-plus pass along a chain from operator `first`, for several prices at once: a path
-    costs its seconds + price x its bytes per device (price 0: time alone)."""
+            in_flight: int | Sequence[int] = 1, begins: Sequence[int] | None = None) -> Iterator[Step]:
+    """Min-plus pass along a chain from operator `first`, for several prices at once (each row its
+    own price, and its own micro-batches in flight if given per row): a path costs its seconds +
+    price x its bytes per device (price 0: time alone). With `begins`, each row's path begins at
+    its own operator (at `first` or after; before it, the row's values mean nothing)."""
     if not table.graph.is_chain:
         raise ValueError("this pass needs a chain graph (each operator reads the previous one)")
     price = np.asarray(prices, dtype=float)[:, None]
+    flight = np.broadcast_to(np.asarray(in_flight, dtype=float), (len(price),))[:, None]
     rows = np.arange(len(price))[:, None]
+    own = np.full(price.shape, first) if begins is None else np.asarray(begins)[:, None]
 
-    def along(values: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(values, (len(price), len(values)))
+    def begun(v: int) -> tuple[np.ndarray, ...]:
+        """Every row's cost, seconds and bytes as a path that begins at operator v."""
+        start = table.node[v] + table.ends(v, "enter")
+        cost = start + price * device_bytes(table.weight[v], table.activation[v], flight)
+        return tuple(np.broadcast_to(values, cost.shape)
+                     for values in (cost, start, table.weight[v], table.activation[v]))
 
-    start = table.node[first] + table.ends(first, "enter")
-    cost = start + price * table.memory(first, in_flight)
-    step = Step(first, cost, along(start), along(table.weight[first]),
-                along(table.activation[first]), np.zeros(cost.shape, dtype=int))
+    cost, seconds, weight, activation = begun(first)
+    step = Step(first, cost, seconds, weight, activation, np.zeros(cost.shape, dtype=int))
     yield step
     for v in range(first + 1, len(table.options)):
         edge = table.edge[(v - 1, v)]
-        total = step.cost[:, :, None] + edge
-        back = np.argmin(total, axis=1)
+        total = step.cost[:, None, :] + np.ascontiguousarray(edge.T)  # [row, strategy of v, of v - 1]
+        back = np.argmin(total, axis=2)  # (along the last axis: the faster way)
         columns = np.arange(back.shape[1])
-        step = Step(v, total[rows, back, columns] + table.node[v] + price * table.memory(v, in_flight),
-                    step.seconds[rows, back] + edge[back, columns] + table.node[v],
-                    step.weight[rows, back] + table.weight[v],
-                    step.activation[rows, back] + table.activation[v], back)
+        found = (total[rows, columns, back] + table.node[v]
+                 + price * device_bytes(table.weight[v], table.activation[v], flight),
+                 step.seconds[rows, back] + edge[back, columns] + table.node[v],
+                 step.weight[rows, back] + table.weight[v],
+                 step.activation[rows, back] + table.activation[v])
+        if begins is not None and (here := own == v).any():  # rows whose paths begin here
+            found = tuple(np.where(here, fresh, old) for fresh, old in zip(begun(v), found, strict=True))
+        step = Step(v, *found, back)
         yield step
 
 
-def _trace_back(steps: list[Step], row: int) -> tuple[int, ...]:
-    """The strategies of the cheapest path at price `row`, first operator first."""
-    choice = [int(np.argmin(steps[-1].cost[row]))]
+def _trace_back(steps: list[Step], row: int, end: int | None = None) -> tuple[int, ...]:
+    """The strategies of the path at price `row` that ends in strategy `end` of the last step
+    (the cheapest there if not given), first operator first."""
+    choice = [int(np.argmin(steps[-1].cost[row])) if end is None else end]
     for step in reversed(steps[1:]):
         choice.append(int(step.back[row, choice[-1]]))
     return tuple(reversed(choice))
@@ -340,31 +351,63 @@ def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | No
     find the cheapest path at each, and keep the fastest that fits; a second, finer set of prices
     between the last that overflowed and the first that fit. Optimal when the time optimum fits,
     otherwise an upper bound on the ILP's answer, used while searching stages."""
-    if least_memory(table, in_flight) > memory:
-        return None
-    scale = max(float(sum(n.max() for n in table.node)), 1e-30) / memory
-    prices = np.concatenate([[0.0], scale * np.geomspace(1e-4, 1e8, 25)])  # the last: least bytes
-    best = None
+    return priced_optima(table, 0, [(len(table.options) - 1, in_flight)], memory)[0]
+
+
+def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
+                  memory: float) -> list[Sharding | None]:
+    """`priced_optimum` of each stage first..last with `in_flight` micro-batches, for each (last,
+    in_flight) in `stages`, from two Viterbi sweeps that carry every stage's prices at once (the
+    rows of a sweep are independent, and a stage's path is the sweep's up to its last operator)."""
+    parts = [table.part(first, last) for last, _ in stages]
+    flights = sorted({f for _, f in stages})
+    fewest = dict(zip(flights, np.cumsum(fewest_bytes(table, flights)[:, first:], axis=1), strict=True))
+    prices: dict[int, np.ndarray] = {}  # stage -> the prices of this round
+    for q, (part, (last, in_flight)) in enumerate(zip(parts, stages, strict=True)):
+        if fewest[in_flight][last - first] <= memory:
+            scale = max(float(sum(n.max() for n in part.node)), 1e-30) / memory
+            prices[q] = np.concatenate([[0.0], scale * np.geomspace(1e-4, 1e8, 25)])  # the last: least bytes
+    best: list[Sharding | None] = [None] * len(stages)
     for _ in range(2):
-        steps = list(viterbi(table, 0, prices, in_flight))
-        last = steps[-1]
-        ends = np.argmin(last.cost, axis=1)
-        rows = np.arange(len(prices))
-        fits = device_bytes(last.weight[rows, ends], last.activation[rows, ends], in_flight) <= memory
-        seconds = np.where(fits, last.seconds[rows, ends], np.inf)
-        row = int(np.argmin(seconds))
-        if best is None or seconds[row] < best.time:
-            best = evaluate(table, _trace_back(steps, row))
-        first_fit = int(np.argmax(fits))
-        if first_fit == 0:
-            break  # the time optimum fits
-        prices = np.linspace(prices[first_fit - 1], prices[first_fit], 17)
+        if not prices:
+            break
+        order = sorted(prices)
+        starts = dict(zip(order, itertools.accumulate((len(prices[q]) for q in order), initial=0),
+                          strict=False))
+        rows = np.concatenate([np.full(len(prices[q]), stages[q][1]) for q in order])
+        sweep = viterbi(table, first, np.concatenate([prices[q] for q in order]), rows)
+        steps = list(itertools.islice(sweep, max(stages[q][0] for q in order) - first + 1))
+        for q in order:
+            (last, in_flight), rows = stages[q], np.arange(starts[q], starts[q] + len(prices[q]))
+            step, leave = steps[last - first], table.ends(last, "leave")
+            ends = np.argmin(step.cost[rows] + leave, axis=1)
+            fits = device_bytes(step.weight[rows, ends], step.activation[rows, ends], in_flight) <= memory
+            leaving = leave[ends] if isinstance(leave, np.ndarray) else leave
+            seconds = np.where(fits, step.seconds[rows, ends] + leaving, np.inf)
+            row = int(np.argmin(seconds))
+            if best[q] is None or seconds[row] < best[q].time:
+                path = _trace_back(steps[:last - first + 1], int(rows[row]), int(ends[row]))
+                best[q] = evaluate(parts[q], path)
+            first_fit = int(np.argmax(fits))
+            if first_fit == 0:  # the time optimum fits
+                del prices[q]
+            else:
+                prices[q] = np.linspace(prices[q][first_fit - 1], prices[q][first_fit], 17)[1:-1]  # (the ends
+                # were priced in this round)
     return best
+
+
+def fewest_bytes(table: Costs, in_flight: Sequence[int]) -> np.ndarray:
+    """The fewest bytes per device of each operator (columns) under any of its strategies, with each
+    number of micro-batches in flight (rows)."""
+    flights = np.asarray(in_flight, dtype=float)[:, None]
+    return np.stack([device_bytes(weight, activation, flights).min(axis=1)
+                     for weight, activation in zip(table.weight, table.activation, strict=True)], axis=1)
 
 
 def least_memory(table: Costs, in_flight: int) -> float:
     """The fewest bytes per device any choice needs (memory adds up operator by operator)."""
-    return float(sum(table.memory(v, in_flight).min() for v in range(len(table.options))))
+    return float(fewest_bytes(table, [in_flight]).sum())
 
 
 def solve(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
