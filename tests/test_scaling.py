@@ -50,3 +50,25 @@ def test_sharing_cores_and_lowering_take_time_in_proportion_to_the_actions(name)
 def test_building_a_schedule_takes_time_in_proportion_to_the_actions(name):
     growth = _growth(lambda m: m, lambda m: build_schedule(name, DEVICES, m))
     assert growth < 8, f"4x the actions took {growth:.1f}x the time"
+
+
+def test_the_planners_stage_table_sweeps_once_per_mesh_and_first_operator(monkeypatch):
+    from edulib.planner import Cluster, inter, intra
+    from edulib.planner.graph import gpt_graph
+
+    sweeps, sweep = [], intra.viterbi
+
+    def counted(*args: object, **kwargs: object):
+        sweeps.append(1)
+        return sweep(*args, **kwargs)
+    monkeypatch.setattr(intra, "viterbi", counted)
+    monkeypatch.setattr(inter, "viterbi", counted)
+    graph, cluster = gpt_graph(8), Cluster.from_speeds(1, 4, memory_gib=2)  # stages overflow memory
+    ranges = inter.cluster_operators(graph, 8)
+    submeshes = [(1, 1), (1, 2), (1, 4)]
+    table = inter.stage_table(graph, cluster, 16, ranges, submeshes, 4)
+    meshes = sum(len(found) for found in table.meshes)
+    # one sweep per logical mesh for the fastest stages, and a pair per mesh and first operator
+    # for the stages that overflow (a sweep per stage, or per first operator, would be many more)
+    assert meshes <= len(sweeps) <= meshes * (1 + 2 * len(ranges)), (len(sweeps), meshes)
+    assert any(t < float("inf") for t in table.time.ravel())
