@@ -120,8 +120,9 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     deadline = time.monotonic() + 5
     while len(calls) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert renders.get({"x": 2}) == (None, "drawn") and calls == [{"x": 1}, {"x": 2}]  # ready, not redrawn
-    assert renders.get({"x": 3}) == (None, "drawn") and len(calls) == 3
+    ready = renders.get({"x": 2})  # ready, not drawn again
+    assert ready == (None, "drawn", None) and calls == [{"x": 1}, {"x": 2}]
+    assert renders.get({"x": 3}) == (None, "drawn", None) and len(calls) == 3
 
 
 def test_a_control_that_does_not_apply_is_disabled_with_the_reason():

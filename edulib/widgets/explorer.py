@@ -5,10 +5,11 @@ nbconvert to a printed handout) an explorer draws once at its default values ins
 In a notebook, a figure is sent to the browser as one PNG in an `ipywidgets.Image`, rendered
 once at a fixed size: IPython's own display of a figure renders it twice (to find a tight
 bounding box) and rebuilds the output area. And while the reader looks, a worker renders the
-pictures one key press away (each slider one stop up and down), so that the next press usually
-finds its picture ready: drawing a figure costs 60-100 ms on a small CPU, and a plan explorer's
-search more, but sending a ready PNG costs a few. The worker is a process of its own when the
-draw function can be sent to one (it then computes beside the kernel, on another core).
+pictures one key press away (each slider one stop up and down), and the words under them, so
+that the next press usually finds them ready: drawing a figure costs 60-100 ms on a small CPU,
+and a plan explorer's search more, but sending a ready PNG costs a few. The worker is a process
+of its own when the draw function can be sent to one (it then computes beside the kernel, on
+another core).
 """
 
 from __future__ import annotations
@@ -127,31 +128,38 @@ def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) ->
     return found
 
 
-def _render(draw: Callable[..., Any], values: dict[str, Any]) -> tuple[bytes | None, Any]:
-    """(PNG bytes, None) for a figure, or (None, what was drawn instead, such as a message)."""
+Rendered = tuple[bytes | None, Any, str | None]  # PNG, or what was drawn instead; the words under it
+
+
+def _render(draw: Callable[..., Any], describe: Callable[..., str] | None,
+            values: dict[str, Any]) -> Rendered:
+    """(PNG bytes, None, words) for a figure, or (None, what was drawn instead, such as a
+    message, words); the words are `describe`'s, None without one."""
     from matplotlib.figure import Figure
 
     drawn = draw(**values)
-    return (png(drawn), None) if isinstance(drawn, Figure) else (None, drawn)
+    words = describe(**values) if describe is not None else None
+    return (png(drawn), None, words) if isinstance(drawn, Figure) else (None, drawn, words)
 
 
 WORKERS = 2  # processes rendering ahead: the kernel itself mostly waits for the next key press
 
 
 class _Renders:
-    """Rendered pictures by control values, and a worker that renders the next ones ahead: in a
-    process of its own where `draw` can be sent there (a module-level function), so that it
-    computes on another core instead of taking turns with the kernel for Python's lock; else in
-    a thread."""
+    """Rendered pictures (and the words under them) by control values, and a worker that renders
+    the next ones ahead: in a process of its own where `draw` and `describe` can be sent there
+    (module-level functions), so that it computes on another core instead of taking turns with
+    the kernel for Python's lock; else in a thread."""
 
-    def __init__(self, draw: Callable[..., Any], size: int = 64) -> None:
-        self.draw, self.size = draw, size
-        self.done: OrderedDict[tuple, tuple[bytes | None, Any]] = OrderedDict()
+    def __init__(self, draw: Callable[..., Any], describe: Callable[..., str] | None = None,
+                 size: int = 64) -> None:
+        self.draw, self.describe, self.size = draw, describe, size
+        self.done: OrderedDict[tuple, Rendered] = OrderedDict()
         self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
         self.busy: dict[tuple, threading.Event] = {}
         self.process = None
         try:
-            pickle.dumps(draw)
+            pickle.dumps((draw, describe))
         except (pickle.PicklingError, AttributeError, TypeError):
             pass  # a lambda or a closure: render ahead in a thread
         else:
@@ -159,7 +167,7 @@ class _Renders:
         for _ in range(WORKERS if self.process else 1):
             threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
-    def get(self, values: dict[str, Any]) -> tuple[bytes | None, Any]:
+    def get(self, values: dict[str, Any]) -> Rendered:
         """The picture for these values: ready, finishing in the background, or rendered now."""
         key = tuple(values.items())
         with self.lock:
@@ -170,7 +178,7 @@ class _Renders:
             if key in self.done:
                 self.done.move_to_end(key)
                 return self.done[key]
-        return self._keep(key, _render(self.draw, values))
+        return self._keep(key, _render(self.draw, self.describe, values))
 
     def prepare(self, upcoming: list[dict[str, Any]]) -> None:
         """Render these in the background, dropping what earlier calls asked for and not yet done."""
@@ -178,7 +186,7 @@ class _Renders:
         for values in upcoming:
             self.ahead.put((self.wanted, values))
 
-    def _keep(self, key: tuple, result: tuple[bytes | None, Any]) -> tuple[bytes | None, Any]:
+    def _keep(self, key: tuple, result: Rendered) -> Rendered:
         with self.lock:
             self.done[key] = result
             while len(self.done) > self.size:
@@ -195,9 +203,9 @@ class _Renders:
                 finished = self.busy[key] = threading.Event()
             try:
                 if self.process is None:
-                    result = _render(self.draw, values)
+                    result = _render(self.draw, self.describe, values)
                 else:
-                    result = self.process.submit(_render, self.draw, values).result()
+                    result = self.process.submit(_render, self.draw, self.describe, values).result()
                 self._keep(key, result)
             except Exception:  # noqa: BLE001 - a case that cannot be drawn is drawn, and reported, on demand
                 pass
@@ -242,14 +250,14 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
     inputs = {name: _widget(name, control) for name, control in controls.items()}
     image, output, text = widgets.Image(format="png"), widgets.Output(), widgets.HTML()
 
-    renders = _Renders(draw)
+    renders = _Renders(draw, describe)
 
     def redraw(_: object = None) -> None:
         values = {name: widget.value for name, widget in inputs.items()}
         for name, rule in (applies or {}).items():
             reason = rule(**values)
             inputs[name].disabled, inputs[name].tooltip = reason is not None, reason or ""
-        picture, other = renders.get(values)
+        picture, other, words = renders.get(values)
         if picture is not None:
             image.value = picture
         else:  # a message (a case that cannot be drawn), shown instead of the figure
@@ -257,8 +265,8 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
                 output.clear_output(wait=True)
                 display(other)
         image.layout.display, output.layout.display = ("", "none") if picture is not None else ("none", "")
-        if describe is not None:
-            text.value = f"<pre>{html.escape(describe(**values))}</pre>"
+        if words is not None:
+            text.value = f"<pre>{html.escape(words)}</pre>"
         renders.prepare(_neighbours(controls, values))
 
     for widget in inputs.values():
