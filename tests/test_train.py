@@ -441,7 +441,7 @@ LIVE = {None: 1 + 2, 1: 1 + 1 + 1, 2: 1 + 1 + 0.5, 3: 0.5 + 1 + 0.5}
 
 @pytest.mark.parametrize("zero", LIVE)
 def test_between_steps_the_trainer_holds_only_what_the_layout_needs(zero, pools):
-    config = TrainConfig(dp=2, zero=zero, microbatches=2, batch=4, hidden=64, heads=2, layers=8, tokens=8,
+    config = TrainConfig(dp=2, zero=zero, microbatches=2, batch=4, hidden=32, heads=2, layers=4, tokens=8,
                          steps=2)
     model = 4 * sum(w.numel() for w in model_of(config).parameters())
     for _ in range(2):  # and a run leaves nothing behind on its ranks for the next
