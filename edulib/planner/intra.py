@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
-import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,21 +215,6 @@ def exhaustive(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Shar
     return best
 
 
-@contextmanager
-def silenced() -> Iterator[None]:
-    """Drop what the solver writes straight to file descriptor 1 (some HiGHS builds print debug
-    lines there, which would flood a terminal)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
     """Solve the strategy choice as Alpa's ILP with scipy.optimize.milp (HiGHS); None if nothing fits.
 
@@ -270,9 +252,8 @@ def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | 
     matrix = coo_array((vals, (rows, cols)), shape=(len(lower), count)).tocsr()
     integrality = np.zeros(count)
     integrality[:x_start[-1]] = 1
-    with silenced():
-        result = milp(objective, constraints=LinearConstraint(matrix, lower, upper),
-                      integrality=integrality, bounds=Bounds(0, 1))
+    result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
+                  bounds=Bounds(0, 1), options={"disp": False})  # (HiGHS's own silence)
     if result.x is None:
         return None
     choice = tuple(int(np.argmax(result.x[x_start[v]:x_start[v + 1]])) for v in range(len(sizes)))

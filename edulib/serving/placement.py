@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from edulib.planner.intra import silenced
 from edulib.serving.workflow import Infrastructure, Workflow
 
 Selection = tuple[int, ...]  # per operator, the index of its model choice
@@ -133,9 +132,8 @@ def _binary_first(objective: np.ndarray, rows: list[tuple[dict[int, float], floa
         for column, value in coefficients.items():
             matrix[r, column] += value
     integrality = np.concatenate([np.ones(binary), np.zeros(len(objective) - binary)])
-    with silenced():
-        result = milp(objective, integrality=integrality, bounds=Bounds(0, upper),
-                      constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]))
+    result = milp(objective, integrality=integrality, bounds=Bounds(0, upper), options={"disp": False},
+                  constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]))
     return result.x
 
 
