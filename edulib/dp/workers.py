@@ -25,7 +25,7 @@ from edulib.comm.schedule import chunk_bounds
 from edulib.dp.compression import PowerSGD, compressed_average, compressor, descend, local_gradient
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.server import check_setup, worker_batch
-from edulib.dp.zero import PRECISIONS, ZeroDataParallel
+from edulib.dp.zero import PRECISION_DTYPES, ZeroDataParallel
 from edulib.models import mlp
 
 
@@ -175,7 +175,7 @@ def zero_reference(steps: int, lr: float = 1e-3, precision: str = "fp32", width:
                    depth: int = 2, batch: int = 16, seed: int = 0) -> tuple[torch.Tensor, list[float]]:
     """The reference: one process, the whole batch, AdamW on fp32 master weights of a model that
     computes in `precision`; the final parameters and the losses."""
-    dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
+    dtype = PRECISION_DTYPES[check_choice(precision, PRECISION_DTYPES, "precision")]
     model = mlp(width, depth, seed)
     master = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
     optimizer = torch.optim.AdamW(master, lr=lr)

@@ -32,7 +32,7 @@ from edulib.dp.data_parallel import check_replicas
 from edulib.dp.sharding import Sharding, Unit, group_units
 from edulib.footprint import ZERO_STAGES
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -68,7 +68,7 @@ class ZeroDataParallel(Sharding):
                  prefetch: bool = False, ignored_params: Iterable[nn.Parameter] = ()) -> None:
         check_choice(stage, ZERO_STAGES, "ZeRO stage")
         ignored_params = list(ignored_params)  # each rank's own (experts): neither sharded nor updated
-        self.dtype = PRECISIONS[check_choice(precision, PRECISIONS, "precision")]
+        self.dtype = PRECISION_DTYPES[check_choice(precision, PRECISION_DTYPES, "precision")]
         if any(p.dtype != torch.float32 for p in model.parameters()):
             raise ValueError("the model must arrive in fp32: its weights become the fp32 master "
                              "weights, and the 16-bit copy is made here")

@@ -20,7 +20,7 @@ RUN = ("hidden", "heads", "layers", "experts", "tie", "tokens", "batch", "seed",
 PRECISIONS = ("fp32", "bf16")  # bf16: computed under autocast, weights and reductions in fp32
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("constant", "cosine")
-ZERO = (None, 1, 2, 3)
+ZERO_CHOICES = (None, 1, 2, 3)
 HELP = {  # what each field means, for `edulib train --help`
     "dp": "data-parallel ranks: each trains on its share of the batch",
     "pp": "pipeline-parallel ranks: the model cut into stages",
@@ -62,7 +62,7 @@ HELP = {  # what each field means, for `edulib train --help`
     "checkpoint_every": "a checkpoint after every this many steps (0: after the last only)",
     "resume": "a checkpoint to start from (any layout's, or one process's)",
 }
-CHOICES = {"schedule": SCHEDULES, "zero": ZERO, "precision": PRECISIONS,
+CHOICES = {"schedule": SCHEDULES, "zero": ZERO_CHOICES, "precision": PRECISIONS,
            "algorithm": ("builtin", *ALGORITHMS), "optimizer": OPTIMIZERS, "lr_schedule": LR_SCHEDULES,
            "cp_layout": LAYOUTS}
 
@@ -143,7 +143,7 @@ class TrainConfig:
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"peak_tflops must be more than 0 (None: no utilisation); "
                              f"got {self.peak_tflops!r}")
-        check_choice(self.zero, ZERO, "zero (ZeRO stage)")
+        check_choice(self.zero, ZERO_CHOICES, "zero (ZeRO stage)")
         check_choice(self.precision, PRECISIONS, "precision")
         check_choice(self.algorithm, ("builtin", *ALGORITHMS), "all-reduce algorithm")
         check_choice(self.schedule, SCHEDULES, "schedule")

@@ -774,7 +774,8 @@ def _deal(sizes: list[int], ranks: int) -> list[int]:
 def _storage_bytes(tensors: Iterable[torch.Tensor], known: Iterable[int] = ()) -> int:
     """The bytes of the storages under these tensors, each once, leaving out those in `known`."""
     seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(size for pointer, size in seen.items() if pointer not in set(known))
+    left_out = set(known)
+    return sum(size for pointer, size in seen.items() if pointer not in left_out)
 
 
 def _save(config: TrainConfig, step: int, full: nn.Sequential, sources: Sources, averaging: _Averaging,
