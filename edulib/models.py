@@ -73,7 +73,7 @@ def tied_lm(vocab: int = 11, hidden: int = 6, seed: int = 0) -> TiedLM:
     return model
 
 
-def split(model: nn.Sequential, parts: int) -> list[nn.Sequential]:
+def cut_into_stages(model: nn.Sequential, parts: int) -> list[nn.Sequential]:
     """Cut a Sequential into `parts` consecutive pieces whose lengths differ by at most one."""
     if not 1 <= parts <= len(model):
         raise ValueError(f"cannot cut {len(model)} blocks into {parts} stages; use 1 to {len(model)}")

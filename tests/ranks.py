@@ -236,14 +236,14 @@ def typed_batch(kind: str, microbatches: int) -> tuple[list[torch.Tensor], list[
 def typed_pipeline(kind: str, name: str, microbatches: int = 4) -> dict[str, torch.Tensor]:
     """One step of `typed_model(kind)` under schedule `name` on this rank's stage, its messages
     inferred from one forward pass; this rank's gradients, by parameter name."""
-    from edulib.models import split
+    from edulib.models import cut_into_stages
     from edulib.pp import build_schedule
     from edulib.pp.executor import execute, infer_messages
 
     schedule = build_schedule(name, dist.get_world_size(), microbatches)
     model = typed_model(kind)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    pieces = split(model, schedule.stages)
+    pieces = cut_into_stages(model, schedule.stages)
     inputs, targets = typed_batch(kind, microbatches)
     rank = dist.get_rank()
 

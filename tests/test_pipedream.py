@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
-from edulib.models import mlp, split
+from edulib.models import cut_into_stages, mlp
 from edulib.pp import async_1f1b, build_schedule, parse_actions, simulate
 from edulib.pp.pipedream import (
     POLICIES,
@@ -89,7 +89,7 @@ def test_the_closed_form_refuses_an_update_every_few_micro_batches_where_it_does
 def _same_updates_as_the_replay(pool, p: int) -> list[str]:
     """Train with each kind of weights on `pool`; compare with every replay, versions and bytes."""
     problems = []
-    stage_bytes = [4 * sum(t.numel() for t in stage.parameters()) for stage in split(mlp(16, 8), p)]
+    stage_bytes = [4 * sum(t.numel() for t in stage.parameters()) for stage in cut_into_stages(mlp(16, 8), p)]
     for policy in ("flush", *POLICIES):
         every = p if policy == "2bw" else (2 if policy == "flush" else 1)
         reports = pool.run(pipedream_train, STEPS, policy, every, rows=ROWS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
-from edulib.models import mlp, reference_gradients, regression_batch, split
+from edulib.models import cut_into_stages, mlp, reference_gradients, regression_batch
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
 from edulib.pp.runtime import measured_timeline
 from edulib.pp.workers import pipeline_step
@@ -63,13 +63,13 @@ def test_an_invalid_schedule_is_refused_before_any_message_is_sent():
 def test_split_cuts_into_nearly_equal_consecutive_pieces():
     from edulib.models import mlp
 
-    pieces = split(mlp(4, 7), 3)
+    pieces = cut_into_stages(mlp(4, 7), 3)
     assert [len(piece) for piece in pieces] == [3, 2, 2]
     assert all(torch.equal(a.weight, b.weight) for a, b in zip(
         [block[0] for piece in pieces for block in piece], [block[0] for block in mlp(4, 7)],
         strict=True))
     with pytest.raises(ValueError, match="cannot cut 7 blocks into 8 stages"):
-        split(mlp(4, 7), 8)
+        cut_into_stages(mlp(4, 7), 8)
 
 
 def test_messages_of_any_dtype_and_shape_train_like_the_unsplit_model():

@@ -18,7 +18,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from edulib.bench.timing import peak_resident
 from edulib.dp.zero import optimizer_state, tensor_bytes
 from edulib.launch import Pool
-from edulib.models import split
+from edulib.models import cut_into_stages
 from edulib.rank import device
 from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
@@ -35,7 +35,7 @@ def torch_train(config: TrainConfig, kind: str) -> dict:
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model, m = model_of(config), config.microbatches
     if kind == "1f1b":
-        stage = split(model, ranks)[rank]
+        stage = cut_into_stages(model, ranks)[rank]
         pipeline = Schedule1F1B(PipelineStage(stage, rank, ranks, device()), m, loss_fn=lm_loss)
         weights = stage
     elif kind == "ddp":

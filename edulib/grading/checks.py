@@ -642,12 +642,13 @@ def _pipeline_cases(rng: random.Random) -> list[Case]:
 
 
 def _pipeline_judge(case: Case, answer: Any) -> None:
-    from edulib.models import mlp, split
+    from edulib.models import cut_into_stages, mlp
 
     inputs = case.inputs
     ranks, model = inputs["ranks"], mlp(inputs["width"], inputs["depth"], inputs["seed"])
     torch.nn.functional.mse_loss(model(torch.cat(inputs["inputs"])), torch.cat(inputs["targets"])).backward()
-    for rank, (grads, stage) in enumerate(zip(_per_rank(answer, ranks), split(model, ranks), strict=True)):
+    stages = cut_into_stages(model, ranks)
+    for rank, (grads, stage) in enumerate(zip(_per_rank(answer, ranks), stages, strict=True)):
         parameters = list(stage.named_parameters())
         if type(grads) is not list or len(grads) != len(parameters):
             raise Wrong(f"rank {rank}: not one gradient per parameter of its stage", "gradients missing")

@@ -174,10 +174,10 @@ def _parallel_block(student: ModuleType, case: dict) -> dict:
 
 def _pipeline(student: ModuleType, case: dict) -> list:
     """The student's run_pipeline on this rank's stage: its gradients (the relay sees its messages)."""
-    from edulib.models import mlp, split
+    from edulib.models import cut_into_stages, mlp
 
     ranks, rank = dist.get_world_size(), dist.get_rank()
-    stage = split(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
+    stage = cut_into_stages(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
     microbatches = len(case["inputs"])
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ and the best hand-made (data, pipeline, tensor) grid with layers split evenly (M
 
 from __future__ import annotations
 
-from edulib.models import split
+from edulib.models import cut_into_stages
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, moe_graph
 from edulib.planner.inter import Plan, Stage, boundary_seconds, latency, plan
@@ -47,7 +47,7 @@ def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
     mesh = next(m for m in cluster.logical_meshes(submesh) if m.shape == (dp, tp))
     table = costs(graph, mesh, microbatches)
     stages = []
-    for p, piece in enumerate(split(layers, pp)):
+    for p, piece in enumerate(cut_into_stages(layers, pp)):
         members = [v for v, op in enumerate(graph.operators) if op.layer in piece]
         first, last = members[0], members[-1]
         loops = [("b" if dp > 1 else "-", op.manual if tp > 1 else "-")

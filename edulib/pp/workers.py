@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from edulib import comm
 from edulib.checks import check_choice, check_count
-from edulib.models import mlp, regression_batch, split
+from edulib.models import cut_into_stages, mlp, regression_batch
 from edulib.pp.executor import execute
 from edulib.pp.pipedream import POLICIES, Params, Stash, version_of
 from edulib.pp.schedule import Schedule
@@ -46,7 +46,7 @@ def pipeline_step(schedule: Schedule, width: int = 32, depth: int = 8, batch: in
         raise ValueError(f"the batch ({batch}) must split into {m} equal micro-batches")
     model = mlp(width, depth, seed)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    pieces = split(model, schedule.stages)
+    pieces = cut_into_stages(model, schedule.stages)
     mine = {stage: pieces[stage] for stage in schedule.stages_of(device)}
     inputs, targets = (tensor.chunk(m) for tensor in regression_batch(batch, width, seed))
     comm.barrier()  # every device starts the step together: the events time the schedule, not the set-up
@@ -69,7 +69,7 @@ def named_stage(width: int, depth: int, seed: int, stages: int, index: int
     unsplit model (what a stage's weights are compared by)."""
     model = mlp(width, depth, seed)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    stage = split(model, stages)[index]
+    stage = cut_into_stages(model, stages)[index]
     return stage, {name: names[id(parameter)] for name, parameter in stage.named_parameters()}
 
 
@@ -132,7 +132,7 @@ def pipedream_reference(stages: int, steps: int, weights: str = "stashing", micr
     version from `version_of` (the staleness the schedule implies) and applied in order."""
     model = mlp(width, depth, seed)
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    pieces = split(model, stages)
+    pieces = cut_into_stages(model, stages)
     history = [[{n: t.detach().clone() for n, t in piece.named_parameters()}] for piece in pieces]
     gradient: list[Params | None] = [None] * stages
     inputs, targets = (t.chunk(steps * microbatches) for t in regression_batch(steps * rows, width, seed))

@@ -6,7 +6,7 @@ layers, as in LLaMA: a key bias's gradient is zero but for rounding, which AdamW
 steps of lr either way), a final LayerNorm and a head that scores the next token; the loss is the
 cross-entropy of the next token. There is no dropout, so every run is the same. It is an
 `nn.Sequential` of [Embedding, Block, ..., Block, Head], so a pipeline cuts it into stages with
-`edulib.models.split` and every parameter has one name in the one-process model.
+`edulib.models.cut_into_stages` and every parameter has one name in the one-process model.
 """
 
 from __future__ import annotations

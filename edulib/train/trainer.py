@@ -39,7 +39,7 @@ from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import ZeroDataParallel, optimizer_state, tensor_bytes
 from edulib.ep.layer import ExpertParallelMoE
 from edulib.footprint import sharded_bytes, training_footprint
-from edulib.models import Block, split
+from edulib.models import Block, cut_into_stages
 from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
@@ -493,7 +493,7 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None, w
     start = _first_step(config)
     if config.resume:  # the weights, read in place into the one-process model every rank builds
         checkpoint.read(config.resume, {"model": {name: w.data for name, w in full.named_parameters()}})
-    pieces = split(full, schedule.stages)
+    pieces = cut_into_stages(full, schedule.stages)
     starts = list(itertools.accumulate(map(len, pieces), initial=0))
     stages, sources = {}, {}
     for s in schedule.stages_of(p):
