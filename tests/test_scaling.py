@@ -72,3 +72,14 @@ def test_the_planners_stage_table_sweeps_once_per_mesh_and_first_operator(monkey
     # for the stages that overflow (a sweep per stage, or per first operator, would be many more)
     assert meshes <= len(sweeps) <= meshes * (1 + 2 * len(ranges)), (len(sweeps), meshes)
     assert any(t < float("inf") for t in table.time.ravel())
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb_v"])
+def test_the_energy_dag_and_its_curves_take_time_in_proportion_to_the_actions(name):
+    from edulib.energy.frontier import curves_for, pipeline_dag
+    from edulib.energy.gpu import A100
+
+    make = lambda m: build_schedule(name, DEVICES, m)  # noqa: E731
+    for run in (pipeline_dag, lambda s: curves_for(s, A100, 1.0, 1.0, 1.0, 0.5)):
+        growth = _growth(make, run)
+        assert growth < 8, f"4x the actions took {growth:.1f}x the time"
