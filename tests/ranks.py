@@ -712,10 +712,11 @@ def item_calls(config) -> int:
     return len(calls)
 
 
-def live_tensor_bytes(config) -> int:
+def live_tensor_bytes(config) -> tuple[int, dict]:
     """The most bytes of floating-point tensor storage that Python objects reach (each storage once)
     at the start of any pipeline run of a training run without the report's gathered weights: what
-    the trainer keeps alive between steps, whatever counts it reports (the data's tokens left out)."""
+    the trainer keeps alive between steps, whatever counts it reports (the data's tokens left out);
+    and the run's report."""
     import gc
 
     from edulib.train import trainer
@@ -730,10 +731,10 @@ def live_tensor_bytes(config) -> int:
         return execute(*args, **kwargs)
     trainer.execute = measured
     try:
-        trainer.train(config, weights=False)
+        report = trainer.train(config, weights=False)
     finally:
         trainer.execute = execute  # the pool's ranks serve other tests next
-    return most[0]
+    return most[0], report
 
 
 def write_into_every_descriptor(text: bytes) -> None:

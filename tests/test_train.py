@@ -444,9 +444,12 @@ def test_between_steps_the_trainer_holds_only_what_the_layout_needs(zero, pools)
     config = TrainConfig(dp=2, zero=zero, microbatches=2, batch=4, hidden=32, heads=2, layers=4, tokens=8,
                          steps=2)
     model = 4 * sum(w.numel() for w in model_of(config).parameters())
+    want = reference(config)["losses"]
     for _ in range(2):  # and a run leaves nothing behind on its ranks for the next
-        for live in pools(2).run(ranks.live_tensor_bytes, config):
+        for live, report in pools(2).run(ranks.live_tensor_bytes, config):
             assert live / model == pytest.approx(LIVE[zero], abs=0.01)
+            assert report["losses"] == pytest.approx(want, rel=1e-4)
+            assert "weights" not in report  # none gathered
 
 
 def test_zero3_gathers_ahead_and_reduce_scatters_each_unit_once_per_backward_pass(pools):

@@ -123,6 +123,12 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     ready = renders.get({"x": 2})  # ready, not drawn again
     assert ready == (None, "drawn", None) and calls == [{"x": 1}, {"x": 2}]
     assert renders.get({"x": 3}) == (None, "drawn", None) and len(calls) == 3
+    described = _Renders(lambda **values: "drawn", lambda **values: f"x is {values['x']}")
+    described.prepare([{"x": 4}])  # the words under the picture are rendered ahead with it
+    deadline = time.monotonic() + 5
+    while ("x", 4) not in {key[0] for key in described.done} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert described.get({"x": 4}) == (None, "drawn", "x is 4")
 
 
 def test_a_control_that_does_not_apply_is_disabled_with_the_reason():

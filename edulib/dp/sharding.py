@@ -129,12 +129,12 @@ class Sharding:
         self._coming: dict[int, Future] = {}  # unit -> its gather, started early
         self._reducing: list[Future] = []  # reduce-scatters in flight, each adding to its unit's shard
         self.spans: list[tuple[str, float, float]] = []  # each collective's kind, start and end
+        ready = weakly(self._accumulated)  # (a parameter's hook must not hold its owner)
         for index, unit in enumerate(units):
             if gather:
                 unit.module.register_forward_pre_hook(lambda *_, index=index: self._gather(index, +1))
                 unit.module.register_forward_hook(
                     lambda _, __, out, index=index: self._after_forward(index, out))
-            ready = weakly(self._accumulated)  # (a parameter's hook must not hold its owner)
             for parameter in unit.trainable if reduce else []:
                 parameter.register_post_accumulate_grad_hook(lambda _, index=index, ready=ready: ready(index))
 
@@ -228,8 +228,9 @@ class Sharding:
 
     def _end_pass(self) -> None:
         """After the step's backward passes: reduce the units some of whose gradients never came (a
-        parameter the pass did not use), add up every reduce-scatter's chunk, drop gathers started
-        for a use that never came (the weights change in the step) and free every unit."""
+        parameter the pass did not use), wait for every reduce-scatter (each adds its chunk), drop
+        gathers started for a use that never came (the weights change in the step) and free every
+        unit."""
         for index, unit in enumerate(self.units):
             if unit.ready:
                 self._reduce(index)

@@ -355,8 +355,8 @@ def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
         order = sorted(prices)
         starts = dict(zip(order, itertools.accumulate((len(prices[q]) for q in order), initial=0),
                           strict=False))
-        rows = np.concatenate([np.full(len(prices[q]), stages[q][1]) for q in order])
-        sweep = viterbi(table, first, np.concatenate([prices[q] for q in order]), rows)
+        in_flights = np.concatenate([np.full(len(prices[q]), stages[q][1]) for q in order])  # per row
+        sweep = viterbi(table, first, np.concatenate([prices[q] for q in order]), in_flights)
         steps = list(itertools.islice(sweep, max(stages[q][0] for q in order) - first + 1))
         for q in order:
             (last, in_flight), rows = stages[q], np.arange(starts[q], starts[q] + len(prices[q]))
@@ -372,9 +372,8 @@ def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
             first_fit = int(np.argmax(fits))
             if first_fit == 0:  # the time optimum fits
                 del prices[q]
-            else:
-                prices[q] = np.linspace(prices[q][first_fit - 1], prices[q][first_fit], 17)[1:-1]  # (the ends
-                # were priced in this round)
+            else:  # finer prices between the last that overflowed and the first that fit (both priced)
+                prices[q] = np.linspace(prices[q][first_fit - 1], prices[q][first_fit], 17)[1:-1]
     return best
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -82,8 +82,8 @@ def decays(config: TrainConfig, name: str, dims: int) -> bool:
     return dims >= 2 and not table
 
 
-Picked = list[tuple[torch.Tensor, list[slice]]]  # weights, each with the parts of it picked
-WHOLE_WEIGHT = [slice(None)]
+Picked = list[tuple[torch.Tensor, Sequence[slice]]]  # weights, each with the parts of it picked
+WHOLE_WEIGHT = (slice(None),)
 
 
 def decay(weights: Picked, lr: float, weight_decay: float) -> None:
@@ -302,7 +302,7 @@ class _Averaging:
                                             prefetch=config.zero == 3, ignored_params=self.experts)
         self.own = list(held.parameters()) if config.zero is None else self.experts  # not ZeRO's
         self.optimizer = make(self.own) if self.own else None
-        self.decaying = self._masked(lambda w, dims, _: decays(config, names[id(w)], dims))
+        self.decaying = self._picked(lambda w, dims, _: decays(config, names[id(w)], dims))
         self.counted: Picked = []  # see `count_once`
         self._waiting: dict[int, contextlib.ExitStack] = {}
         self.reduces: list[list[float]] = []  # the last step's bucket all-reduces: [launched, finished]
@@ -310,7 +310,7 @@ class _Averaging:
         self.kept_chunks: list[torch.Tensor] = []  # and this rank's chunks of ZeRO's
         self.sharding: list[tuple[str, float, float]] = []  # and ZeRO's collectives: kind, start, end
 
-    def _masked(self, pick: Callable[[nn.Parameter, int, bool], bool]) -> Picked:
+    def _picked(self, pick: Callable[[nn.Parameter, int, bool], bool]) -> Picked:
         """This rank's weights that `pick(weight, dims, sharded)` picks: a weight of its own whole,
         and of each ZeRO master chunk the parts that hold the weights picked (slices, not a mask
         the chunk's size)."""
@@ -327,7 +327,7 @@ class _Averaging:
     def count_once(self, counted: Callable[[int, bool], bool]) -> None:
         """Which gradient elements this rank adds to the global norm: `counted(weight's id, sharded)`,
         true on exactly one of the ranks that hold each (a ZeRO chunk is its rank's alone)."""
-        self.counted = self._masked(lambda w, _, sharded: counted(id(w), sharded))
+        self.counted = self._picked(lambda w, _, sharded: counted(id(w), sharded))
 
     def _clip(self) -> None:
         """Scale every averaged gradient so that their norm over the whole model, each element counted
@@ -730,7 +730,7 @@ def _gather(named: dict[str, torch.Tensor], sources: Sources, weights: dict[int,
             writes: Callable[[int, Index], bool], root: int = 0) -> dict[str, torch.Tensor]:
     """These weights of the one-process model (by name; or a tensor of each one's shape), assembled
     on rank `root` from the slices the ranks hold: each slice is written by exactly one rank
-    (`writes`) and summed there. Every rank takes part."""
+    (`writes`) and summed there. Every rank takes part; the others get an empty dict."""
     offsets = dict(zip(named, itertools.accumulate((w.numel() for w in named.values()), initial=0),
                        strict=False))
     flat = torch.zeros(sum(w.numel() for w in named.values()))
