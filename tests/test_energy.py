@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -42,7 +44,7 @@ def test_the_frontier_equals_exhaustive_search(name, p, m, levels):
 
 def test_the_frontier_on_dags_with_many_first_and_last_computations():
     # random DAGs: several computations start and several end the iteration (s and t each
-    # reach several), with the shared edges that shrink the cut's network
+    # reach several), with shared edges
     rng = np.random.default_rng(7)
     for trial in range(12):
         count = int(rng.integers(5, 8))
@@ -99,6 +101,34 @@ def test_the_frontier_equals_a_linear_program_on_a_pipeline_of_real_size(name):
     for point in found[::7] + found[-1:]:
         reference = _linear_program(curves, edges, schedule.devices, A100.idle * 0.25, point.time)
         assert point.energy == pytest.approx(reference, rel=1e-9), point.time
+
+
+def test_each_cut_starts_from_the_last_steps_flow_and_a_flow_that_does_not_fit_is_dropped(monkeypatch):
+    module = importlib.import_module("edulib.energy.frontier")  # the package's `frontier` is the function
+    schedule = build_schedule("interleaved_1f1b", 4, 8)
+    _, edges = pipeline_dag(schedule)
+    curves = module.curves_for(schedule, A100, [1.0, 1.0, 1.0, 1.25], 2.0, 0.0, 0.25)
+    made = []
+
+    class Recorded(module._Cuts):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    class Spoiled(Recorded):
+        def __call__(self, *bounds):  # a flow on every arc beyond its capacity: it must not be trusted
+            self.flow[:] = 2**40
+            return super().__call__(*bounds)
+
+    monkeypatch.setattr(module, "_Cuts", Recorded)
+    warm = frontier(curves, edges, schedule.devices, A100.idle * 0.25)
+    assert len(warm) > 40 and made[-1].restarts == 0  # every step went on from the last step's flow
+    monkeypatch.setattr(module, "_Cuts", Spoiled)
+    cold = frontier(curves, edges, schedule.devices, A100.idle * 0.25)
+    assert made[-1].restarts == len(cold)  # one search a point, every one from none
+    assert [p.time for p in cold] == [p.time for p in warm]
+    for a, b in zip(cold, warm, strict=True):
+        assert a.energy == pytest.approx(b.energy, rel=1e-12)
 
 
 def test_the_fastest_iteration_is_the_simulators_makespan_at_full_speed():

@@ -14,9 +14,8 @@ iteration. Then, again and again, shorten the iteration by one unit at the least
 
 The energies at successive times form the frontier, from the least-energy iteration to the
 fastest. Neighbouring times share most of the work: the longest paths come from two Dijkstra runs
-whose potentials, the longest paths at the slowest durations, serve every step; the cut's network
-is shrunk where an edge is a node's only way in or out; and a step whose critical DAG and costs
-are the previous step's reuses its cut.
+whose potentials, the longest paths at the slowest durations, serve every step; and each step's
+maximum flow starts from the last step's, so that only the flow still missing is searched for.
 
 Waiting devices draw idle power, so the iteration's energy is each computation's energy plus the
 idle power over the time no computation runs; with idle power folded into each computation (its
@@ -140,7 +139,8 @@ class _LongestPaths:
     def __init__(self, count: int, edges: list[tuple[int, int]], slowest: np.ndarray) -> None:
         order, before, after = _order(count, edges)
         start, tail, _ = _times(slowest.tolist(), order, before, after)
-        self.start, self.rest = np.array(start), np.array(tail) - slowest  # the potentials
+        # the potentials, as floats: scipy's Dijkstra would convert each graph's weights to them
+        self.start, self.rest = np.array(start, dtype=float), np.array(tail, dtype=float) - slowest
         u, v = (np.array([edge[i] for edge in edges], dtype=np.int64).reshape(-1) for i in (0, 1))
         self.forward, self.backward = (self._structure(a, b, count) for a, b in ((u, v), (v, u)))
         self.sources = [c for c in range(count) if not before[c]]
@@ -168,77 +168,86 @@ class _LongestPaths:
         return start, tail, int((start + tail).max())
 
 
-def _contract(tail: np.ndarray, head: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-              nodes: int) -> tuple[np.ndarray, ...]:
-    """A smaller network with a cut as cheap as the cheapest, and each node's node in it.
+class _Cuts:
+    """Minimum cuts of the successive critical DAGs, each maximum flow warm-started from the last.
 
-    An unbounded arc x -> y (no lower bound) that is x's only way out, or y's only way in, can be
-    shrunk to one node: a finite cut never puts x before y and y after, and from any cut that puts
-    y before x, moving x to y's side (or y to x's) only stops arcs from crossing."""
-    inner = np.isinf(upper) & (lower == 0) & (tail >= 2) & (head >= 2)  # s and t stay
-    label = np.arange(nodes)
-    only_out = inner & (np.bincount(tail, minlength=nodes)[tail] == 1)
-    label[tail[only_out]] = head[only_out]
-    merged = np.zeros(nodes, dtype=bool)
-    merged[tail[only_out]] = True
-    only_in = inner & (np.bincount(head, minlength=nodes)[head] == 1) & ~merged[tail]
-    label[head[only_in]] = tail[only_in]
-    keep = ~(only_out | only_in)
-    return label[tail[keep]], label[head[keep]], lower[keep], upper[keep], label
+    The network holds every arc a step may use: each computation c from node 2 + 2c to 3 + 2c,
+    unbounded arcs from s (0) to the computations with nothing before them, to t (1) from those with
+    nothing after, and along every edge; a step switches on the critical ones. A cut's capacity
+    counts upper bounds forwards and minus lower bounds backwards: for every cut that is a constant
+    plus an ordinary cut's, with upper - lower on each arc and each lower bound moved onto its ends,
+    as an arc from its tail to t and one from s to its head (lower x ([tail in S] - [head in S]) =
+    lower x ([tail in S] + [head in T] - 1)). So a maximum flow finds it: the nodes it can still
+    reach from s. scipy's maximum flow takes 32-bit whole capacities: joules are scaled, once for
+    every step, so that all finite capacities together fill half of "infinity", which the flow out
+    of s reaches only where no finite cut exists. A step starts from the last step's flow where that
+    still fits its capacities, so that only the flow still missing is searched for."""
 
+    def __init__(self, paths: _LongestPaths, costs: _Costs) -> None:
+        count = len(costs.rows)
+        every = np.arange(count)
+        first, last = np.flatnonzero(paths.first), np.flatnonzero(paths.last)
+        u, v = paths.forward[:2]
+        s, t, into, out_of = 0, 1, 2 + 2 * every, 3 + 2 * every  # each computation's two nodes
+        # the computations, s to the first, the last to t, the edges, and the lower bounds' two arcs
+        tail = np.concatenate([into, np.full(len(first), s), out_of[last], out_of[u], into,
+                               np.full(count, s)])
+        head = np.concatenate([out_of, into[first], np.full(len(last), t), into[v], np.full(count, t),
+                               out_of])
+        self.nodes, self.first, self.last = 2 + 2 * count, first, last
+        # every arc and its reverse, sorted as a CSR holds them: the residual network's structure
+        rows, cols = np.concatenate([tail, head]), np.concatenate([head, tail])
+        self.order = np.lexsort((cols, rows))
+        self.cols = cols[self.order].astype(np.int32)
+        self.pointers = np.searchsorted(rows[self.order], np.arange(self.nodes + 1))
+        self.place = np.argsort(self.order)[:len(tail)]  # where each arc's forward entry lies
+        self.infinity = 2**30 // max(1, len(first))  # so that s's arcs sum below 2^31
+        finite = np.where(np.isfinite(costs.faster), costs.faster, 0.0)
+        self.scale = self.infinity / 2 / max(float(2 * finite.max(axis=1).sum()), 1e-300)
+        self.flow = np.zeros(len(tail), dtype=np.int64)
+        self.leaving = tail == s
+        self.bottom = np.zeros(count, dtype=np.int64)  # each computation's lower bound, as carried
+        self.unbounded = np.full(len(first) + len(last) + len(u), self.infinity)
+        self.restarts = 0  # steps whose search started from no flow, the last one not fitting
 
-def _cheapest_cut(tail: np.ndarray, head: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                  nodes: int) -> np.ndarray | None:
-    """Which of `nodes` nodes (0 is s, 1 is t) lie on the source side of a minimum s-t cut of arcs
-    tail -> head whose capacity counts upper bounds forwards and minus lower bounds backwards;
-    None where every cut crosses an infinite upper bound.
+    def _network(self, room: np.ndarray) -> csr_array:
+        """A network on the residual structure with these capacities (in its order)."""
+        return csr_array((room, self.cols, self.pointers), shape=(self.nodes, self.nodes))
 
-    For every cut, that capacity is a constant plus an ordinary cut's: upper - lower on each arc,
-    and each arc's lower bound moved onto its ends, as an arc from its tail to t and one from s to
-    its head (lower x ([tail in S] - [head in S]) = lower x ([tail in S] + [head in T] - 1)). So one
-    maximum flow finds it: the nodes it can still reach from s. scipy's maximum flow takes 32-bit
-    whole capacities: joules are scaled to fill half of "infinity", which the flow out of s reaches
-    only where no finite cut exists."""
-    tail, head, lower, upper, label = _contract(tail, head, lower, upper, nodes)
-    lifted = lower > 0
-    rows = np.concatenate([tail, tail[lifted], np.zeros(int(lifted.sum()), dtype=tail.dtype)])
-    cols = np.concatenate([head, np.ones(int(lifted.sum()), dtype=head.dtype), head[lifted]])
-    caps = np.concatenate([upper - lower, lower[lifted], lower[lifted]])
-    finite = np.isfinite(caps)
-    infinity = 2**30 // max(1, int(np.sum(~finite & (rows == 0))))  # so s's arcs sum below 2^31
-    scale = infinity / 2 / max(float(caps[finite].sum()), 1e-300)
-    caps = np.where(finite, np.floor(np.where(finite, caps, 0.0) * scale), infinity).astype(np.int64)
-    graph = csr_array((caps, (rows, cols)), shape=(nodes, nodes))  # parallel arcs add up
-    graph.data = np.minimum(graph.data, infinity).astype(np.int32)
-    flow = maximum_flow(graph, 0, 1)
-    if flow.flow_value >= infinity:
-        return None  # a path of computations that cannot go faster runs from s to t
-    residual = (graph - flow.flow).tocsr()
-    residual.data = (residual.data > 0).astype(np.int8)
-    residual.eliminate_zeros()
-    side = np.zeros(nodes, dtype=bool)
-    side[breadth_first_order(residual, 0, return_predecessors=False)] = True
-    return side[label]
-
-
-def _critical_arcs(paths: _LongestPaths, durations: np.ndarray,
-                   costs: _Costs) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
-    """The critical computations, the critical DAG as arcs (tail, head, lower, upper), and the
-    makespan: each critical computation c from node 2 + 2c to 3 + 2c with its costs as bounds,
-    unbounded arcs from s (0) to those with nothing before them, to t (1) from those with
-    nothing after, and the edges on a longest path."""
-    start, tail, makespan = paths(durations)
-    u, v = paths.forward[:2]
-    critical = start + tail == makespan
-    tight = start[u] + durations[u] + tail[v] == makespan  # an edge on a longest path
-    node, first, last = (np.flatnonzero(critical & ends) for ends in (True, paths.first, paths.last))
-    upper, lower = costs.bounds(durations)
-    arcs = [(2 + 2 * node, 3 + 2 * node, lower[node], upper[node]),  # the computations
-            (np.zeros_like(first), 2 + 2 * first, 0.0, np.inf),  # s to the first
-            (3 + 2 * last, np.ones_like(last), 0.0, np.inf),  # the last to t
-            (3 + 2 * u[tight], 2 + 2 * v[tight], 0.0, np.inf)]  # the edges
-    return critical, tuple(np.concatenate([np.broadcast_to(arc[i], arc[0].shape) for arc in arcs])
-                           for i in range(4)), makespan
+    def __call__(self, critical: np.ndarray, tight: np.ndarray, upper: np.ndarray,
+                 lower: np.ndarray) -> np.ndarray | None:
+        """Which nodes lie on the source side of a minimum cut of the critical DAG (`critical`
+        computations with bounds `upper` and `lower`, `tight` edges); None where every cut crosses
+        an infinite upper bound."""
+        count = len(critical)
+        top, bottom = (np.where(np.isfinite(x), np.floor(np.where(np.isfinite(x), x, 0.0) * self.scale),
+                                self.infinity).astype(np.int64) for x in (upper, lower))
+        lifted = critical & (bottom > 0)
+        on = np.concatenate([critical, critical[self.first], critical[self.last], tight, lifted, lifted])
+        capacity = np.where(on, np.concatenate([np.where(np.isinf(upper), self.infinity, top - bottom),
+                                                self.unbounded, bottom, bottom]), 0)
+        # the same flow through each computation, its lower bound now moved onto its ends
+        moved = self.bottom - bottom
+        self.flow[:count] += moved
+        self.flow[-2 * count:] -= np.tile(moved, 2)
+        self.bottom = bottom
+        if (self.flow > capacity).any() or (self.flow < 0).any():
+            self.flow[:] = 0  # the last flow does not fit: search from none
+            self.restarts += 1
+        room = np.concatenate([capacity - self.flow, self.flow])[self.order].astype(np.int32)
+        more = maximum_flow(self._network(room), 0, 1).flow
+        if not (np.array_equal(more.indptr, self.pointers) and np.array_equal(more.indices, self.cols)):
+            raise RuntimeError("scipy's maximum_flow returned its flow on a structure not the network's")
+        self.flow += more.data[self.place]
+        if self.flow[self.leaving].sum() >= self.infinity:
+            return None  # a path of computations that cannot go faster runs from s to t
+        left = room > more.data
+        pointers = np.concatenate([[0], np.cumsum(left)])[self.pointers]
+        reach = csr_array((np.ones(int(pointers[-1])), self.cols[left], pointers),
+                          shape=(self.nodes, self.nodes))
+        side = np.zeros(self.nodes, dtype=bool)
+        side[breadth_first_order(reach, 0, return_predecessors=False)] = True
+        return side
 
 
 def frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
@@ -250,14 +259,17 @@ def frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
     """
     costs = _Costs(curves, idle)
     paths = _LongestPaths(len(curves), edges, costs.slowest)
+    cuts = _Cuts(paths, costs)
+    u, v = paths.forward[:2]
     durations = costs.slowest.copy()
-    points, problem, side = [], None, None
+    points = []
     while True:
-        critical, arcs, makespan = _critical_arcs(paths, durations, costs)
-        energy = costs.total(durations) + idle * devices * makespan
-        points.append(Point(makespan, energy, tuple(durations.tolist())))
-        if problem is None or any(not np.array_equal(x, y) for x, y in zip(arcs, problem, strict=True)):
-            problem, side = arcs, _cheapest_cut(*arcs, 2 + 2 * len(curves))  # else the same cut again
+        start, tail, makespan = paths(durations)
+        points.append(Point(makespan, costs.total(durations) + idle * devices * makespan,
+                            tuple(durations.tolist())))
+        critical = start + tail == makespan
+        tight = start[u] + durations[u] + tail[v] == makespan  # an edge on a longest path
+        side = cuts(critical, tight, *costs.bounds(durations))
         if side is None:
             return points
         enter, leave = side[2::2], side[3::2]
