@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from edulib.comm.workers import rank_tensor
+from edulib.lessons.collectives import rank_tensor
 from edulib.rank import device
 
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from edulib.cp.ring import Context, ring_attention
 
 TOKENS = 3  # sequence length of the attention examples' inputs: (batch, tokens, hidden)
 HOST = torch.Generator().device  # where seeded generators draw: the same numbers everywhere
@@ -102,15 +100,23 @@ def reference_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.T
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
 
+class SequenceCut(Protocol):
+    """Where a sequence is cut over ranks, and how its parts attend to the whole (`edulib.cp`'s
+    `Context`, which goes round a ring): the models hold it without knowing the parallelism."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        """This rank's part of attention over the whole sequence, per head (batch, heads, tokens, d)."""
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal: bool = False,
-           context: Context | None = None) -> torch.Tensor:
+           context: SequenceCut | None = None) -> torch.Tensor:
     """Scaled dot-product attention over `heads` heads of (batch, tokens, heads x head_dim) inputs;
     `causal` hides every key after its query. With a `context` the tokens are this rank's part of a
-    sequence cut over its group, attended round its ring (`edulib.cp`)."""
+    sequence cut over its group, and the context attends them to the whole."""
     batch, tokens, width = q.shape
     q, k, v = (t.reshape(batch, tokens, heads, width // heads).transpose(1, 2) for t in (q, k, v))
     if context is not None:
-        out = ring_attention(q, k, v, causal, context.layout, context.group, context.trace)
+        out = context.attend(q, k, v, causal)
     else:
         scores = q @ k.transpose(-1, -2) / (width // heads) ** 0.5
         if causal:
@@ -122,7 +128,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, causal
 
 class SelfAttention(nn.Module):
     """GPT-style multi-head self-attention: one fused QKV projection, attention, an output projection
-    (`causal` for a language model; a `Context` where the sequence is cut over ranks).
+    (`causal` for a language model; a `SequenceCut` where the sequence is cut over ranks).
     Without `bias` no key bias gets a gradient that is zero but for rounding (softmax ignores it),
     which Adam would blow up into an update of lr either way."""
 

@@ -18,41 +18,30 @@ from edulib import examples
 from edulib.checks import check_world_size
 from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
 from edulib.comm.verify import collective_disagreements
-from edulib.comm.workers import collective_step
 from edulib.compare import disagreements
 from edulib.cp import blocks_per_rank
-from edulib.cp.workers import ring_reference, ring_step
-from edulib.dp import (
+from edulib.dp.compression import TopK
+from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
+from edulib.footprint import sharded_bytes
+from edulib.hybrid.plan import language_model_graph, layouts, local_cluster
+from edulib.launch import Pool, resolve_backend
+from edulib.lessons.collectives import collective_step
+from edulib.lessons.context_parallelism import ring_reference, ring_step
+from edulib.lessons.data_parallelism import (
+    compressed_train,
     data_parallel_reference,
     data_parallel_train,
     parameter_server_train,
     torch_ddp_train,
+    torch_powersgd_train,
     zero_reference,
     zero_train,
 )
-from edulib.dp.compression import TopK
-from edulib.dp.workers import compressed_train, torch_powersgd_train
-from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
-from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
-from edulib.footprint import sharded_bytes
-from edulib.hybrid import plan_reference, plan_step
-from edulib.hybrid.plan import language_model_graph, layouts, local_cluster
-from edulib.launch import Pool, resolve_backend
-from edulib.models import mlp, reference_gradients, regression_batch
-from edulib.planner.cluster import Cluster
-from edulib.planner.inter import plan
-from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
-from edulib.pp import build_schedule as build_pipeline
-from edulib.pp import simulate_ratio
-from edulib.pp.workers import pipedream_reference, pipedream_train, pipeline_step
-from edulib.progress import progress_bar
-from edulib.recompute import MODES as RECOMPUTE_MODES
-from edulib.recompute import recompute_step, saved_bytes_formula
-from edulib.table import format_table
-from edulib.tp import sequence
-from edulib.tp.grid import grid_bytes, grid_shapes
-from edulib.tp.workers import LAYERS as TENSOR_LAYERS
-from edulib.tp.workers import (
+from edulib.lessons.expert_parallelism import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
+from edulib.lessons.pipelines import pipedream_reference, pipedream_train, pipeline_step
+from edulib.lessons.plans import plan_reference, plan_step
+from edulib.lessons.tensor_parallelism import LAYERS as TENSOR_LAYERS
+from edulib.lessons.tensor_parallelism import (
     auto_parallel_reference,
     auto_parallel_step,
     cnn_reference,
@@ -64,6 +53,18 @@ from edulib.tp.workers import (
     tensor_layer_reference,
     tensor_layer_step,
 )
+from edulib.models import mlp, reference_gradients, regression_batch
+from edulib.planner.cluster import Cluster
+from edulib.planner.inter import plan
+from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
+from edulib.pp import build_schedule as build_pipeline
+from edulib.pp import simulate_ratio
+from edulib.progress import progress_bar
+from edulib.recompute import MODES as RECOMPUTE_MODES
+from edulib.recompute import recompute_step, saved_bytes_formula
+from edulib.table import format_table
+from edulib.tp import sequence
+from edulib.tp.grid import grid_bytes, grid_shapes
 from edulib.train import TrainConfig, reference, train
 from edulib.train.trainer import agrees, disagreement
 

@@ -76,7 +76,7 @@ def every_collective(partition: list[list[int]], lengths: list[int]) -> list[dic
     """Run every collective with every algorithm (torch's own too) on this rank's group of
     `partition`, through edulib.comm; report inputs, outputs and the ledger's bytes, on the CPU."""
     from edulib import comm
-    from edulib.comm.workers import rank_tensor
+    from edulib.lessons.collectives import rank_tensor
 
     group = comm.subgroup(partition)
     n = dist.get_world_size(group)
@@ -283,7 +283,7 @@ def split_backward_work(sequence_parallel: bool) -> dict:
 
     from edulib import comm
     from edulib.models import Block
-    from edulib.pp.backward import backward_input, backward_weight, recording
+    from edulib.split_backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock
     from edulib.tp.sequence import SequenceSplit
 

@@ -9,8 +9,8 @@ from edulib import comm
 from edulib.comm import SCHEDULES, build_schedule
 from edulib.comm.runtime import run_schedule
 from edulib.comm.verify import collective_disagreements
-from edulib.comm.workers import run_many
 from edulib.launch import Pool, RankError
+from edulib.lessons.collectives import run_many
 from tests import ranks
 
 LARGE_ODD = 10_007

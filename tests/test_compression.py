@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.dp import compressed_reference, compressed_train, data_parallel_train, torch_powersgd_train
 from edulib.dp.compression import Int8, OneBit, PowerSGD, TopK, compressor, orthogonalize
+from edulib.lessons.data_parallelism import (
+    compressed_reference,
+    compressed_train,
+    data_parallel_train,
+    torch_powersgd_train,
+)
 
 STEPS, WIDTH, DEPTH, BATCH, LR = 120, 32, 2, 32, 0.2
 

@@ -10,8 +10,8 @@ import torch
 
 from edulib.compare import disagreements
 from edulib.cp import LAYOUTS, balance, blocks_per_rank, ring_attention_bytes, shard_sequence, token_ranges
-from edulib.cp.workers import ring_reference, ring_step
 from edulib.launch import Pool, RankError
+from edulib.lessons.context_parallelism import ring_reference, ring_step
 
 HEADS, WIDTH = 2, 4  # ring_step's defaults
 

@@ -6,13 +6,18 @@ import pytest
 import torch
 
 from edulib import comm
-from edulib.dp import data_parallel_reference, data_parallel_train, parameter_server_train, torch_ddp_train
 from edulib.dp.bandwidth import (
     allreduce_bandwidth,
     parameter_server_bandwidth,
     workers_until_server_saturates,
 )
 from edulib.launch import Pool, RankError
+from edulib.lessons.data_parallelism import (
+    data_parallel_reference,
+    data_parallel_train,
+    parameter_server_train,
+    torch_ddp_train,
+)
 from edulib.models import mlp, reference_gradients
 from tests import ranks
 

@@ -10,8 +10,8 @@ import torch
 
 from edulib.compare import disagreements
 from edulib.ep import route
-from edulib.ep.workers import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from edulib.launch import Pool, RankError
+from edulib.lessons.expert_parallelism import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from tests.ranks import moe_with_an_empty_rank
 
 TOKENS, HIDDEN, EXPERTS = 6, 8, 4

@@ -34,7 +34,7 @@ def test_tour_passes_on_nccl(capsys):
 
 
 def test_rank_code_computes_on_its_gpu_and_matches_one_process():
-    from edulib.dp import data_parallel_reference, data_parallel_train
+    from edulib.lessons.data_parallelism import data_parallel_reference, data_parallel_train
 
     [trained] = run(data_parallel_train, 1, 3, backend="nccl", algorithm="ring")
     assert trained["parameters"].is_cuda
@@ -43,9 +43,9 @@ def test_rank_code_computes_on_its_gpu_and_matches_one_process():
 
 def test_sequence_context_and_expert_parallelism_compute_on_the_gpu():
     from edulib.compare import disagreements
-    from edulib.cp.workers import ring_reference, ring_step
-    from edulib.ep.workers import moe_reference, moe_step
-    from edulib.tp.workers import sequence_parallel_reference, sequence_parallel_step
+    from edulib.lessons.context_parallelism import ring_reference, ring_step
+    from edulib.lessons.expert_parallelism import moe_reference, moe_step
+    from edulib.lessons.tensor_parallelism import sequence_parallel_reference, sequence_parallel_step
 
     [ring] = run(ring_step, 1, 9, "zigzag", backend="nccl")
     assert ring["gradients"]["output"].is_cuda

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
+from edulib.lessons.pipelines import pipedream_reference, pipedream_train
 from edulib.models import cut_into_stages, mlp
 from edulib.pp import async_1f1b, build_schedule, parse_actions, simulate
 from edulib.pp.pipedream import (
@@ -19,7 +20,6 @@ from edulib.pp.pipedream import (
     versions_closed_form,
     versions_held,
 )
-from edulib.pp.workers import pipedream_reference, pipedream_train
 
 STEPS, ROWS = 6, 8
 

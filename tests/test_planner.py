@@ -12,7 +12,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.compare import disagreements
-from edulib.hybrid import plan_reference, plan_step
 from edulib.hybrid.plan import (
     StageLayout,
     language_model_graph,
@@ -22,6 +21,7 @@ from edulib.hybrid.plan import (
     plan_model,
 )
 from edulib.launch import Pool, RankError
+from edulib.lessons.plans import plan_reference, plan_step
 from edulib.models import mlp, small_cnn
 from edulib.planner import intra
 from edulib.planner.baselines import (

@@ -10,8 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.models import mlp, regression_batch
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
-from edulib.pp.backward import backward_input, backward_weight, recording
 from edulib.pp.lower import lower
+from edulib.split_backward import backward_input, backward_weight, recording
 
 
 def test_1f1b_lowers_to_the_rows_a_student_reads():

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
+from edulib.lessons.pipelines import pipeline_step
 from edulib.models import cut_into_stages, mlp, reference_gradients, regression_batch
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
 from edulib.pp.runtime import measured_timeline
-from edulib.pp.workers import pipeline_step
 
 WIDTH, DEPTH, BATCH, MICROBATCHES = 16, 8, 8, 4
 
@@ -107,7 +107,7 @@ def test_messages_must_be_declared_for_every_stage_once():
 
 @pytest.mark.parametrize("norm", [False, True])
 def test_b_keeps_only_what_w_needs_and_b_plus_w_is_one_backward(norm):
-    from edulib.pp.backward import backward_input, backward_weight, recording
+    from edulib.split_backward import backward_input, backward_weight, recording
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(6, 6), torch.nn.Tanh(), *([torch.nn.LayerNorm(6)] if norm else []),

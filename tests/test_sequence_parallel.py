@@ -10,9 +10,9 @@ import torch
 
 from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
+from edulib.lessons.tensor_parallelism import sequence_parallel_reference, sequence_parallel_step
 from edulib.recompute import korthikanti_bytes
 from edulib.tp.sequence import activation_bytes, layer_traffic
-from edulib.tp.workers import sequence_parallel_reference, sequence_parallel_step
 
 BATCH, TOKENS, HIDDEN, HEADS = 2, 8, 16, 4
 

@@ -8,10 +8,7 @@ import torch
 from edulib.comm import ALGORITHMS, bytes_sent, formula, schedule_for
 from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
-from edulib.models import TOKENS
-from edulib.tp.cost import LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
-from edulib.tp.vocab import vocab_parallel_bytes, vocab_parallel_cross_entropy
-from edulib.tp.workers import (
+from edulib.lessons.tensor_parallelism import (
     LAYERS,
     case,
     cnn_reference,
@@ -22,6 +19,9 @@ from edulib.tp.workers import (
     vocab_parallel_step,
     vocab_reference,
 )
+from edulib.models import TOKENS
+from edulib.tp.cost import LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
+from edulib.tp.vocab import vocab_parallel_bytes, vocab_parallel_cross_entropy
 
 BATCH, WIDTH = 8, 16
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from edulib.compare import disagreements
-from edulib.tp.grid import GridShape, best_grid, fits, grid_bytes, grid_shapes
-from edulib.tp.workers import (
+from edulib.lessons.tensor_parallelism import (
     AUTO_MODELS,
     auto_parallel_reference,
     auto_parallel_step,
@@ -20,6 +19,7 @@ from edulib.tp.workers import (
     grid_step,
     tensor_layer_step,
 )
+from edulib.tp.grid import GridShape, best_grid, fits, grid_bytes, grid_shapes
 from tests import ranks
 
 LAYER = {"batch": 8, "in_features": 16, "out_features": 32}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.dp import zero_reference, zero_train
 from edulib.footprint import GB, devices_to_fit, largest_model, sharded_bytes
 from edulib.launch import Pool, RankError
+from edulib.lessons.data_parallelism import zero_reference, zero_train
 from tests import ranks
 
 STEPS, BATCH = 5, 24

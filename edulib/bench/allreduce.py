@@ -9,8 +9,8 @@ from pathlib import Path
 from edulib.bench.timing import fit_link, fit_overhead, median_slowest
 from edulib.comm import ALGORITHMS, build_schedule, cost
 from edulib.comm.cost import fit_alpha_beta
-from edulib.comm.workers import time_allreduce, time_reduction
 from edulib.launch import Pool
+from edulib.lessons.collectives import time_allreduce, time_reduction
 from edulib.measured import save as save_measured
 from edulib.table import format_bytes, format_table
 

@@ -7,8 +7,8 @@ import platform
 
 from edulib.bench.timing import median_slowest
 from edulib.cp import LAYOUTS, balance
-from edulib.cp.workers import full_attention_seconds, time_ring_attention
 from edulib.launch import Pool
+from edulib.lessons.context_parallelism import full_attention_seconds, time_ring_attention
 from edulib.table import format_table
 
 

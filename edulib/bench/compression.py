@@ -6,8 +6,8 @@ import platform
 import statistics
 import time
 
-from edulib.dp.workers import compressed_train
 from edulib.launch import Pool
+from edulib.lessons.data_parallelism import compressed_train
 from edulib.table import format_bytes, format_table
 
 

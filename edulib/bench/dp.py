@@ -5,8 +5,8 @@ from __future__ import annotations
 import platform
 import statistics
 
-from edulib.dp import data_parallel_train
 from edulib.launch import Pool
+from edulib.lessons.data_parallelism import data_parallel_train
 from edulib.table import format_bytes, format_table
 
 

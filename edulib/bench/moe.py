@@ -7,9 +7,9 @@ import platform
 
 from edulib.bench.timing import median_slowest
 from edulib.comm import FOR_COLLECTIVE
-from edulib.comm.workers import time_all_to_all
-from edulib.ep.workers import time_moe
 from edulib.launch import Pool
+from edulib.lessons.collectives import time_all_to_all
+from edulib.lessons.expert_parallelism import time_moe
 from edulib.table import format_bytes, format_table
 
 

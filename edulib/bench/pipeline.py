@@ -11,13 +11,13 @@ from pathlib import Path
 from edulib.bench.timing import fit_link, fit_overhead
 from edulib.comm import message_time
 from edulib.launch import Pool
+from edulib.lessons.pipelines import pipeline_step
 from edulib.measured import pipeline_key
 from edulib.measured import save as save_measured
 from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
 from edulib.pp.memory import stage_bytes
 from edulib.pp.runtime import measured_timeline
 from edulib.pp.simulate import model_peaks
-from edulib.pp.workers import pipeline_step
 from edulib.table import format_bytes, format_table
 
 

@@ -6,11 +6,11 @@ import os
 import platform
 
 from edulib.comm.cost import fit_alpha_beta
-from edulib.comm.workers import ping_pong
 from edulib.compare import disagreements
 from edulib.hybrid.plan import language_model_graph, layouts, local_cluster, unsplit_seconds
-from edulib.hybrid.workers import plan_reference, plan_step
 from edulib.launch import Pool
+from edulib.lessons.collectives import ping_pong
+from edulib.lessons.plans import plan_reference, plan_step
 from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
 from edulib.planner.baselines import compare
 from edulib.planner.inter import plan

@@ -8,8 +8,8 @@ import statistics
 import numpy as np
 
 from edulib.comm.cost import fit_alpha_beta
-from edulib.comm.workers import message_stream, ping_pong
 from edulib.launch import Pool
+from edulib.lessons.collectives import message_stream, ping_pong
 
 
 def peak_resident() -> int:

@@ -23,7 +23,8 @@ from edulib.rank import device
 from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
 from edulib.train.data import text_batch
-from edulib.train.trainer import lm_loss, model_of, optimizer_of
+from edulib.train.model import lm_loss
+from edulib.train.trainer import model_of, optimizer_of
 
 KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import platform
 import statistics
 
-from edulib.dp import zero_train
 from edulib.footprint import sharded_bytes
 from edulib.launch import Pool
+from edulib.lessons.data_parallelism import zero_train
 from edulib.table import format_bytes, format_table
 
 

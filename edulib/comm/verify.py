@@ -11,7 +11,8 @@ from edulib.comm.simulate import expected
 
 
 def collective_disagreements(name: str, reports: list[dict]) -> list[str]:
-    """Every way the per-rank reports of `workers.collective_step` differ from the references.
+    """Every way the per-rank reports of `edulib.lessons.collectives.collective_step` differ from
+    the references.
 
     Checked: the chunks each rank must hold against a NumPy computation from all inputs; the
     whole result against torch's all_reduce (all-reduce only; integers exactly, floats within

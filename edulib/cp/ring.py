@@ -32,6 +32,10 @@ class Context:
     layout: str = "contiguous"
     trace: list | None = None
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        """This rank's part of attention over the whole sequence (`ring_attention`)."""
+        return ring_attention(q, k, v, causal, self.layout, self.group, self.trace)
+
 
 def _offsets(part: Part) -> list[range]:
     """Where each chunk of a part sits in the rank's local tensor."""

@@ -1,6 +1,6 @@
 """A parameter server on real ranks (Li et al., OSDI'14): servers own the parameters, workers
-push gradients and pull parameters back. `workers.parameter_server_train` runs it; this module
-holds what it checks first and each worker's share of a mini-batch.
+push gradients and pull parameters back. `edulib.lessons.data_parallelism.parameter_server_train`
+runs it; this module holds what it checks first and each worker's share of a mini-batch.
 
 Ranks 0..S-1 are servers, each owning one slice of the flattened parameters; the other K ranks
 are workers, each training on its own share of every mini-batch. With staleness k = 0 this is

@@ -20,8 +20,8 @@ import torch
 
 from edulib.comm import chunk_bounds
 from edulib.dp.compression import TopK
-from edulib.dp.workers import compressed_reference
 from edulib.grading.student import CHUNKS_PER_RANK
+from edulib.lessons.data_parallelism import compressed_reference
 
 
 class Wrong(Exception):
@@ -860,7 +860,7 @@ def _merge_judge(case: Case, answer: Any) -> None:
 
 
 def _attention_cases(rng: random.Random) -> list[Case]:
-    from edulib.cp.workers import attention_case
+    from edulib.lessons.context_parallelism import attention_case
 
     def case(ranks: int, length: int, causal: bool, hidden: bool) -> Case:
         inputs = attention_case(length, batch=1, heads=2, width=4, seed=rng.randrange(1000))
@@ -1308,9 +1308,9 @@ def _stash_cases(rng: random.Random) -> list[Case]:
 
 
 def _stash_judge(case: Case, answer: Any) -> None:
+    from edulib.lessons.pipelines import named_stage, pipedream_reference
     from edulib.pp import async_1f1b
     from edulib.pp.pipedream import versions_held
-    from edulib.pp.workers import named_stage, pipedream_reference
 
     inputs = case.inputs
     ranks, every = inputs["ranks"], inputs["every"]
@@ -1339,7 +1339,8 @@ _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_ga
                 "scatter")
 
 FORBIDDEN: dict[str, list[tuple[str, str]]] = {
-    "lesson01_data_parallelism": [("edulib.dp.workers.parameter_server_train", "the server's update"),
+    "lesson01_data_parallelism": [("edulib.lessons.data_parallelism.parameter_server_train",
+                                   "the server's update"),
                                   ("edulib.dp.data_parallel.GradientBuckets", "gradient buckets"),
                                   ("edulib.dp.ddp.DistributedDataParallel", "gradient buckets"),
                                   ("torch.nn.parallel.DistributedDataParallel", "gradient buckets")],
@@ -1361,8 +1362,8 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
         *((f"edulib.pp.schedules.{name}", "the 1F1B schedule")
           for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
         *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio")),
-        *((f"edulib.pp.{name}", "the pipeline executor")
-          for name in ("executor.execute", "workers.pipeline_step")),
+        ("edulib.pp.executor.execute", "the pipeline executor"),
+        ("edulib.lessons.pipelines.pipeline_step", "the pipeline executor"),
         *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
           for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))],
     "lesson05_sharding": [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
@@ -1376,8 +1377,9 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                           ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
                           ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")],
     "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
-    "lesson07_experts": [(f"edulib.ep.{name}", "expert parallelism")
-                         for name in ("layer.ExpertParallelMoE", "layer.all_to_all", "workers.moe_step")],
+    "lesson07_experts": [*((f"edulib.ep.layer.{name}", "expert parallelism")
+                           for name in ("ExpertParallelMoE", "all_to_all")),
+                         ("edulib.lessons.expert_parallelism.moe_step", "expert parallelism")],
     "lesson08_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
                         ("edulib.layout.best_layout", "the layout choice"),
                         ("edulib.planner.baselines.best_manual", "the layout choice")],
@@ -1385,7 +1387,8 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                       for name in ("inter_op", "exhaustive_inter_op", "latency_table", "_program")],
     "lesson10_compression": [*((f"edulib.dp.compression.{name}", "top-k with error feedback")
                                for name in ("TopK", "compressed_average")),
-                             ("edulib.dp.workers.compressed_train", "top-k with error feedback")],
+                             ("edulib.lessons.data_parallelism.compressed_train",
+                              "top-k with error feedback")],
     "lesson11_pipedream": [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
                            for name in ("version_plan", "versions_held", "version_of", "versions_closed_form",
                                         "_applied", "_keep", "Stash")],

@@ -285,10 +285,10 @@ def _weight_stash(student: ModuleType, case: dict) -> dict:
     """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
     asynchronous 1F1B on real ranks: the newest weights at the end, by the whole model's names, and
     the most bytes the stash held after any call."""
+    from edulib.lessons.pipelines import named_stage
     from edulib.models import regression_batch
     from edulib.pp import async_1f1b
     from edulib.pp.executor import execute
-    from edulib.pp.workers import named_stage
 
     ranks, rank, every = dist.get_world_size(), dist.get_rank(), case["every"]
     stage, local = named_stage(case["width"], case["depth"], case["seed"], ranks, rank)

@@ -1,8 +1,4 @@
 """Parallelisms composed on real ranks: the execution of a plan that the Alpa planner searched
 (`plan`): stages on submeshes, sharded inside. The rank-side entry point and its reference are in
-`workers`; the data x pipeline x tensor grid is the trainer's (`edulib.train`).
+`edulib.lessons.plans`; the data x pipeline x tensor grid is the trainer's (`edulib.train`).
 """
-
-from edulib.hybrid.workers import plan_reference, plan_step
-
-__all__ = ["plan_reference", "plan_step"]

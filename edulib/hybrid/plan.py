@@ -41,8 +41,7 @@ from edulib.pp.executor import Links
 from edulib.tp.layers import head_slices
 from edulib.tp.ops import f, g, gather, split
 from edulib.train.data import VOCAB, text_batch
-from edulib.train.model import gpt
-from edulib.train.trainer import lm_loss
+from edulib.train.model import gpt, lm_loss
 
 # a block's operators, as the graph names them, and the submodule of the Block each one runs
 BLOCK_OPS = {"ln1": "norm1", "qkv": "attention.qkv", "attention": "attention", "proj": "attention.out",

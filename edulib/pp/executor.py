@@ -1,13 +1,13 @@
 """The one pipeline executor: it interprets a lowered schedule's row for one device.
 
-Every pipeline in edulib runs here: the pipeline lessons' MLP (`pp.workers.pipeline_step`), the 3D
+Every pipeline in edulib runs here: the pipeline lessons' MLP (`lessons.pipelines.pipeline_step`), the 3D
 hybrid, the planner's plans and PipeDream. It takes any stages (modules) and a loss function.
 The row's RECVs are posted in the row's order, up to `RECEIVES_AHEAD` before they are needed,
 and the action that needs one waits for it; SEND starts a send and moves on; so messages match
 by order alone, as lowering arranged, and no tag is needed. (A receive posted early lets gloo
 write a message the moment it is sent: posted late, a message waited for the sender's busy
 core, up to a scheduler tick.) A schedule with W actions runs the split backward of
-`edulib.pp.backward`; `weights` (PipeDream's `Stash`) runs forwards on changing weights.
+`edulib.split_backward`; `weights` (PipeDream's `Stash`) runs forwards on changing weights.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch
 from torch import nn
 
 from edulib import comm
-from edulib.pp.backward import Kept, backward_input, backward_weight, recording
 from edulib.pp.lower import lower
 from edulib.pp.memory import device_bytes
 from edulib.pp.schedule import Action, Schedule, consumer
 from edulib.recompute import Recomputed
+from edulib.split_backward import Kept, backward_input, backward_weight, recording
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

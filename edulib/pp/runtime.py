@@ -1,5 +1,5 @@
-"""A real run's timeline: the times each rank's actions really ran (`workers.pipeline_step`
-reports them), on one clock, as the simulator's Timeline.
+"""A real run's timeline: the times each rank's actions really ran
+(`edulib.lessons.pipelines.pipeline_step` reports them), on one clock, as the simulator's Timeline.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from edulib.models import Block, SelfAttention, attend
-from edulib.pp.backward import LinearParts, record
+from edulib.split_backward import LinearParts, record
 from edulib.tp.ops import f, g, gather, gather_again, gathered_linear, reduce_scatter_sequence, split
 
 Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices

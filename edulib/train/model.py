@@ -26,6 +26,11 @@ from edulib.tp import ops
 from edulib.tp.layers import Index, ParallelModule
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of the next token (in fp32, whatever the logits' precision)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
 class Embedding(nn.Module):
     """Token ids (batch, tokens) to vectors: each token's embedding plus its position's."""
 

@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 
 from edulib import comm
 from edulib.comm.groups import Grid, subgroup
@@ -50,7 +49,7 @@ from edulib.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from edulib.train import checkpoint
 from edulib.train.config import TrainConfig
 from edulib.train.data import VOCAB, text_batch
-from edulib.train.model import Embedding, Experts, Head, gpt
+from edulib.train.model import Embedding, Experts, Head, gpt, lm_loss
 
 WHOLE = (slice(None),)
 ADAMW_EPS = 1e-6  # not 1e-8: a gradient near eps moves its weight by lr x g / (|g| + eps), and a
@@ -101,11 +100,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """This step's learning rate (`TrainConfig.lr_at`), on every group of the optimizer."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of the next token (in fp32, whatever the logits' precision)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def compute(config: TrainConfig) -> contextlib.AbstractContextManager:

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from edulib.comm import Transfer, count_communication
-from edulib.comm.workers import timed
 from edulib.ep.layer import ExpertParallelMoE, MoE, moe_layer
+from edulib.lessons.collectives import timed
 from edulib.models import built_on_host
 from edulib.tp.ops import sync_gradients
 

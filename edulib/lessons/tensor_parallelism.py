@@ -304,8 +304,7 @@ def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, Callable[[nn.Module]
     language model, its head tied or not; torch's TransformerEncoderLayer and a head) and what
     computes its loss."""
     from edulib.train.data import text_batch
-    from edulib.train.model import gpt
-    from edulib.train.trainer import lm_loss
+    from edulib.train.model import gpt, lm_loss
 
     check_choice(kind, AUTO_MODELS, "model")
     torch.manual_seed(seed)

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from edulib.comm import count_communication
-from edulib.comm.workers import timed
 from edulib.cp.layout import shard_sequence, token_ranges
 from edulib.cp.ring import ring_attention
+from edulib.lessons.collectives import timed
 from edulib.models import built_on_host
 
 NAMES = ("q", "k", "v")

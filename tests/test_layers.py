@@ -1,0 +1,90 @@
+"""Layers that only look down: every import inside edulib (at the top of a module or inside a
+function) goes to a layer below the importer's, or to its own; no parallelism imports another."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "edulib"
+
+# Bottom to top. Within a layer a module may import its neighbours, except the parallelisms: each
+# axis stands alone on what is below it. `edulib.models` holds the small blocks that every part
+# builds on (attention, the transformer block, the lessons' MLPs): below the axes, since
+# tensor parallelism splits them. The one language model and its loss (`edulib.train.model`) sit
+# above the axes, with the trainer that composes them.
+LAYERS: list[tuple[str, ...]] = [
+    ("edulib", "checks", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),
+    ("launch", "rank"),
+    ("comm",),
+    ("models", "split_backward", "recompute"),
+    ("dp", "tp", "pp", "cp", "ep"),
+    ("train", "energy"),
+    ("hybrid", "planner", "serving", "layout"),
+    ("lessons",),
+    ("viz", "widgets", "bench", "tour", "grading", "examples"),
+    ("cli", "__main__"),
+]
+AXES = set(LAYERS[4])
+LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+
+
+def part_of(module: str) -> str:
+    """The layer-holding part of a dotted edulib module: its subpackage or top-level module."""
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "edulib"
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every edulib module a file imports, wherever the import statement is."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("edulib")]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("edulib"):
+            if node.module == "edulib":  # `from edulib import comm`: the module is what is named
+                found += [(node.lineno, f"edulib.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, node.module))
+    return found
+
+
+def wrong_imports(root: Path) -> list[str]:
+    """Every import that looks up a layer, or from one parallelism into another, and every edulib
+    part that the layers leave out."""
+    wrong = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(("edulib", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        mine = part_of(module)
+        if mine not in LEVEL:
+            wrong.append(f"{module}: its part {mine!r} is in no layer")
+            continue
+        for line, target in imports(path):
+            theirs = part_of(target)
+            if theirs not in LEVEL:
+                wrong.append(f"{module}:{line} imports {target}, whose part {theirs!r} is in no layer")
+            elif LEVEL[theirs] > LEVEL[mine]:
+                wrong.append(f"{module}:{line} imports {target}, a layer up ({mine} -> {theirs})")
+            elif mine in AXES and theirs in AXES and mine != theirs:
+                wrong.append(f"{module}:{line} imports {target}, another parallelism ({mine} -> {theirs})")
+    return wrong
+
+
+def test_every_import_looks_down_and_no_parallelism_imports_another():
+    assert wrong_imports(ROOT) == []
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ("from edulib.train.trainer import train\n", "a layer up (tp -> train)"),
+    ("def f():\n    from edulib.pp.executor import execute\n", "another parallelism (tp -> pp)"),
+    ("from edulib import lessons\n", "a layer up (tp -> lessons)"),
+    ("import edulib.nowhere\n", "in no layer"),
+])
+def test_an_upward_import_is_found_wherever_it_is_written(tmp_path, planted, expected):
+    (tmp_path / "tp").mkdir()
+    (tmp_path / "tp" / "planted.py").write_text(planted)
+    (tmp_path / "comm.py").write_text("from edulib.checks import check_choice\n")  # looks down: fine
+    found = wrong_imports(tmp_path)
+    assert len(found) == 1 and expected in found[0], found
