@@ -177,7 +177,7 @@ def _train_command(options: argparse.Namespace) -> int:
     with --log, one JSON line per step; with --sample, bytes the trained model writes."""
     import dataclasses
 
-    from edulib.train import TrainConfig, generate, reference, train
+    from edulib.train import TrainConfig, generate_text, reference, train
     from edulib.train.summary import log_lines, summarize
 
     config = TrainConfig(**{f.name: getattr(options, f.name) for f in dataclasses.fields(TrainConfig)})
@@ -197,7 +197,7 @@ def _train_command(options: argparse.Namespace) -> int:
         with open(options.log, "w") as file:
             file.writelines(json.dumps(line) + "\n" for line in log_lines(reports[0]))
     if options.sample:
-        written = generate(config, reports[0]["weights"], options.prompt.encode(), options.sample)
+        written = generate_text(config, reports[0]["weights"], options.prompt.encode(), options.sample)
         print(f"\nthe model, after {options.prompt!r}:\n{options.prompt}{written.decode(errors='replace')}")
     return 0
 
@@ -252,7 +252,7 @@ MODELS = {"gpt": "gpt_graph", "moe": "moe_graph", "wide-resnet": "wide_resnet_gr
 
 def _plan_command(options: argparse.Namespace) -> int:
     """`edulib plan`: search a plan for a shared model on a cluster, print it, maybe draw it."""
-    from edulib.planner import Cluster, describe, plan
+    from edulib.planner import Cluster, describe_plan, plan
     from edulib.planner import graph as graphs
 
     build = getattr(graphs, MODELS[options.model])
@@ -272,7 +272,7 @@ def _plan_command(options: argparse.Namespace) -> int:
     found = plan(model, cluster, options.microbatches, progress=None if options.quiet else progress)
     for bar in bars.values():  # the inter-op pass may stop early: its bar says where
         bar.close()
-    print(describe(found, operators=options.operators))
+    print(describe_plan(found, operators=options.operators))
     if options.figure:
         from edulib.viz.planner import plan_figure
 

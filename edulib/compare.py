@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-Index = tuple  # rows (and columns) of a reference tensor, as lists of ints or slices
+Rows = tuple  # rows (and columns) of a reference tensor, as lists of ints or slices
 
 
 def disagreements(reports: Sequence[dict], reference: dict[str, torch.Tensor], rtol: float = 1e-4,
@@ -41,5 +41,5 @@ def disagreements(reports: Sequence[dict], reference: dict[str, torch.Tensor], r
     return problems
 
 
-def _show(index: Index) -> str:
+def _show(index: Rows) -> str:
     return "" if index is ... else str(list(index))

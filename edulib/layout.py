@@ -141,7 +141,7 @@ def best_layout(model: Transformer, cluster: Cluster, memory: float) -> Layout |
     return min(fitting, key=lambda found: found[:2])[2] if fitting else None
 
 
-def describe(layout: Layout) -> str:
+def describe_layout(layout: Layout) -> str:
     """A layout in a few words: 'dp 2 x pp 4 x tp 8, 16 micro-batches, ZeRO-1, selective'."""
     zero = f"ZeRO-{layout.zero}" if layout.zero else "no ZeRO"
     batches = f"{layout.microbatches} micro-batch{'es' if layout.microbatches > 1 else ''}"

@@ -16,14 +16,14 @@ import torch
 
 from edulib import examples
 from edulib.checks import check_world_size
-from edulib.comm import ALGORITHMS, build_schedule, bytes_sent
+from edulib.comm import ALGORITHMS, build_collective, bytes_sent
 from edulib.comm.verify import collective_disagreements
 from edulib.compare import disagreements
 from edulib.cp import blocks_per_rank
 from edulib.dp.compression import TopK
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.footprint import sharded_bytes
-from edulib.hybrid.plan import language_model_graph, layouts, local_cluster
+from edulib.hybrid.plan import language_model_graph, local_cluster, stage_layouts
 from edulib.launch import Pool, resolve_backend
 from edulib.lessons.collectives import collective_step
 from edulib.lessons.context_parallelism import ring_reference, ring_step
@@ -87,7 +87,7 @@ def _agree(problems: list[str]) -> None:
 
 
 @dataclass(frozen=True)
-class Step:
+class TourStep:
     """One row of the tour: a capability, its reference, and the check that compares them."""
 
     capability: str
@@ -136,7 +136,7 @@ def _check_algorithm(name: str) -> Callable[[Pool], str]:
         reports = pool.run(collective_step, name, 10_007)
         problems = collective_disagreements(name, reports)
         _agree(problems)
-        most = max(bytes_sent(build_schedule(name, pool.world_size), 4 * 10_007, 4))
+        most = max(bytes_sent(build_collective(name, pool.world_size), 4 * 10_007, 4))
         return f"equal; {most:,} B/rank max, as modelled"
     return check
 
@@ -312,7 +312,7 @@ def planner_cluster(ranks: int) -> Cluster:
 def _check_planner(pool: Pool) -> str:
     """Alpa's planner picks a plan for the language model on these ranks; run, it computes one
     process's gradients."""
-    stages = layouts(plan(language_model_graph(), planner_cluster(pool.world_size)))
+    stages = stage_layouts(plan(language_model_graph(), planner_cluster(pool.world_size)))
     problems = disagreements(pool.run(plan_step, stages), plan_reference())
     _agree(problems)
     meshes = " + ".join(f"{a}x{b}" for a, b in (stage.mesh for stage in stages))
@@ -389,46 +389,46 @@ def _trained_alike(pool: Pool, config: TrainConfig) -> str:
     return f"equal after {config.steps} steps"
 
 
-STEPS: list[Step] = [
-    Step("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
-    Step("pool: a second call", "the pool's own process ids", _check_reuse),
-    Step("built-in all_reduce (sum)", "NumPy sum of every rank's input", _check_all_reduce),
-    Step("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
-    *(Step(f"data parallel: {method}", "single-process training, whole batch",
+STEPS: list[TourStep] = [
+    TourStep("launcher: start ranks", "each rank's rank, world size, backend", _check_ranks),
+    TourStep("pool: a second call", "the pool's own process ids", _check_reuse),
+    TourStep("built-in all_reduce (sum)", "NumPy sum of every rank's input", _check_all_reduce),
+    TourStep("built-in broadcast", "rank 0's input, bit for bit", _check_broadcast),
+    *(TourStep(f"data parallel: {method}", "single-process training, whole batch",
            _check_data_parallel(method))
       for method in ("parameter server", "buckets and overlap (ring)", "DistributedDataParallel")),
-    *(Step(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
+    *(TourStep(f"all-reduce: {name}", "dist.all_reduce; cost model's bytes", _check_algorithm(name))
       for name in ALGORITHMS),
-    *(Step(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
+    *(TourStep(f"pipeline: {name}", "unsplit model's gradients", _check_pipeline(name))
       for name in PIPELINE_SCHEDULES),
-    *(Step(f"tensor parallel: {kind}", "full module's output and gradients",
+    *(TourStep(f"tensor parallel: {kind}", "full module's output and gradients",
            _check_tensor_layer(kind)) for kind in TENSOR_LAYERS),
-    Step("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
-    *(Step(f"ZeRO stage {stage}" + (" (data parallel, bf16 too)" if stage == 0 else ""),
+    TourStep("CNN recipe (DP convs, TP classifier)", "one process on the whole batch", _check_cnn),
+    *(TourStep(f"ZeRO stage {stage}" + (" (data parallel, bf16 too)" if stage == 0 else ""),
            "one process's AdamW; the ZeRO formula", _check_zero(stage)) for stage in range(4)),
-    Step("activation recomputation", "gradients without it; closed form", _check_recomputation),
-    Step("sequence parallelism (Megatron-SP)", "unsplit layer; TP's bytes; closed form",
+    TourStep("activation recomputation", "gradients without it; closed form", _check_recomputation),
+    TourStep("sequence parallelism (Megatron-SP)", "unsplit layer; TP's bytes; closed form",
          _check_sequence_parallel),
-    Step("context parallelism: ring attention (zigzag)", "full causal attention; closed form",
+    TourStep("context parallelism: ring attention (zigzag)", "full causal attention; closed form",
          _check_ring_attention),
-    Step("expert parallelism: MoE top-2 on all-to-all", "dense MoE; the routing's bytes",
+    TourStep("expert parallelism: MoE top-2 on all-to-all", "dense MoE; the routing's bytes",
          _check_expert_parallel),
-    Step("tensor parallelism on a grid (AxoNN)", "unsplit layer; closed form", _check_grid),
-    Step("auto_parallelize: the language model unchanged", "unmodified model's gradients",
+    TourStep("tensor parallelism on a grid (AxoNN)", "unsplit layer; closed form", _check_grid),
+    TourStep("auto_parallelize: the language model unchanged", "unmodified model's gradients",
          _check_auto_parallelize),
-    Step("hybrid: data x pipeline x tensor (ring)", "one process, step by step", _check_hybrid),
-    Step("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
-    Step("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
+    TourStep("hybrid: data x pipeline x tensor (ring)", "one process, step by step", _check_hybrid),
+    TourStep("Alpa planner: a searched plan, run", "unsplit model's gradients", _check_planner),
+    TourStep("gradient compression: PowerSGD, top-k", "torch's PowerSGD hook; closed-form bytes",
          _check_compression),
-    Step("PipeDream: asynchronous 1F1B, weight stashing", "one-process replay with its staleness",
+    TourStep("PipeDream: asynchronous 1F1B, weight stashing", "one-process replay with its staleness",
          _check_pipedream),
-    Step("Perseus: time-energy frontier (1F1B)", "exhaustive search over frequencies", _check_perseus),
-    Step("trainer: the language model on every axis the ranks allow", "one process, step by step",
+    TourStep("Perseus: time-energy frontier (1F1B)", "exhaustive search over frequencies", _check_perseus),
+    TourStep("trainer: the language model on every axis the ranks allow", "one process, step by step",
          _check_trainer),
 ]
 
 
-def tour(world_size: int = 4, backend: str = "auto", steps: list[Step] | None = None) -> bool:
+def tour(world_size: int = 4, backend: str = "auto", steps: list[TourStep] | None = None) -> bool:
     """Run every step on one pool of ranks, print the table, and return whether all passed."""
     steps = STEPS if steps is None else steps
     check_world_size(world_size)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from edulib.comm import Message, Schedule
+from edulib.comm import CollectiveSchedule, Message
 
 
 def ring_allreduce(tensor: torch.Tensor) -> None:
@@ -37,18 +37,18 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
     raise NotImplementedError('in the ring figure, which chunk does a rank pass on in each round, and what does it add?')
 
 
-def halving_doubling_schedule(n: int) -> Schedule:
-    """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks.
+def halving_doubling_schedule(n: int) -> CollectiveSchedule:
+    """Recursive halving then doubling for a power of two n, as a CollectiveSchedule of n chunks.
 
-    Returns Schedule(name, "all_reduce", n, n, rounds): rounds of Messages whose ops are "reduce"
-    or "copy". Graded by edulib's simulator: every rank ends with the sum, in 2 log2 n rounds,
+    Returns CollectiveSchedule(name, "all_reduce", n, n, rounds): rounds of Messages whose ops are
+    "reduce" or "copy". Graded by edulib's simulator: every rank ends with the sum, in 2 log2 n rounds,
     each rank sending 2(n - 1)/n of the vector."""
     raise NotImplementedError("the butterfly figure: each round, who is a rank's partner, and how much of the vector is its own?")
 
 
-def torus_schedule(rows: int, cols: int) -> Schedule:
-    """The lesson's 2D-torus all-reduce on a rows x cols grid of ranks, numbered row by row, as an
-    edulib Schedule of rows * cols chunks.
+def torus_schedule(rows: int, cols: int) -> CollectiveSchedule:
+    """The lesson's 2D-torus all-reduce on a rows x cols grid of ranks, numbered row by row, as a
+    CollectiveSchedule of rows * cols chunks.
 
     Constraints: every message goes between torus neighbours (next to each other in a row or a
     column, wrapping round). Graded by edulib's simulator and cost model: every rank ends with the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from edulib.comm import Message, Schedule
+from edulib.comm import CollectiveSchedule, Message
 
 
 def ring_allreduce(tensor: torch.Tensor) -> None:
@@ -45,11 +45,11 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
     # END SOLUTION
 
 
-def halving_doubling_schedule(n: int) -> Schedule:
-    """Recursive halving then doubling for a power of two n, as an edulib Schedule of n chunks.
+def halving_doubling_schedule(n: int) -> CollectiveSchedule:
+    """Recursive halving then doubling for a power of two n, as a CollectiveSchedule of n chunks.
 
-    Returns Schedule(name, "all_reduce", n, n, rounds): rounds of Messages whose ops are "reduce"
-    or "copy". Graded by edulib's simulator: every rank ends with the sum, in 2 log2 n rounds,
+    Returns CollectiveSchedule(name, "all_reduce", n, n, rounds): rounds of Messages whose ops are
+    "reduce" or "copy". Graded by edulib's simulator: every rank ends with the sum, in 2 log2 n rounds,
     each rank sending 2(n - 1)/n of the vector."""
     # BEGIN SOLUTION
     # HINT: the butterfly figure: each round, who is a rank's partner, and how much of the vector is its own?
@@ -67,13 +67,13 @@ def halving_doubling_schedule(n: int) -> Schedule:
     for step in reversed(range(n.bit_length() - 1)):
         rounds.append(tuple(Message(v, v ^ (1 << step), *held[v][step + 1], "copy")
                             for v in range(n)))
-    return Schedule("halving_doubling", "all_reduce", n, n, tuple(rounds))
+    return CollectiveSchedule("halving_doubling", "all_reduce", n, n, tuple(rounds))
     # END SOLUTION
 
 
-def torus_schedule(rows: int, cols: int) -> Schedule:
-    """The lesson's 2D-torus all-reduce on a rows x cols grid of ranks, numbered row by row, as an
-    edulib Schedule of rows * cols chunks.
+def torus_schedule(rows: int, cols: int) -> CollectiveSchedule:
+    """The lesson's 2D-torus all-reduce on a rows x cols grid of ranks, numbered row by row, as a
+    CollectiveSchedule of rows * cols chunks.
 
     Constraints: every message goes between torus neighbours (next to each other in a row or a
     column, wrapping round). Graded by edulib's simulator and cost model: every rank ends with the
@@ -105,5 +105,5 @@ def torus_schedule(rows: int, cols: int) -> Schedule:
             + rounds(rows, column_member, chunk, "reduce", 1)  # 2. all-reduce in the columns
             + rounds(rows, column_member, chunk, "copy", 0)
             + rounds(cols, row_member, super_chunk, "copy", 0))  # 3. all-gather in the rows
-    return Schedule("torus", "all_reduce", rows * cols, rows * cols, tuple(plan))
+    return CollectiveSchedule("torus", "all_reduce", rows * cols, rows * cols, tuple(plan))
     # END SOLUTION

@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint
 
 from edulib.train import TrainConfig, reference, train
-from edulib.train.checkpoint import directory, load
+from edulib.train.checkpoint import directory, load_checkpoint
 from edulib.train.trainer import model_of, optimizer_of
 
 MODEL = {"hidden": 16, "heads": 2, "layers": 2, "tokens": 8, "batch": 4, "steps": 6}
@@ -41,7 +41,7 @@ def _state(path: str, model: dict) -> tuple[dict, dict]:
     config = TrainConfig(**MODEL, **model)
     made = model_of(config)
     optimizer = optimizer_of(config)(made.parameters())
-    assert load(path, made, optimizer, config.run()) == MODEL["steps"]
+    assert load_checkpoint(path, made, optimizer, config.run()) == MODEL["steps"]
     names = {id(w): name for name, w in made.named_parameters()}
     return (dict(made.named_parameters()),
             {names[id(w)]: state for w, state in optimizer.state.items()})

@@ -12,7 +12,7 @@ import pytest
 
 from edulib.cli import main, parse_argument
 from edulib.table import format_bytes
-from edulib.tour import STEPS, Step, tour
+from edulib.tour import STEPS, TourStep, tour
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def _wrong(pool) -> str:
 
 
 def test_a_failing_tour_step_is_a_failed_row_not_a_crash(capsys):
-    assert tour(1, "gloo", [*STEPS[:1], Step("planted", "a wrong answer", _wrong)]) is False
+    assert tour(1, "gloo", [*STEPS[:1], TourStep("planted", "a wrong answer", _wrong)]) is False
     out = capsys.readouterr().out
     assert "FAILED: rank 1 holds 14, expected 18" in out
     assert out.rstrip().endswith("1 of 2 checks ok; 1 FAILED")
@@ -275,13 +275,13 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
 
 
 def test_the_tours_planner_step_gets_a_plan_on_every_pool_size_and_more_stages_on_more_ranks():
-    from edulib.hybrid.plan import language_model_graph, layouts
+    from edulib.hybrid.plan import language_model_graph, stage_layouts
     from edulib.planner.inter import plan
     from edulib.tour import planner_cluster
 
     counts = []
     for ranks in range(1, 9):
-        stages = layouts(plan(language_model_graph(), planner_cluster(ranks)))
+        stages = stage_layouts(plan(language_model_graph(), planner_cluster(ranks)))
         assert sum(stage.size for stage in stages) == ranks
         counts.append(len(stages))
     assert counts[0] == 1 and counts[-1] == 3

@@ -82,14 +82,14 @@ def test_all_to_all_schedules_follow_their_closed_form_and_the_simulator():
             schedule = comm.schedule_for("all_to_all", name, n)
             buffers = [np.arange(3 * n * n) + 1000 * r for r in range(n)]
             assert all(np.array_equal(a, b) for a, b in zip(
-                comm.simulate(schedule, buffers), comm.expected(schedule, buffers), strict=True))
+                comm.simulate_collective(schedule, buffers), comm.expected(schedule, buffers), strict=True))
             counted = comm.cost(schedule, 12 * n, 1.0, 0.01, 4)
             closed = comm.formula(name, n, 12 * n, 1.0, 0.01, collective="all_to_all")
             assert (counted.rounds, counted.max_bytes_per_rank, counted.total_bytes) == (
                 closed.rounds, closed.max_bytes_per_rank, closed.total_bytes)
             assert counted.time == pytest.approx(closed.time)
     # rank i's output chunk j is rank j's input chunk i
-    out = comm.simulate(comm.schedule_for("all_to_all", "pairwise", 3),
+    out = comm.simulate_collective(comm.schedule_for("all_to_all", "pairwise", 3),
                         [np.arange(3) + 10 * r for r in range(3)])
     assert [list(o) for o in out] == [[0, 10, 20], [1, 11, 21], [2, 12, 22]]
 
@@ -121,7 +121,7 @@ def test_bad_algorithms_and_splits_get_errors_that_say_what_is_allowed():
     with pytest.raises(ValueError, match="unknown collective 'scatter'"):
         comm.schedule_for("scatter", "ring", 4)
     with pytest.raises(ValueError, match="divides into 3 equal chunks"):
-        comm.simulate(comm.schedule_for("all_to_all", "pairwise", 3), [np.arange(4)] * 3)
+        comm.simulate_collective(comm.schedule_for("all_to_all", "pairwise", 3), [np.arange(4)] * 3)
 
 
 def _bad_splits(output_splits: list[int], input_splits: list[int]) -> None:
@@ -138,7 +138,7 @@ def test_split_sizes_that_do_not_fit_are_refused(output_splits, input_splits, me
 
 def test_calls_on_the_communication_thread_are_counted_where_they_were_launched(pool4):
     for report in pool4.run(ranks.launched_calls_are_counted):
-        ring = comm.bytes_sent(comm.build_schedule("ring", 4), 32, 4)[0]
+        ring = comm.bytes_sent(comm.build_collective("ring", 4), 32, 4)[0]
         assert report == [("gradients", "all_reduce", ring)]
 
 

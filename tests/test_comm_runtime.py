@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edulib import comm
-from edulib.comm import SCHEDULES, build_schedule
+from edulib.comm import COLLECTIVE_SCHEDULES, build_collective
 from edulib.comm.runtime import run_schedule
 from edulib.comm.verify import collective_disagreements
 from edulib.launch import Pool, RankError
@@ -20,9 +20,9 @@ LARGE_ODD = 10_007
 def test_every_schedule_on_real_ranks(world_size):
     lengths = sorted({0, 1, max(world_size - 1, 0), world_size + 1, LARGE_ODD})
     with Pool(world_size, backend="gloo", timeout=30) as pool:
-        per_rank = pool.run(run_many, list(SCHEDULES), lengths, ["float32", "int64"])
+        per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), lengths, ["float32", "int64"])
     cases = list(zip(*per_rank, strict=True))
-    assert len(cases) == len(SCHEDULES) * len(lengths) * 2
+    assert len(cases) == len(COLLECTIVE_SCHEDULES) * len(lengths) * 2
     problems = [problem for reports in cases
                 for problem in collective_disagreements(reports[0]["name"], list(reports))]
     assert not problems, "\n".join(problems[:20])
@@ -33,22 +33,23 @@ def test_every_schedule_in_small_segments(world_size):
     # 7-element segments: every message of 10 007 elements travels in many pieces, each added or
     # copied in as it lands; a piece must not change what this rank still sends in that round
     with Pool(world_size, backend="gloo", timeout=30) as pool:
-        per_rank = pool.run(run_many, list(SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"], segment=7)
+        per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"],
+                            segment=7)
     problems = [problem for reports in zip(*per_rank, strict=True)
                 for problem in collective_disagreements(reports[0]["name"], list(reports))]
     assert not problems, "\n".join(problems[:20])
 
 
 def _wrong_size() -> None:
-    run_schedule(build_schedule("ring", 3), torch.ones(4))
+    run_schedule(build_collective("ring", 3), torch.ones(4))
 
 
 def _not_contiguous() -> None:
-    run_schedule(build_schedule("ring", 2), torch.ones(4, 4).t())
+    run_schedule(build_collective("ring", 2), torch.ones(4, 4).t())
 
 
 def _bad_segment() -> None:
-    run_schedule(build_schedule("ring", 2), torch.ones(4), segment=0)
+    run_schedule(build_collective("ring", 2), torch.ones(4), segment=0)
 
 
 def _unknown_algorithm() -> None:

@@ -7,14 +7,14 @@ import pytest
 
 from edulib.comm import (
     ALGORITHMS,
-    SCHEDULES,
-    build_schedule,
+    COLLECTIVE_SCHEDULES,
+    build_collective,
     chunk_bounds,
     cost,
     expected,
     formula,
     hierarchical,
-    simulate,
+    simulate_collective,
     two_level_link,
 )
 
@@ -38,28 +38,28 @@ def _owned_equal(schedule, results, wanted) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("name", COLLECTIVE_SCHEDULES)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_simulated_schedule_equals_numpy(name, world_size):
-    schedule = build_schedule(name, world_size)
+    schedule = build_collective(name, world_size)
     scale = world_size if schedule.collective == "all_to_all" else 1  # equal pieces per rank
     for length in (scale * length for length in _lengths(world_size)):
         buffers = [np.random.default_rng(rank).integers(-1000, 1000, length)
                    for rank in range(world_size)]
-        results = simulate(schedule, buffers)
+        results = simulate_collective(schedule, buffers)
         assert not _owned_equal(schedule, results, expected(schedule, buffers)), (name, length)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_every_all_reduce_leaves_the_full_sum_on_every_rank(name):
     buffers = [np.arange(10) * (rank + 1) for rank in range(5)]
-    for result in simulate(build_schedule(name, 5), buffers):
+    for result in simulate_collective(build_collective(name, 5), buffers):
         np.testing.assert_array_equal(result, np.arange(10) * 15)
 
 
 def test_simulation_leaves_the_inputs_alone():
     buffers = [np.ones(4) for _ in range(3)]
-    simulate(build_schedule("ring", 3), buffers)
+    simulate_collective(build_collective("ring", 3), buffers)
     assert all((buffer == 1).all() for buffer in buffers)
 
 
@@ -68,7 +68,7 @@ def test_simulation_leaves_the_inputs_alone():
 @pytest.mark.parametrize(("gamma", "duplex", "overhead"),
                          [(0.0, True, None), (3e-10, True, None), (3e-10, False, None), (3e-10, False, 2e-6)])
 def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma, duplex, overhead):
-    counted = cost(build_schedule(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex,
+    counted = cost(build_collective(name, world_size), M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex,
                    overhead=overhead)
     closed = formula(name, world_size, M, alpha=1e-5, beta=1e-9, gamma=gamma, duplex=duplex,
                      overhead=overhead)
@@ -80,13 +80,13 @@ def test_closed_form_equals_the_count_from_the_schedule(name, world_size, gamma,
 
 def test_gamma_charges_the_bytes_a_rank_adds_and_half_duplex_charges_both_ends():
     # a ring on 4 ranks, 400 bytes: 6 rounds of 100 bytes, the first 3 adding what arrives
-    assert cost(build_schedule("ring", 4), 400, alpha=1.0, beta=0.01, gamma=0.001).time == pytest.approx(
+    assert cost(build_collective("ring", 4), 400, alpha=1.0, beta=0.01, gamma=0.001).time == pytest.approx(
         6 * (1.0 + 0.01 * 100) + 3 * 0.001 * 100)
     # a parameter server on 3 ranks: the server adds 2 x 400 bytes, then only copies go out
-    assert cost(build_schedule("parameter_server", 3), 400, gamma=0.001).time == pytest.approx(2 * 0.4)
+    assert cost(build_collective("parameter_server", 3), 400, gamma=0.001).time == pytest.approx(2 * 0.4)
     # half-duplex: a ring round costs a rank its send and its receive; a server's rounds are one-way
-    assert cost(build_schedule("ring", 4), 400, alpha=1.0, duplex=False).time == pytest.approx(6 * 2 * 1.0)
-    server = cost(build_schedule("parameter_server", 3), 400, alpha=1.0, duplex=False)
+    assert cost(build_collective("ring", 4), 400, alpha=1.0, duplex=False).time == pytest.approx(6 * 2 * 1.0)
+    server = cost(build_collective("parameter_server", 3), 400, alpha=1.0, duplex=False)
     assert server.time == pytest.approx(4.0)  # 2 messages in, then 2 out: as with duplex links
     # an all-gather adds nothing, so gamma changes nothing
     assert formula("ring", 4, 400, 1.0, 0.01, collective="all_gather", gamma=5.0).time == pytest.approx(
@@ -96,45 +96,46 @@ def test_gamma_charges_the_bytes_a_rank_adds_and_half_duplex_charges_both_ends()
 def test_the_per_message_overhead_charges_a_ranks_further_messages_of_a_round():
     # LogGP: a rank's first message of a round pays the latency alpha, each further one only o.
     # naive on 4 ranks, 400 bytes: every rank sends 3 and receives 3 messages of 400 bytes, adding each
-    naive = cost(build_schedule("naive", 4), 400, alpha=1.0, beta=0.01, gamma=0.001, overhead=0.25)
+    naive = cost(build_collective("naive", 4), 400, alpha=1.0, beta=0.01, gamma=0.001, overhead=0.25)
     assert naive.time == pytest.approx(1.0 + 2 * 0.25 + 3 * 4.0 + 3 * 0.4)
     # the server on 3 ranks takes 2 messages in (adding them), then sends 2 out
-    server = cost(build_schedule("parameter_server", 3), 400, alpha=1.0, beta=0.01, gamma=0.001,
+    server = cost(build_collective("parameter_server", 3), 400, alpha=1.0, beta=0.01, gamma=0.001,
                   overhead=0.25)
     assert server.time == pytest.approx(2 * (1.0 + 0.25 + 2 * 4.0) + 2 * 0.4)
     # one message per rank and round (a ring): the overhead changes nothing
-    ring = build_schedule("ring", 4)
+    ring = build_collective("ring", 4)
     assert cost(ring, 400, 1.0, 0.01, overhead=0.25).time == cost(ring, 400, 1.0, 0.01).time
     # o = alpha is the plain alpha-beta model, which charges every message its latency
-    assert cost(build_schedule("naive", 4), 400, 1.0, 0.01, overhead=1.0).time == pytest.approx(
-        cost(build_schedule("naive", 4), 400, 1.0, 0.01).time)
+    assert cost(build_collective("naive", 4), 400, 1.0, 0.01, overhead=1.0).time == pytest.approx(
+        cost(build_collective("naive", 4), 400, 1.0, 0.01).time)
     with pytest.raises(ValueError, match="overhead must be 0 or more seconds"):
         cost(ring, 400, overhead=-1e-6)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_the_lectures_traffic_formulas(n):
-    assert cost(build_schedule("naive", n), M).total_bytes == n * (n - 1) * M
-    assert cost(build_schedule("ring", n), M).total_bytes == 2 * (n - 1) * M
-    assert cost(build_schedule("ring", n), M).max_bytes_per_rank == 2 * (n - 1) * M // n
-    assert cost(build_schedule("butterfly", n), M).total_bytes == n * M * (n.bit_length() - 1)
-    assert cost(build_schedule("tree", n), M).total_bytes == 2 * (n - 1) * M
-    server = cost(build_schedule("parameter_server", n), M)
+    assert cost(build_collective("naive", n), M).total_bytes == n * (n - 1) * M
+    assert cost(build_collective("ring", n), M).total_bytes == 2 * (n - 1) * M
+    assert cost(build_collective("ring", n), M).max_bytes_per_rank == 2 * (n - 1) * M // n
+    assert cost(build_collective("butterfly", n), M).total_bytes == n * M * (n.bit_length() - 1)
+    assert cost(build_collective("tree", n), M).total_bytes == 2 * (n - 1) * M
+    server = cost(build_collective("parameter_server", n), M)
     assert server.max_bytes_per_rank == (n - 1) * M  # the server's link, each way
 
 
 def test_uneven_chunks_still_move_every_element():
     # 10 elements over 4 ranks: chunks of 3, 3, 2, 2; each travels N-1 hops twice.
     assert chunk_bounds(10, 4) == [0, 3, 6, 8, 10]
-    assert cost(build_schedule("ring", 4), 10).total_bytes == 2 * 3 * 10
+    assert cost(build_collective("ring", 4), 10).total_bytes == 2 * 3 * 10
 
 
 @pytest.mark.parametrize("bad, message", [
-    (lambda: build_schedule("rng", 4), "unknown algorithm 'rng'; choose one of naive, parameter_server"),
-    (lambda: build_schedule("ring", 0), "world_size must be a whole number of ranks, 1 or more"),
-    (lambda: simulate(build_schedule("ring", 3), [np.ones(2)] * 2), "needs 3 buffers, one per rank"),
-    (lambda: simulate(build_schedule("ring", 2), [np.ones(2), np.ones(3)]), "same length"),
-    (lambda: cost(build_schedule("ring", 2), 10, itemsize=4), "whole number of 4-byte elements"),
+    (lambda: build_collective("rng", 4), "unknown algorithm 'rng'; choose one of naive, parameter_server"),
+    (lambda: build_collective("ring", 0), "world_size must be a whole number of ranks, 1 or more"),
+    (lambda: simulate_collective(build_collective("ring", 3), [np.ones(2)] * 2),
+     "needs 3 buffers, one per rank"),
+    (lambda: simulate_collective(build_collective("ring", 2), [np.ones(2), np.ones(3)]), "same length"),
+    (lambda: cost(build_collective("ring", 2), 10, itemsize=4), "whole number of 4-byte elements"),
     (lambda: formula("rng", 4, 10),
      "unknown all_reduce algorithm with a closed form 'rng'; choose one of builtin, naive"),
 ])
@@ -145,7 +146,7 @@ def test_bad_input_says_what_is_allowed(bad, message):
 
 @pytest.mark.parametrize("world_size", range(2, 17))
 def test_double_binary_tree_moves_each_half_up_and_down_its_own_tree(world_size):
-    schedule = build_schedule("double_binary_tree", world_size)
+    schedule = build_collective("double_binary_tree", world_size)
     assert cost(schedule, M).total_bytes == 2 * (world_size - 1) * M  # two trees x 2(N-1) x M/2
     assert len(schedule.rounds) <= 2 * world_size.bit_length()
     leaves = [{m.src for m in schedule.rounds[0] if m.lo == tree} for tree in (0, 1)]
@@ -165,12 +166,12 @@ def test_hierarchical_time_equals_its_closed_form_on_a_two_level_cluster(nodes, 
 
 def test_hierarchical_beats_a_flat_ring_when_links_between_nodes_are_slow():
     link = two_level_link(8, (2e-6, 1 / 300e9), (10e-6, 1 / 25e9))
-    ring = cost(build_schedule("ring", 32), M, link=link).time
+    ring = cost(build_collective("ring", 32), M, link=link).time
     assert cost(hierarchical(4, 8), M, link=link).time < ring / 3
 
 
 def test_uniform_links_give_the_plain_alpha_beta_time():
-    schedule = build_schedule("halving_doubling", 6)
+    schedule = build_collective("halving_doubling", 6)
     plain = cost(schedule, M, alpha=1e-5, beta=1e-9).time
     assert cost(schedule, M, link=lambda src, dst: (1e-5, 1e-9)).time == pytest.approx(plain)
 

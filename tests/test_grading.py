@@ -230,10 +230,10 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
             dist.all_reduce(tensor)
      """, "ring all-reduce", "the ring all-reduce"),
     ("lesson02_allreduce", """
-        from edulib.comm import build_schedule
+        from edulib.comm import build_collective
 
         def halving_doubling_schedule(n):
-            return build_schedule("halving_doubling", n)
+            return build_collective("halving_doubling", n)
      """, "halving-doubling schedule", "the halving-doubling schedule"),
     ("lesson04_pipeline", """
         import edulib.pp

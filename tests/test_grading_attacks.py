@@ -25,7 +25,7 @@ EXERCISE = "lesson08_hybrid"  # judged in the student's process, so each plant g
 SOLUTION = (ROOT / "solutions" / f"{EXERCISE}.py").read_text()
 FULL = sum(c.points + c.hidden_points for c in CHECKS[EXERCISE])  # the honest classmate's score
 MODES = [pytest.param(True, id="sandbox"), pytest.param(False, id="no-sandbox")]
-pytestmark = pytest.mark.skipif(not bubblewrap.available(), reason="bubblewrap is not installed here")
+pytestmark = pytest.mark.skipif(not bubblewrap.sandbox_available(), reason="bubblewrap is not installed here")
 STUB = """
 def grid_groups(dp, pp, tp):
     return {"dp": [], "pp": [], "tp": []}
@@ -400,13 +400,13 @@ def test_hidden_cases_come_from_a_secret_seed_that_is_recorded(tmp_path):
 
 def test_a_schedule_of_a_billion_chunks_scores_zero_without_allocating_it(tmp_path):
     body = """
-        from edulib.comm import Schedule
+        from edulib.comm import CollectiveSchedule
 
         def halving_doubling_schedule(n):
-            return Schedule("huge", "all_reduce", n, 10**9, (), None)
+            return CollectiveSchedule("huge", "all_reduce", n, 10**9, (), None)
 
         def torus_schedule(rows, cols):
-            return Schedule("huge", "all_reduce", rows * cols, 10**9, (), None)
+            return CollectiveSchedule("huge", "all_reduce", rows * cols, 10**9, (), None)
 
         def ring_allreduce(tensor):
             raise NotImplementedError("not this one")

@@ -1,5 +1,6 @@
 """Layers that only look down: every import inside edulib (at the top of a module or inside a
-function) goes to a layer below the importer's, or to its own; no parallelism imports another."""
+function) goes to a layer below the importer's, or to its own; no parallelism imports another; and
+nothing private (one leading underscore) crosses from one module to another."""
 
 from __future__ import annotations
 
@@ -70,6 +71,38 @@ def wrong_imports(root: Path) -> list[str]:
             elif mine in AXES and theirs in AXES and mine != theirs:
                 wrong.append(f"{module}:{line} imports {target}, another parallelism ({mine} -> {theirs})")
     return wrong
+
+
+def private(name: str) -> bool:
+    """One leading underscore: the module's own (a dunder is Python's)."""
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_crossings(root: Path) -> list[str]:
+    """Every private name one edulib module takes from another: imported by name, or read off an
+    imported module."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("edulib"):
+                found += [f"{path.name}:{node.lineno} imports {node.module}.{alias.name}"
+                          for alias in node.names if private(alias.name)]
+                modules |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                modules |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                            if alias.name.startswith("edulib")}
+        found += [f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in modules and private(node.attr)]
+    return found
+
+
+def test_nothing_private_crosses_a_module(tmp_path):
+    assert private_crossings(ROOT) == []
+    (tmp_path / "a.py").write_text("from edulib.tp.ops import _F\nfrom edulib.tp import ops\nops._G\nops.f\n")
+    assert private_crossings(tmp_path) == ["a.py:1 imports edulib.tp.ops._F", "a.py:3 reads ops._G"]
 
 
 def test_every_import_looks_down_and_no_parallelism_imports_another():

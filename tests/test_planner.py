@@ -15,10 +15,10 @@ from edulib.compare import disagreements
 from edulib.hybrid.plan import (
     StageLayout,
     language_model_graph,
-    layouts,
     local_cluster,
     operator_names,
     plan_model,
+    stage_layouts,
 )
 from edulib.launch import Pool, RankError
 from edulib.lessons.plans import plan_reference, plan_step
@@ -39,7 +39,7 @@ from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, s
 from edulib.planner.intra import (
     chain_optimum,
     costs,
-    exhaustive,
+    exhaustive_sharding,
     ilp,
     least_memory,
     priced_optima,
@@ -76,10 +76,10 @@ def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
     table = costs(graph, mesh, microbatches=int(rng.integers(1, 5)))
     if np.prod([len(o) for o in table.options]) > 200_000:
         table = table.part(0, 4)
-    free = exhaustive(table)
+    free = exhaustive_sharding(table)
     assert ilp(table).time == pytest.approx(free.time, rel=1e-9)
     tight = (least_memory(table, 2) + free.memory(2)) / 2  # between what fits and what is fastest
-    reference = exhaustive(table, tight, in_flight=2)
+    reference = exhaustive_sharding(table, tight, in_flight=2)
     found = ilp(table, tight, in_flight=2)
     assert found.time == pytest.approx(reference.time, rel=1e-9)
     assert found.memory(2) <= tight
@@ -90,7 +90,7 @@ def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
 def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed):
     rng = np.random.default_rng(100 + seed)
     table = costs(random_graph(rng, 6, chain=True), MESHES[seed % len(MESHES)])
-    assert chain_optimum(table).time == pytest.approx(exhaustive(table).time, rel=1e-9)
+    assert chain_optimum(table).time == pytest.approx(exhaustive_sharding(table).time, rel=1e-9)
     tight = (least_memory(table, 3) + chain_optimum(table).memory(3)) / 2
     priced, exact = priced_optimum(table, tight, 3), ilp(table, tight, 3)
     assert priced.memory(3) <= tight and priced.time >= exact.time - 1e-12
@@ -145,7 +145,7 @@ def test_a_stage_takes_its_input_whole_and_hands_its_output_on_whole(seed):
         for step in intra.viterbi(table, first):
             part = table.part(first, step.v)
             assert (step.cost[0] + table.ends(step.v, "leave")).min() == pytest.approx(
-                exhaustive(part).time, rel=1e-9)
+                exhaustive_sharding(part).time, rel=1e-9)
         last = table.options[first]
         leave = [intra.reshard(s.output_layout, whole, graph.operators[first].output_bytes, table.mesh)
                  for s in last]
@@ -253,7 +253,7 @@ def test_expert_parallelism_is_what_the_moe_plan_gains(monkeypatch):
 
 def test_plans_read_as_the_lecture_writes_them():
     from edulib.planner.graph import in_words
-    from edulib.planner.report import describe
+    from edulib.planner.report import describe_plan
     from edulib.table import format_rate
 
     assert in_words("b,o") == "data parallel on axis 0, Megatron column on axis 1"
@@ -261,11 +261,11 @@ def test_plans_read_as_the_lecture_writes_them():
     assert [format_rate(v, "FLOP/s") for v in (7.25e14, 3.75e8, 12)] == ["725 TFLOP/s", "375 MFLOP/s",
                                                                           "12 FLOP/s"]
     tiny = plan(language_model_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=240e3))
-    text = describe(tiny)
+    text = describe_plan(tiny)
     assert "0.0 TFLOP/s" not in text and re.search(r"\d+ MFLOP/s \(\d+% of peak\)", text)
     for name in {n for stage in tiny.stages for n in stage.strategies}:
         assert f"  {name} = {in_words(name)}" in text
-    stage = layouts(tiny)[0]
+    stage = stage_layouts(tiny)[0]
     assert stage.in_words(0) == f"embedding: {in_words(stage.loops[0][0])}"
     assert stage.in_words(1).startswith("ln1: ") and "; fc2: " in stage.in_words(1)
     assert str(stage).splitlines()[1] == f"  module 0: embedding {','.join(stage.loops[0][0])}"
@@ -330,7 +330,7 @@ def test_no_strategy_splits_a_loop_unevenly():
 
 def test_a_plan_for_three_ranks_runs_and_computes_one_process_gradients():
     found = plan(language_model_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=160e3))
-    stages = layouts(found)
+    stages = stage_layouts(found)
     assert [stage.mesh for stage in stages] == [(1, 1), (2, 1)]  # a pipeline, sharded inside
     with Pool(3, backend="gloo", timeout=60) as pool:
         assert not disagreements(pool.run(plan_step, stages), plan_reference())
@@ -355,7 +355,8 @@ def test_a_traced_graph_with_a_skip_edge_is_planned_with_the_ilp():
     one_stage = plan(graph, cluster, microbatches=4, stages=1, submeshes=[(1, 2)])
     mesh = one_stage.stages[0].mesh
     # one stage on both devices is exactly the ILP on the whole graph, checked by exhaustive search
-    assert one_stage.stages[0].time == pytest.approx(exhaustive(costs(graph, mesh, 4)).time, rel=1e-9)
+    reference = exhaustive_sharding(costs(graph, mesh, 4))
+    assert one_stage.stages[0].time == pytest.approx(reference.time, rel=1e-9)
     assert found.latency <= one_stage.latency * (1 + 1e-9)
 
 
@@ -434,7 +435,7 @@ def test_the_planners_plan_runs_on_four_ranks_and_computes_one_process_gradients
     # Less memory per device moves the plan from data parallelism on a 2 x 2 mesh to sharding the
     # weights on it (Megatron and its mixtures), then to a pipeline of two sharded stages.
     found = plan(language_model_graph(), local_cluster(4, flops=1e8, alpha=1e-5, beta=1e-9, memory=memory))
-    stages = layouts(found)
+    stages = stage_layouts(found)
     loops = {loop for stage in stages for module in stage.loops for op in module for loop in op}
     assert {"data": loops == {"b"}, "sharded": len(stages) == 1 and {"o", "i"} <= loops,
             "pipeline": len(stages) == 2}[shape]
@@ -449,10 +450,10 @@ def test_a_plan_or_layout_the_executor_cannot_run_is_refused_by_name(pool4):
     cut = stage.__class__(stage.first + 2, stage.last, stage.submesh, stage.mesh, stage.strategies[2:],
                           stage.time, stage.memory)
     with pytest.raises(ValueError, match="stage 0 cuts a module"):
-        layouts(found.__class__(found.graph, found.cluster, found.microbatches, (cut, *found.stages[1:]),
-                                found.latency, 0.0))
+        stage_layouts(found.__class__(found.graph, found.cluster, found.microbatches,
+                                      (cut, *found.stages[1:]), found.latency, 0.0))
     with pytest.raises(ValueError, match="runs plans of language_model_graph"):
-        layouts(plan(gpt_graph(2, 64, 4, 8, 2, vocab=0), Cluster(1, 2)))
+        stage_layouts(plan(gpt_graph(2, 64, 4, 8, 2, vocab=0), Cluster(1, 2)))
     half = HAND_MADE["two stages, mixed parts"][:1]
     with pytest.raises(RankError, match="the plan's stages need 2 ranks; 4 are running"):
         pool4.run(plan_step, half)

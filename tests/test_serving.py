@@ -8,15 +8,15 @@ import random
 import pytest
 
 from edulib.serving import (
-    Choice,
     Infrastructure,
-    Operator,
+    ModelChoice,
     Tier,
     Workflow,
-    exhaustive,
+    WorkflowOperator,
+    exhaustive_placement,
     place,
-    solve,
     solve_exact,
+    solve_placement,
     vehicle_tracking,
 )
 from edulib.serving.placement import accuracy_of, plan_of
@@ -28,14 +28,15 @@ def _random(seed: int, operators: int = 3, choices: int = 2) -> tuple[Workflow, 
     """Two sources, then `operators` operators of `choices` models that each read one or two
     earlier ones; three tiers."""
     rng = random.Random(seed)
-    ops = [Operator(f"source {k}", (), (Choice("data", 1.0, 0.0, rng.uniform(1, 10)),)) for k in range(2)]
+    ops = [WorkflowOperator(f"source {k}", (), (ModelChoice("data", 1.0, 0.0, rng.uniform(1, 10)),))
+           for k in range(2)]
     for k in range(operators):
         reads = tuple(rng.sample([op.name for op in ops], rng.randint(1, 2)))
         choices_ = tuple(
-            Choice(f"model {k}.{c}", rng.uniform(0.8, 1.0), rng.uniform(0.5, 5), rng.uniform(0.1, 10))
+            ModelChoice(f"model {k}.{c}", rng.uniform(0.8, 1.0), rng.uniform(0.5, 5), rng.uniform(0.1, 10))
             for c in range(choices)
         )
-        ops.append(Operator(f"op {k}", reads, choices_))
+        ops.append(WorkflowOperator(f"op {k}", reads, choices_))
     tiers = (
         Tier("devices", rng.choice([None, rng.uniform(3, 6)])),
         Tier("edge", rng.uniform(1, 3)),
@@ -50,18 +51,19 @@ def _random(seed: int, operators: int = 3, choices: int = 2) -> tuple[Workflow, 
 @pytest.mark.parametrize("seed", range(30))
 def test_the_two_stage_solver_equals_exhaustive_search(seed):
     workflow, infra, accuracy = _random(seed)
-    found, best = solve(workflow, infra, accuracy), exhaustive(workflow, infra, accuracy)
+    found, best = solve_placement(workflow, infra, accuracy), exhaustive_placement(workflow, infra, accuracy)
     assert found.cost == pytest.approx(best.cost, rel=1e-9, abs=1e-12) and found.accuracy >= accuracy
-    assert solve(workflow, infra, accuracy, width=1).cost >= best.cost - 1e-9  # a narrow beam may miss
+    narrow = solve_placement(workflow, infra, accuracy, width=1)
+    assert narrow.cost >= best.cost - 1e-9  # a narrow beam may miss
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_joint_ilp_equals_exhaustive_search_where_the_beam_is_narrower_than_the_choices(seed):
     # 3^4 = 81 choices of models against a beam of 8, every placement of each
     workflow, infra, accuracy = _random(seed, operators=4, choices=3)
-    found, best = solve_exact(workflow, infra, accuracy), exhaustive(workflow, infra, accuracy)
+    found, best = solve_exact(workflow, infra, accuracy), exhaustive_placement(workflow, infra, accuracy)
     assert found.cost == pytest.approx(best.cost, rel=1e-9, abs=1e-12) and found.accuracy >= accuracy
-    assert solve(workflow, infra, accuracy).cost >= best.cost - 1e-9
+    assert solve_placement(workflow, infra, accuracy).cost >= best.cost - 1e-9
 
 
 def test_jellybeans_beam_misses_the_optimum_where_the_lesson_says():
@@ -70,7 +72,7 @@ def test_jellybeans_beam_misses_the_optimum_where_the_lesson_says():
     for seed in range(40):
         workflow, infra, accuracy = _random(1000 + seed, operators=4, choices=3)
         best = solve_exact(workflow, infra, accuracy).cost
-        gaps.append(solve(workflow, infra, accuracy).cost / best - 1)
+        gaps.append(solve_placement(workflow, infra, accuracy).cost / best - 1)
     missed = [gap for gap in gaps if gap > 1e-9]
     assert (len(missed), round(max(gaps), 2)) == BEAM_GAP, (len(missed), max(gaps))
 
@@ -89,7 +91,7 @@ def test_the_placement_is_the_cheapest_of_every_placement_for_the_models_chosen(
 
 
 def test_the_lectures_example_computes_in_the_cloud_until_the_network_costs_too_much():
-    cheap, dear = (solve(*vehicle_tracking(price), 0.8) for price in (0.05, 5.0))
+    cheap, dear = (solve_placement(*vehicle_tracking(price), 0.8) for price in (0.05, 5.0))
     assert cheap.tiers["detect 1"] == cheap.tiers["detect 2"] == "cloud"  # B: send the images up
     assert dear.tiers["detect 1"] == dear.tiers["detect 2"] == "edge"  # A: send the detections up
     assert cheap.tiers["re-identify"] == dear.tiers["re-identify"] == "cloud"
@@ -103,8 +105,9 @@ def test_what_cannot_be_served_is_refused_by_name():
     with pytest.raises(
         ValueError, match="no choice of models reaches accuracy 0.99: the most accurate reaches 0.9221"
     ):
-        solve(workflow, infra, 0.99)
+        solve_placement(workflow, infra, 0.99)
     with pytest.raises(ValueError, match="operator 'b' reads \\['c'\\], which come later or nowhere"):
-        Workflow((Operator("a", (), (Choice("x", 1, 0, 1),)), Operator("b", ("c",), (Choice("y", 1, 1, 1),))))
+        Workflow((WorkflowOperator("a", (), (ModelChoice("x", 1, 0, 1),)),
+                  WorkflowOperator("b", ("c",), (ModelChoice("y", 1, 1, 1),))))
     with pytest.raises(ValueError, match="3 tiers need 2 link prices; got 1"):
         Infrastructure((Tier("a", 1.0), Tier("b", 1.0), Tier("c", 1.0)), (1.0,))

@@ -20,7 +20,7 @@ from edulib.lessons.tensor_parallelism import (
     vocab_reference,
 )
 from edulib.models import TOKENS
-from edulib.tp.cost import LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
+from edulib.tp.cost import TP_LAYOUTS, Traffic, lecture_traffic, linear_traffic, mlp_traffic
 from edulib.tp.vocab import vocab_parallel_bytes, vocab_parallel_cross_entropy
 
 BATCH, WIDTH = 8, 16
@@ -141,7 +141,7 @@ def test_the_lecture_table_and_bytes_sent_are_one_formula_apart():
 
 
 def test_unknown_layout_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown layout 'pipeline'; choose one of " + ", ".join(LAYOUTS)):
+    with pytest.raises(ValueError, match="unknown layout 'pipeline'; choose one of " + ", ".join(TP_LAYOUTS)):
         linear_traffic("pipeline", 1, 1, 1, 1)
 
 

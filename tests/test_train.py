@@ -277,15 +277,16 @@ def test_the_train_command_reads_a_toml_file_logs_json_lines_and_samples(capsys,
 
 
 def test_a_trained_model_writes_text_and_an_untrained_one_noise():
-    from edulib.train import generate
+    from edulib.train import generate_text
 
     config = TrainConfig(hidden=32, heads=4, layers=2, tokens=32, batch=8, steps=60, lr=3e-3)
     trained = reference(config)["weights"]
     untrained = {name: w.detach() for name, w in model_of(config).named_parameters()}
-    printable = [sum(32 <= b < 127 or b == 10 for b in generate(config, weights, b"def ", 200)) / 200
+    printable = [sum(32 <= b < 127 or b == 10 for b in generate_text(config, weights, b"def ", 200)) / 200
                  for weights in (trained, untrained)]
     assert printable[0] > 0.9 and printable[1] < 0.6, printable
-    assert generate(config, trained, b"def ", 50, seed=3) == generate(config, trained, b"def ", 50, seed=3)
+    again = generate_text(config, trained, b"def ", 50, seed=3)
+    assert generate_text(config, trained, b"def ", 50, seed=3) == again
 
 
 def test_the_train_command_refuses_a_layout_by_name(capsys):

@@ -243,19 +243,19 @@ def test_the_overlap_figure_draws_every_bucket_from_timestamps():
 def test_the_plan_explorer_falls_back_to_a_plan_that_mixes_stages_and_tensor_parallelism():
     from edulib.utilization import LECTURE_RUNS
     from edulib.widgets import plan_explorer
-    from edulib.widgets.planner import DEFAULTS, describe_case, plan_case
+    from edulib.widgets.planner import DEFAULTS, describe_plan_case, plan_case
 
     figure = plan_explorer(static=True)
     found = plan_case(**DEFAULTS)
     assert figure.axes[0].get_title().startswith("gpt-8 on devices of 1.5 GiB: 4 stages")
-    assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_case(**DEFAULTS)
+    assert f"predicted iteration time: {found.latency * 1e3:.3f} ms" in describe_plan_case(**DEFAULTS)
     assert len(found.stages) > 1, "a pipeline"
     loops = {loop for stage in found.stages for name in stage.strategies for loop in name.split(",")}
     assert loops & {"o", "i"}, "Megatron's column or row split in some stage"
     utilisation = found.throughput / (found.cluster.size * found.cluster.flops)
     assert utilisation <= max(run.stated_fraction for run in LECTURE_RUNS), "no better than real runs"
     # a cluster too small for the model says so instead of drawing
-    assert "smallest memory per device" in describe_case(**{**DEFAULTS, "memory_gib": 0.01})
+    assert "smallest memory per device" in describe_plan_case(**{**DEFAULTS, "memory_gib": 0.01})
 
 
 def test_less_bandwidth_between_nodes_never_speeds_a_plan_up():
@@ -334,16 +334,17 @@ def test_the_frontier_explorer_falls_back_to_the_1f1b_frontier_and_says_its_bloa
     from edulib.energy import A100, pipeline_frontier
     from edulib.pp import build_schedule
     from edulib.widgets import frontier_explorer
-    from edulib.widgets.energy import describe_case
+    from edulib.widgets.energy import describe_frontier_case
 
     figure = frontier_explorer(static=True)
     lines = figure.axes[0].get_lines()
     found = pipeline_frontier(build_schedule("1f1b", 4, 8), A100, unit=0.25)
     assert list(lines[0].get_xdata()) == list(found.times)  # the frontier as computed
     assert list(lines[0].get_ydata()) == pytest.approx([e / 1e3 for e in found.energies])
-    text = describe_case(schedule="1f1b", stages=4, microbatches=8, levels=5)
+    text = describe_frontier_case(schedule="1f1b", stages=4, microbatches=8, levels=5)
     assert f"intrinsic bloat {found.intrinsic_bloat() / found.flat_out:.1%}" in text
-    assert describe_case(schedule="1f1b", stages=4, microbatches=0, levels=5).startswith("microbatches must")
+    refused = describe_frontier_case(schedule="1f1b", stages=4, microbatches=0, levels=5)
+    assert refused.startswith("microbatches must")
 
 
 def test_a_measured_figure_says_when_its_ranks_outnumber_the_cores(monkeypatch):

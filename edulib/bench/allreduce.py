@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 
 from edulib.bench.timing import fit_link, fit_overhead, median_slowest
-from edulib.comm import ALGORITHMS, build_schedule, cost
+from edulib.comm import ALGORITHMS, build_collective, cost
 from edulib.comm.cost import fit_alpha_beta
 from edulib.launch import Pool
 from edulib.lessons.collectives import time_allreduce, time_reduction
@@ -66,7 +66,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                 algbw = nbytes / seconds / 1e9
                 predicted, ratio = "", ""
                 if name != "builtin":
-                    schedule = build_schedule(name, world_size)
+                    schedule = build_collective(name, world_size)
                     model = cost(schedule, nbytes, alpha, beta, 4, gamma=gamma, duplex=duplex).time
                     predicted, ratio = f"{model * 1e3:.3f}", f"{model / seconds:.2f}"
                     if nbytes >= AGREEMENT_FROM:

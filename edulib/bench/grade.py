@@ -16,7 +16,7 @@ from edulib.grading import grade
 from edulib.table import format_table
 
 
-def ping_pong(messages: int, elements: int) -> float:
+def relay_ping_pong(messages: int, elements: int) -> float:
     """On two ranks: rank 0 sends `elements` floats and rank 1 sends them back, `messages` messages
     in all; the seconds each message took."""
     import torch
@@ -42,7 +42,7 @@ def relay_cost(messages: int = 2000, elements: int = 256) -> dict[str, float]:
     from edulib.launch import Pool
 
     with Pool(2, backend="gloo", start="fork") as pool:
-        gloo = max(pool.run(ping_pong, messages, elements))
+        gloo = max(pool.run(relay_ping_pong, messages, elements))
     relay, stop = Relay(2), threading.Event()
 
     def serve() -> None:
@@ -52,7 +52,7 @@ def relay_cost(messages: int = 2000, elements: int = 256) -> dict[str, float]:
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     with Pool(2, start="fork", join=join, wires=relay.rank_ends) as pool:
-        relayed = max(pool.run(ping_pong, messages, elements))
+        relayed = max(pool.run(relay_ping_pong, messages, elements))
     stop.set()
     server.join()
     return {"gloo": gloo, "relay": relayed}

@@ -7,7 +7,7 @@ import platform
 
 from edulib.comm.cost import fit_alpha_beta
 from edulib.compare import disagreements
-from edulib.hybrid.plan import language_model_graph, layouts, local_cluster, unsplit_seconds
+from edulib.hybrid.plan import language_model_graph, local_cluster, stage_layouts, unsplit_seconds
 from edulib.launch import Pool
 from edulib.lessons.collectives import ping_pong
 from edulib.lessons.plans import plan_reference, plan_step
@@ -72,7 +72,7 @@ def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microb
     sizes = [2**k for k in range(8, 17, 2)]
     alpha, beta = fit_alpha_beta(pool.run(ping_pong, sizes, 20)[0])
     found = plan(graph, local_cluster(pool.world_size, flops, alpha, max(beta, 1e-12), memory), microbatches)
-    reports = pool.run(plan_step, layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
+    reports = pool.run(plan_step, stage_layouts(found), batch=batch, microbatches=microbatches, hidden=hidden,
                        heads=heads, layers=layers, tokens=tokens, repeats=20)
     reference = plan_reference(batch=batch, hidden=hidden, heads=heads, layers=layers, tokens=tokens)
     return {"plan": found, "problems": disagreements(reports, reference),

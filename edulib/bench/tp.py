@@ -12,7 +12,7 @@ from edulib.lessons.tensor_parallelism import time_grids
 from edulib.table import format_bytes, format_table
 from edulib.tp.grid import GridShape, fits, grid_bytes, grid_shapes
 
-LAYERS = ((256, 256, 1024), (64, 1024, 1024), (1024, 128, 128))  # batch, inputs, outputs
+SHAPES = ((256, 256, 1024), (64, 1024, 1024), (1024, 128, 128))  # batch, inputs, outputs
 
 
 def bench_tp(ranks: int = 4, repeats: int = 7, backend: str = "gloo") -> str:
@@ -20,7 +20,7 @@ def bench_tp(ranks: int = 4, repeats: int = 7, backend: str = "gloo") -> str:
     and the step's time (forward and backward), against the Megatron line (ranks x 1 x 1)."""
     rows = []
     with Pool(ranks, backend, timeout=600) as pool:
-        for batch, ins, outs in LAYERS:
+        for batch, ins, outs in SHAPES:
             shapes = [s for s in grid_shapes(ranks) if fits(s, batch, ins, outs)]
             measured = pool.run(time_grids, shapes, batch, ins, outs, repeats)
             times = [{shape: report[shape]["seconds"] for shape in shapes} for report in measured]

@@ -26,7 +26,7 @@ from edulib.train.data import text_batch
 from edulib.train.model import lm_loss
 from edulib.train.trainer import model_of, optimizer_of
 
-KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}
+_KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}
 
 
 def torch_train(config: TrainConfig, kind: str) -> dict:
@@ -162,8 +162,8 @@ def bench_train(steps: int = 12, backend: str = "gloo") -> str:
             baseline = max(statistics.median(r["seconds"][1:]) for r in theirs)
             tokens = config.batch * config.tokens
             held = max(sum(v for k, v in r["memory"].items() if k != "activations") for r in ours)
-            rows.append((KINDS[kind], f"{baseline * 1e3:.1f}", f"{mine * 1e3:.1f}", f"{mine / baseline:.2f}x",
-                         f"{tokens / mine:.0f}", format_bytes(held),
+            rows.append((_KINDS[kind], f"{baseline * 1e3:.1f}", f"{mine * 1e3:.1f}",
+                         f"{mine / baseline:.2f}x", f"{tokens / mine:.0f}", format_bytes(held),
                          format_bytes(max(r["memory"] for r in theirs))))
     return (f"training step of the language model (hidden 128, 4 blocks, 64 tokens, batch 16 in 4 "
             f"micro-batches, AdamW), 2 ranks, {backend} on {platform.node()}; median of {steps - 1} "

@@ -4,11 +4,11 @@ what leaves each rank, and the process groups of a `Grid`, made once."""
 
 from edulib.comm.algorithms import (
     ALGORITHMS,
+    COLLECTIVE_SCHEDULES,
     FOR_COLLECTIVE,
     FURTHER,
-    SCHEDULES,
     algorithm_for,
-    build_schedule,
+    build_collective,
     hierarchical,
     schedule_for,
 )
@@ -31,13 +31,13 @@ from edulib.comm.collectives import (
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, message_time, two_level_link
 from edulib.comm.groups import Grid, members_group, subgroup, twin
 from edulib.comm.ledger import Transfer, count_communication, labelled
-from edulib.comm.schedule import COLLECTIVES, Message, Schedule, chunk_bounds
-from edulib.comm.simulate import expected, simulate
+from edulib.comm.schedule import COLLECTIVES, CollectiveSchedule, Message, chunk_bounds
+from edulib.comm.simulate import expected, simulate_collective
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Cost", "FOR_COLLECTIVE", "FURTHER", "Grid", "Message",
-           "SCHEDULES", "Schedule", "Transfer", "algorithm_for", "all_gather", "all_gather_chunks",
-           "all_reduce", "all_to_all", "barrier", "broadcast", "build_schedule", "bytes_sent",
-           "chunk_bounds", "cost", "count_communication", "expected", "formula", "hierarchical",
-           "irecv", "isend", "labelled", "members_group", "message_time", "recv", "reduce",
-           "reduce_scatter", "schedule_for", "send", "shift", "simulate", "subgroup", "submit", "twin",
-           "two_level_link"]
+__all__ = ["ALGORITHMS", "COLLECTIVES", "COLLECTIVE_SCHEDULES", "CollectiveSchedule", "Cost",
+           "FOR_COLLECTIVE", "FURTHER", "Grid", "Message", "Transfer", "algorithm_for", "all_gather",
+           "all_gather_chunks", "all_reduce", "all_to_all", "barrier", "broadcast", "build_collective",
+           "bytes_sent", "chunk_bounds", "cost", "count_communication", "expected", "formula",
+           "hierarchical", "irecv", "isend", "labelled", "members_group", "message_time", "recv", "reduce",
+           "reduce_scatter", "schedule_for", "send", "shift", "simulate_collective", "subgroup", "submit",
+           "twin", "two_level_link"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from edulib.checks import check_choice, check_world_size
-from edulib.comm.schedule import Message, Schedule
+from edulib.comm.schedule import CollectiveSchedule, Message
 
 Rounds = list[tuple[Message, ...]]
 
@@ -24,17 +24,17 @@ def _ceil_log2(n: int) -> int:
     return (n - 1).bit_length()
 
 
-def naive(n: int) -> Schedule:
+def naive_allreduce(n: int) -> CollectiveSchedule:
     """Everyone sends its whole tensor to everyone else, in one round: N(N-1)M in total."""
     rounds = [tuple(Message(s, d, 0, 1, "reduce") for s in range(n) for d in range(n) if s != d)]
-    return Schedule("naive", "all_reduce", n, 1, tuple(r for r in rounds if r))
+    return CollectiveSchedule("naive", "all_reduce", n, 1, tuple(r for r in rounds if r))
 
 
-def parameter_server(n: int) -> Schedule:
+def parameter_server(n: int) -> CollectiveSchedule:
     """Every worker pushes its tensor to the server (rank 0), which sends the sum back to all."""
     push = tuple(Message(s, 0, 0, 1, "reduce") for s in range(1, n))
     pull = tuple(Message(0, d, 0, 1, "copy") for d in range(1, n))
-    return Schedule("parameter_server", "all_reduce", n, 1, tuple(r for r in (push, pull) if r))
+    return CollectiveSchedule("parameter_server", "all_reduce", n, 1, tuple(r for r in (push, pull) if r))
 
 
 def ring_reduce_scatter_rounds(n: int) -> Rounds:
@@ -49,9 +49,9 @@ def ring_all_gather_rounds(n: int) -> Rounds:
                   for r in range(n)) for s in range(n - 1)]
 
 
-def ring(n: int) -> Schedule:
+def ring(n: int) -> CollectiveSchedule:
     """Reduce-scatter then all-gather around a ring: 2(N-1) rounds of M/N each."""
-    return Schedule("ring", "all_reduce", n, n,
+    return CollectiveSchedule("ring", "all_reduce", n, n,
                     tuple(ring_reduce_scatter_rounds(n) + ring_all_gather_rounds(n)))
 
 
@@ -67,9 +67,9 @@ def binomial_broadcast_rounds(n: int) -> Rounds:
             for messages in reversed(binomial_reduce_rounds(n))]
 
 
-def tree(n: int) -> Schedule:
+def tree(n: int) -> CollectiveSchedule:
     """A binomial-tree reduce to rank 0, then a binomial-tree broadcast: 2 log2 N rounds of M."""
-    return Schedule("tree", "all_reduce", n, 1,
+    return CollectiveSchedule("tree", "all_reduce", n, 1,
                     tuple(binomial_reduce_rounds(n) + binomial_broadcast_rounds(n)))
 
 
@@ -81,16 +81,16 @@ def _fold(n: int) -> tuple[int, int, Callable[[int], int]]:
 
 
 def _folded(name: str, n: int, chunks: int, inner: Callable[[int, Callable[[int], int]], Rounds]
-            ) -> Schedule:
+            ) -> CollectiveSchedule:
     """Run `inner` on a power of two of ranks, folding the extra ranks in before and out after."""
     p, rem, real = _fold(n)
     fold_in = [tuple(Message(2 * i, 2 * i + 1, 0, chunks, "reduce") for i in range(rem))]
     fold_out = [tuple(Message(2 * i + 1, 2 * i, 0, chunks, "copy") for i in range(rem))]
     rounds = fold_in + inner(p, real) + fold_out
-    return Schedule(name, "all_reduce", n, chunks, tuple(r for r in rounds if r))
+    return CollectiveSchedule(name, "all_reduce", n, chunks, tuple(r for r in rounds if r))
 
 
-def butterfly(n: int) -> Schedule:
+def butterfly(n: int) -> CollectiveSchedule:
     """Recursive doubling: in round k, rank v swaps its whole tensor with rank v XOR 2^k."""
     def exchanges(p: int, real: Callable[[int], int]) -> Rounds:
         return [tuple(Message(real(v), real(v ^ mask), 0, 1, "reduce") for v in range(p))
@@ -98,7 +98,7 @@ def butterfly(n: int) -> Schedule:
     return _folded("butterfly", n, 1, exchanges)
 
 
-def halving_doubling(n: int) -> Schedule:
+def halving_doubling(n: int) -> CollectiveSchedule:
     """Recursive halving (partners at offsets 1, 2, 4...), then recursive doubling in reverse."""
     def halve_then_double(p: int, real: Callable[[int], int]) -> Rounds:
         held = [[(0, p)] for _ in range(p)]  # held[v][k]: chunks rank v holds after k halvings
@@ -121,27 +121,27 @@ def halving_doubling(n: int) -> Schedule:
     return _folded("halving_doubling", n, p, halve_then_double)
 
 
-def reduce_scatter(n: int) -> Schedule:
+def reduce_scatter_schedule(n: int) -> CollectiveSchedule:
     """Ring reduce-scatter: rank r ends with the sum of everyone's chunk r."""
-    return Schedule("reduce_scatter", "reduce_scatter", n, n, tuple(ring_reduce_scatter_rounds(n)))
+    return CollectiveSchedule("reduce_scatter", "reduce_scatter", n, n, tuple(ring_reduce_scatter_rounds(n)))
 
 
-def all_gather(n: int) -> Schedule:
+def all_gather_schedule(n: int) -> CollectiveSchedule:
     """Ring all-gather: rank r contributes chunk r, and every rank ends with all of them."""
-    return Schedule("all_gather", "all_gather", n, n, tuple(ring_all_gather_rounds(n)))
+    return CollectiveSchedule("all_gather", "all_gather", n, n, tuple(ring_all_gather_rounds(n)))
 
 
-def broadcast(n: int) -> Schedule:
+def broadcast_schedule(n: int) -> CollectiveSchedule:
     """Binomial-tree broadcast of rank 0's tensor."""
-    return Schedule("broadcast", "broadcast", n, 1, tuple(binomial_broadcast_rounds(n)))
+    return CollectiveSchedule("broadcast", "broadcast", n, 1, tuple(binomial_broadcast_rounds(n)))
 
 
-def reduce(n: int) -> Schedule:
+def reduce_schedule(n: int) -> CollectiveSchedule:
     """Binomial-tree reduce: rank 0 ends with the sum."""
-    return Schedule("reduce", "reduce", n, 1, tuple(binomial_reduce_rounds(n)))
+    return CollectiveSchedule("reduce", "reduce", n, 1, tuple(binomial_reduce_rounds(n)))
 
 
-def pairwise_all_to_all(n: int) -> Schedule:
+def pairwise_all_to_all(n: int) -> CollectiveSchedule:
     """All-to-all as pairwise swaps: in each round every rank swaps one chunk with one partner.
 
     Partners are r XOR s for a power of two (N-1 rounds), else s - r mod N (N rounds, a rank
@@ -153,13 +153,13 @@ def pairwise_all_to_all(n: int) -> Schedule:
     for s in range(1, n) if power else range(n):
         pairs = [(r, r ^ s if power else (s - r) % n) for r in range(n)]
         rounds.append(tuple(Message(r, p, p, p + 1, "copy", at=r) for r, p in pairs if p != r))
-    return Schedule("pairwise", "all_to_all", n, n, tuple(r for r in rounds if r))
+    return CollectiveSchedule("pairwise", "all_to_all", n, n, tuple(r for r in rounds if r))
 
 
-def naive_all_to_all(n: int) -> Schedule:
+def naive_all_to_all(n: int) -> CollectiveSchedule:
     """All-to-all in one round: every rank sends chunk j to rank j, all at once."""
     rounds = [tuple(Message(r, d, d, d + 1, "copy", at=r) for r in range(n) for d in range(n) if d != r)]
-    return Schedule("naive", "all_to_all", n, n, tuple(r for r in rounds if r))
+    return CollectiveSchedule("naive", "all_to_all", n, n, tuple(r for r in rounds if r))
 
 
 def _binary_tree(ranks: list[int], parent: int | None, depth: int,
@@ -175,7 +175,7 @@ def _binary_tree(ranks: list[int], parent: int | None, depth: int,
     _binary_tree(ranks[middle + 1:], root, depth + 1, edges)
 
 
-def double_binary_tree(n: int) -> Schedule:
+def double_binary_tree(n: int) -> CollectiveSchedule:
     """NCCL's two trees: half the tensor reduces up and broadcasts down each tree, both at once.
 
     The second tree is the first with every rank shifted by one, so most ranks that are leaves
@@ -192,10 +192,10 @@ def double_binary_tree(n: int) -> Schedule:
           for level in range(depth, 1, -1)]  # the roots, at depth 1, send nothing
     down = [tuple(Message(m.dst, m.src, m.lo, m.hi, "copy") for m in messages)
             for messages in reversed(up)]
-    return Schedule("double_binary_tree", "all_reduce", n, 2, tuple(up + down))
+    return CollectiveSchedule("double_binary_tree", "all_reduce", n, 2, tuple(up + down))
 
 
-def hierarchical(nodes: int, per_node: int) -> Schedule:
+def hierarchical(nodes: int, per_node: int) -> CollectiveSchedule:
     """Two-level all-reduce for `nodes` x `per_node` ranks (rank = node x per_node + local).
 
     Inside each node a ring reduce-scatter leaves local rank j with its node's sum of part j;
@@ -214,31 +214,31 @@ def hierarchical(nodes: int, per_node: int) -> Schedule:
               for messages in ring_reduce_scatter_rounds(nodes) + ring_all_gather_rounds(nodes)]
     rounds = (node_ring(ring_reduce_scatter_rounds(per_node)) + across
               + node_ring(ring_all_gather_rounds(per_node)))
-    return Schedule(f"hierarchical_{nodes}x{per_node}", "all_reduce", nodes * per_node,
+    return CollectiveSchedule(f"hierarchical_{nodes}x{per_node}", "all_reduce", nodes * per_node,
                     nodes * per_node, tuple(rounds))
 
 
-ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
-    "naive": naive, "parameter_server": parameter_server, "ring": ring, "tree": tree,
+ALGORITHMS: dict[str, Callable[[int], CollectiveSchedule]] = {
+    "naive": naive_allreduce, "parameter_server": parameter_server, "ring": ring, "tree": tree,
     "butterfly": butterfly, "halving_doubling": halving_doubling,
 }
 # Going further: all-reduces beyond the lectures' six (the hierarchical one is built for a
 # cluster shape with `hierarchical(nodes, per_node)`; by name it assumes 2 nodes when it can).
-FURTHER: dict[str, Callable[[int], Schedule]] = {
+FURTHER: dict[str, Callable[[int], CollectiveSchedule]] = {
     "double_binary_tree": double_binary_tree,
     "hierarchical": lambda n: hierarchical(2, n // 2) if n % 2 == 0 else hierarchical(1, n),
 }
-SCHEDULES: dict[str, Callable[[int], Schedule]] = {
-    **ALGORITHMS, **FURTHER, "reduce_scatter": reduce_scatter, "all_gather": all_gather,
-    "broadcast": broadcast, "reduce": reduce, "all_to_all": pairwise_all_to_all,
+COLLECTIVE_SCHEDULES: dict[str, Callable[[int], CollectiveSchedule]] = {
+    **ALGORITHMS, **FURTHER, "reduce_scatter": reduce_scatter_schedule, "all_gather": all_gather_schedule,
+    "broadcast": broadcast_schedule, "reduce": reduce_schedule, "all_to_all": pairwise_all_to_all,
 }
 # The algorithms edulib has for each collective, by the name `algorithm=` takes.
-FOR_COLLECTIVE: dict[str, dict[str, Callable[[int], Schedule]]] = {
+FOR_COLLECTIVE: dict[str, dict[str, Callable[[int], CollectiveSchedule]]] = {
     "all_reduce": {**ALGORITHMS, **FURTHER},
-    "reduce_scatter": {"ring": reduce_scatter},
-    "all_gather": {"ring": all_gather},
-    "broadcast": {"tree": broadcast},
-    "reduce": {"tree": reduce},
+    "reduce_scatter": {"ring": reduce_scatter_schedule},
+    "all_gather": {"ring": all_gather_schedule},
+    "broadcast": {"tree": broadcast_schedule},
+    "reduce": {"tree": reduce_schedule},
     "all_to_all": {"pairwise": pairwise_all_to_all, "naive": naive_all_to_all},
 }
 # What "builtin" is counted as: torch.distributed does not say what it sends, so the ledger
@@ -248,13 +248,14 @@ BUILTIN_COUNTED_AS = {"all_reduce": "ring", "reduce_scatter": "ring", "all_gathe
 
 
 @lru_cache(maxsize=256)
-def build_schedule(name: str, world_size: int) -> Schedule:
+def build_collective(name: str, world_size: int) -> CollectiveSchedule:
     """The schedule of a named all-reduce algorithm (or other collective) on `world_size` ranks."""
-    return SCHEDULES[check_choice(name, SCHEDULES, "algorithm")](check_world_size(world_size))
+    build = COLLECTIVE_SCHEDULES[check_choice(name, COLLECTIVE_SCHEDULES, "algorithm")]
+    return build(check_world_size(world_size))
 
 
 @lru_cache(maxsize=256)
-def schedule_for(collective: str, algorithm: str, world_size: int) -> Schedule:
+def schedule_for(collective: str, algorithm: str, world_size: int) -> CollectiveSchedule:
     """The schedule that `algorithm` runs for `collective` on `world_size` ranks ("builtin" is
     counted as BUILTIN_COUNTED_AS); a clear error for a name that does not implement it."""
     check_choice(collective, FOR_COLLECTIVE, "collective")

@@ -22,7 +22,7 @@ import numpy as np
 
 from edulib.checks import check_choice
 from edulib.comm.algorithms import ALGORITHMS, FOR_COLLECTIVE
-from edulib.comm.schedule import Schedule, chunk_bounds
+from edulib.comm.schedule import CollectiveSchedule, chunk_bounds
 
 Link = Callable[[int, int], tuple[float, float]]  # (src, dst) -> (alpha, beta) of that link
 
@@ -42,7 +42,7 @@ def message_time(nbytes: float, alpha: float, beta: float) -> float:
     return alpha + beta * nbytes
 
 
-def bytes_sent(schedule: Schedule, nbytes: int, itemsize: int = 1) -> list[int]:
+def bytes_sent(schedule: CollectiveSchedule, nbytes: int, itemsize: int = 1) -> list[int]:
     """Bytes each rank sends in the whole schedule, for a tensor of `nbytes` bytes."""
     bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
     sent = [0] * schedule.world_size
@@ -63,7 +63,7 @@ def _side(messages: list[tuple[float, float]], overhead: float | None) -> float:
     return paid + sum(seconds for _, seconds in messages)
 
 
-def cost(schedule: Schedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
+def cost(schedule: CollectiveSchedule, nbytes: int, alpha: float = 0.0, beta: float = 0.0,
          itemsize: int = 1, link: Link | None = None, gamma: float = 0.0, duplex: bool = True,
          overhead: float | None = None) -> Cost:
     """Count a schedule's cost for an `nbytes` tensor of `itemsize`-byte elements.

@@ -16,7 +16,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from edulib.comm.schedule import Message, Schedule, chunk_bounds
+from edulib.comm.schedule import CollectiveSchedule, Message, chunk_bounds
 
 SEGMENT_BYTES = 4 * 2**20  # messages travel in pieces this large, so each is added in while the next moves
 _kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -40,7 +40,7 @@ def _segments(length: int, piece: int) -> list[tuple[int, int]]:
     return [(a, min(a + piece, length)) for a in range(0, length, piece)]
 
 
-def run_schedule(schedule: Schedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
+def run_schedule(schedule: CollectiveSchedule, tensor: torch.Tensor, group: dist.ProcessGroup | None = None,
                  root: int = 0, segment: int | None = None) -> int:
     """Execute this rank's part of `schedule` on `tensor` in place; return the bytes it sent.
 

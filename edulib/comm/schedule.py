@@ -43,7 +43,7 @@ class Message:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class CollectiveSchedule:
     """A named collective on `world_size` ranks: its rounds of messages over `chunks` chunks."""
 
     name: str

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edulib.comm.schedule import Schedule, chunk_bounds
+from edulib.comm.schedule import CollectiveSchedule, chunk_bounds
 
 
-def check_buffers(schedule: Schedule, buffers: Sequence) -> int:
+def check_buffers(schedule: CollectiveSchedule, buffers: Sequence) -> int:
     """Return the common length of the per-rank buffers, or say what does not fit the schedule."""
     if len(buffers) != schedule.world_size:
         raise ValueError(f"{schedule.name} on {schedule.world_size} ranks needs "
@@ -24,7 +24,7 @@ def check_buffers(schedule: Schedule, buffers: Sequence) -> int:
     return sizes[0]
 
 
-def simulate(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
+def simulate_collective(schedule: CollectiveSchedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Apply every round to copies of the per-rank buffers and return the per-rank results."""
     length = check_buffers(schedule, buffers)
     state = [np.array(buffer, copy=True).reshape(-1) for buffer in buffers]
@@ -42,7 +42,7 @@ def simulate(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarr
     return [result.reshape(np.shape(buffer)) for result, buffer in zip(state, buffers, strict=True)]
 
 
-def expected(schedule: Schedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
+def expected(schedule: CollectiveSchedule, buffers: Sequence[np.ndarray]) -> list[np.ndarray]:
     """What the collective must leave on each rank, computed directly with NumPy.
 
     Only the chunks in `schedule.owned(rank)` are defined; elsewhere this returns the input.

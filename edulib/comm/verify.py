@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edulib.comm.algorithms import build_schedule
+from edulib.comm.algorithms import build_collective
 from edulib.comm.cost import bytes_sent
 from edulib.comm.schedule import chunk_bounds
 from edulib.comm.simulate import expected
@@ -18,7 +18,7 @@ def collective_disagreements(name: str, reports: list[dict]) -> list[str]:
     whole result against torch's all_reduce (all-reduce only; integers exactly, floats within
     1e-5); the bytes each rank sent against the cost model's count.
     """
-    schedule = build_schedule(name, len(reports))
+    schedule = build_collective(name, len(reports))
     inputs = [report["input"].numpy() for report in reports]
     length, itemsize = inputs[0].size, inputs[0].itemsize
     exact = np.issubdtype(inputs[0].dtype, np.integer)

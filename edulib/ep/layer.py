@@ -75,7 +75,7 @@ class _AllToAll(Function):
                                     input_splits=ctx.receive), None, None, None, None)
 
 
-def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group=None,
+def exchange_rows(x: torch.Tensor, send: list[int], receive: list[int], group=None,
                algorithm: str = "builtin") -> torch.Tensor:
     """`send[j]` rows of x to rank j, `receive[j]` rows from it; backward sends the gradients back."""
     return _AllToAll.apply(x, send, receive, group, algorithm)
@@ -108,13 +108,13 @@ class ExpertParallelMoE(nn.Module):
         with comm.labelled("routing"):  # how many rows of each of my experts every rank will send
             incoming = comm.all_to_all(counts.view(self.ranks, self.per_rank), group=self.group)
         send, receive = counts.view(self.ranks, -1).sum(1).tolist(), incoming.sum(1).tolist()
-        rows = all_to_all(x[token], send, receive, self.group, self.algorithm)  # dispatch
+        rows = exchange_rows(x[token], send, receive, self.group, self.algorithm)  # dispatch
         # rows arrive by source rank, then by expert: run each expert on its rows, keep the order
         expert_of = torch.arange(self.per_rank, device=x.device).repeat(self.ranks)
         by_expert = expert_of.repeat_interleave(incoming.reshape(-1)).argsort(stable=True)
         sizes = incoming.sum(0).tolist()
         done = torch.cat([expert(part) for expert, part in zip(self.experts, rows[by_expert].split(sizes),
                                                                 strict=True)])
-        back = all_to_all(done[by_expert.argsort()], receive, send, self.group, self.algorithm)  # combine
+        back = exchange_rows(done[by_expert.argsort()], receive, send, self.group, self.algorithm)  # combine
         y = torch.zeros_like(x).index_add(0, token, back * routing.weights[token, slot, None])
         return y, routing, {"send": send, "receive": receive}

@@ -372,18 +372,18 @@ def _all_reduce_schedule(answer: Any, n: int) -> Any:
     gives every rank the sum, and return its cost for chunks of 8 bytes."""
     import numpy as np
 
-    from edulib.comm import Message, Schedule, cost, expected, simulate
+    from edulib.comm import CollectiveSchedule, Message, cost, expected, simulate_collective
 
     chunks = answer.get("chunks") if type(answer) is dict else None
     if type(chunks) is not int or not 1 <= chunks <= CHUNKS_PER_RANK * n:  # before anything is allocated
         raise Wrong(f"the schedule for {n} ranks has {chunks!r} chunks; one for {n} ranks needs 1 to "
                     f"{CHUNKS_PER_RANK * n}", "a schedule with an unreasonable number of chunks")
     try:
-        schedule = Schedule(answer["name"], answer["collective"], answer["world_size"], answer["chunks"],
-                            tuple(tuple(Message(*message) for message in messages)
-                                  for messages in answer["rounds"]), answer["root"])
+        rounds = tuple(tuple(Message(*message) for message in messages) for messages in answer["rounds"])
+        schedule = CollectiveSchedule(answer["name"], answer["collective"], answer["world_size"],
+                                      answer["chunks"], rounds, answer["root"])
         buffers = [np.arange(schedule.chunks * 3) * (rank + 1) for rank in range(n)]
-        pairs = list(zip(simulate(schedule, buffers), expected(schedule, buffers), strict=True))
+        pairs = list(zip(simulate_collective(schedule, buffers), expected(schedule, buffers), strict=True))
         counted = cost(schedule, 8 * schedule.chunks)
     except (TypeError, ValueError, KeyError) as error:
         raise Wrong(f"the schedule for {n} ranks is not a valid edulib Schedule: {error}",
@@ -1054,7 +1054,7 @@ def _layout_judge(case: Case, answer: Any) -> None:
 
     model, cluster = _layout_machine(case)
     (answer,) = _per_rank(answer, 1)
-    memory, describe, throughput = case.inputs["memory"], costs.describe, costs.throughput
+    memory, describe, throughput = case.inputs["memory"], costs.describe_layout, costs.throughput
     best = costs.best_layout(model, cluster, memory)
     if best is None:
         if answer is not None:
@@ -1350,7 +1350,7 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
           for name in ("all_reduce", "reduce_scatter", "all_gather", "all_gather_chunks", "reduce",
                        "broadcast", "submit")),
         *((f"edulib.comm.algorithms.{name}", "the halving-doubling schedule")
-          for name in ("build_schedule", "halving_doubling", "schedule_for", "butterfly"))],
+          for name in ("build_collective", "halving_doubling", "schedule_for", "butterfly"))],
     "lesson03_tensor_parallelism": [
         *((f"edulib.tp.ops.{name}", "f and g") for name in ("f", "g", "gather", "split", "gathered_linear")),
         *((f"edulib.tp.layers.{name}", "the tensor-parallel block")
@@ -1378,7 +1378,7 @@ FORBIDDEN: dict[str, list[tuple[str, str]]] = {
                           ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")],
     "lesson06_context": [("edulib.cp.ring.ring_attention", "ring attention")],
     "lesson07_experts": [*((f"edulib.ep.layer.{name}", "expert parallelism")
-                           for name in ("ExpertParallelMoE", "all_to_all")),
+                           for name in ("ExpertParallelMoE", "exchange_rows")),
                          ("edulib.lessons.expert_parallelism.moe_step", "expert parallelism")],
     "lesson08_hybrid": [("edulib.comm.groups.Grid", "the grid's process groups"),
                         ("edulib.layout.best_layout", "the layout choice"),

@@ -84,7 +84,7 @@ def _mirror(pid: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
-def main() -> None:
+def run_child() -> None:
     """Dispatch the grader's calls until it closes the call pipe, then exit without exit hooks."""
     request = json.loads(sys.stdin.read())
     answers = os.fdopen(request["answer_fd"], "w", buffering=1)
@@ -98,7 +98,7 @@ def main() -> None:
     sys.path.insert(0, str(submission.parent))
     forbid.forbid(request["forbidden"])
     hidden = confine.hide(forbid.sources(request["forbidden"]))
-    _send(answers, stage="importing", hidden=hidden, isolated=confine.available())
+    _send(answers, stage="importing", hidden=hidden, isolated=confine.confinement_available())
     solo, to_solo, from_solo = _fork_solo(submission, request["forbidden"], request["answer_fd"])
     start_pools()  # after the fork: the solo process holds no pool, no pipe to a rank
     if not os.read(from_solo, 1):  # the submission could not be imported: the solo process has said so
@@ -123,4 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_child()

@@ -92,7 +92,7 @@ def _no_calls(numbers: tuple[int, ...], arch: int) -> bool:
     return _libc.prctl(_SECCOMP, 2, ctypes.byref(fprog), 0, 0) == 0  # SECCOMP_MODE_FILTER
 
 
-def available() -> bool:
+def confinement_available() -> bool:
     """Whether this machine offers what `isolate_rank` uses: a seccomp filter for its architecture,
     and Landlock."""
     return platform.machine() in _ARCHES and _libc.syscall(_CREATE_RULESET, None, 0, 1) >= 1

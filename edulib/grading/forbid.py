@@ -1,7 +1,7 @@
 """Inside a check, the functions that would answer the exercise are out of reach: best effort.
 
 Before a submission is imported, every name under which an answering function is reachable
-(`torch.distributed.all_reduce`, `edulib.comm.build_schedule`, its aliases in other modules)
+(`torch.distributed.all_reduce`, `edulib.comm.build_collective`, its aliases in other modules)
 is replaced by a stub that records the attempt and raises `Forbidden`. The attempt is reported
 with the check's answers, and the grader scores it 0 with "this exercise must implement X
 itself", even when the submission catches the exception. Reloading a module to get the

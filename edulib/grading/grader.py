@@ -510,7 +510,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     if not any(file for exercises in students.values() for file in exercises.values()):
         raise ValueError(f"no exercise files in {path}; they are named "
                          f"{', '.join(name + '.py' for name in CHECKS)}")
-    if sandbox and not bubblewrap.available():
+    if sandbox and not bubblewrap.sandbox_available():
         raise bubblewrap.SandboxMissing(
             "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
             f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "

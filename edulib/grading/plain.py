@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 MAX_TEXT = 16 * 2**20  # the most one answer of a submission may take, as JSON
 MAX_DEPTH = 32  # lists and dicts inside each other: far more than any answer holds
@@ -34,7 +34,7 @@ def encode(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         tensor = torch.Tensor.as_subclass(value, torch.Tensor).detach().cpu().contiguous()
         name = str(tensor.dtype).removeprefix("torch.")
-        if name not in DTYPES:
+        if name not in _DTYPES:
             tensor, name = tensor.float(), "float32"
         raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor  # NumPy has no bf16
         return {"tensor": name, "shape": list(tensor.shape),
@@ -65,7 +65,7 @@ def decode(data: Any, depth: int = 0) -> Any:
 
 def _tensor(data: dict) -> torch.Tensor:
     """A tensor from its encoded form, or NotPlain saying what does not add up."""
-    dtype, shape = DTYPES.get(data["tensor"]), data["shape"]
+    dtype, shape = _DTYPES.get(data["tensor"]), data["shape"]
     if (dtype is None or type(data["data"]) is not str or type(shape) is not list or len(shape) > MAX_DEPTH
             or not all(type(s) is int and s >= 0 for s in shape)):
         raise NotPlain(f"a tensor of dtype {data['tensor']!r} and shape {shape!r}")

@@ -33,7 +33,7 @@ import torch.distributed as dist
 HEAD = struct.Struct("<II")
 MAX_FRAME = 64 * 2**20  # bytes of one frame's payload: far more than any graded tensor
 MAX_HELD = 256 * 2**20  # bytes the relay holds for receivers that have not asked yet
-DTYPES = {str(t).removeprefix("torch."): t
+_DTYPES = {str(t).removeprefix("torch."): t
           for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool)}
 REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -64,7 +64,7 @@ def _tensors(meta: list[list], payload: bytes) -> list[torch.Tensor]:
     """Fresh tensors from a header's dtypes and shapes and the payload; WireError if they disagree."""
     found, at = [], 0
     for dtype_name, shape in meta:
-        dtype = DTYPES.get(dtype_name)
+        dtype = _DTYPES.get(dtype_name)
         if dtype is None or type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
             raise WireError(f"a tensor of dtype {dtype_name!r} and shape {shape!r}")
         size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -495,7 +495,7 @@ class Relay:
         peer = header["peer"]
         if type(peer) is not int or peer == rank or (peer != -1 and peer not in self.ranks.values()):
             raise WireError(f"a recv from rank {peer!r}")
-        sizes = [(torch.Size(shape).numel(), torch.empty((), dtype=DTYPES[dtype]).element_size())
+        sizes = [(torch.Size(shape).numel(), torch.empty((), dtype=_DTYPES[dtype]).element_size())
                  for dtype, shape in outs]
         self._event(rank, "recv", peer=peer, elements=sum(n for n, _ in sizes),
                     bytes=sum(n * size for n, size in sizes))
@@ -516,7 +516,7 @@ class Relay:
             _, tensors, size = self.mail[(source, rank)].popleft()
             self.held -= size
             queue.popleft()
-            wanted = [(DTYPES.get(dtype), torch.Size(shape)) for dtype, shape in outs]
+            wanted = [(_DTYPES.get(dtype), torch.Size(shape)) for dtype, shape in outs]
             got = [(t.dtype, t.shape) for t in tensors]
             if [(d, s.numel()) for d, s in wanted] != [(d, s.numel()) for d, s in got]:
                 self._reply(rank, header, error=f"rank {source} sent {got} where rank {rank}'s recv expects "

@@ -149,6 +149,6 @@ def score(exercise: str, folder: str | Path | None = None) -> str:
     """Grade your copy of an exercise from a lesson notebook or a terminal: points and feedback per
     check (in the sandbox where this machine has bubblewrap: it is your own code, so either way is
     fair). The file is found as find_exercise says."""
-    results = grade(find_exercise(exercise, folder), progress=False, sandbox=bubblewrap.available())
+    results = grade(find_exercise(exercise, folder), progress=False, sandbox=bubblewrap.sandbox_available())
     got, most = sum(r.points for r in results), sum(r.max_points for r in results)
     return _table(results, lessons=False) + f"\n\n{exercise}: {got}/{most} points"

@@ -73,7 +73,7 @@ def environment(scratch: str) -> dict[str, str]:
 
 
 @functools.cache
-def available() -> bool:
+def sandbox_available() -> bool:
     """Whether bubblewrap is installed and allowed to make the namespaces the sandbox uses here."""
     if shutil.which("bwrap") is None:
         return False

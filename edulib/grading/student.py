@@ -59,7 +59,7 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list) -> dict:
     """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
     case and importing the submission `module` itself; the outcome (one answer per rank)."""
     ranks = case["ranks"]
-    split = SPLITS.get(worker, lambda case, rank: case)
+    split = _SPLITS.get(worker, lambda case, rank: case)
     try:
         answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank))
                                                      for rank in range(ranks)])
@@ -385,7 +385,7 @@ def _attention_part(case: dict, rank: int) -> dict:
 
 
 # What each rank of a case is given: its own inputs, gradients and shards, never another rank's.
-SPLITS: dict[str, Callable[[dict, int], dict]] = {
+_SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "ring": lambda case, rank: {**case, "inputs": _mine(case["inputs"], rank)},
     "torus_run": lambda case, rank: {**case, "inputs": _mine(case["inputs"], rank)},
     "buckets": lambda case, rank: {**case, "tokens": [_mine(step, rank) for step in case["tokens"]],
@@ -419,9 +419,9 @@ RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
 
 def _schedule(schedule: Any) -> dict:
     """An edulib Schedule as plain data (the grader rebuilds and checks it)."""
-    from edulib.comm import Schedule
+    from edulib.comm import CollectiveSchedule
 
-    if type(schedule) is not Schedule:
+    if type(schedule) is not CollectiveSchedule:
         raise NotPlain(f"a {type(schedule).__name__}, where an edulib Schedule was expected")
     return {"name": schedule.name, "collective": schedule.collective, "world_size": schedule.world_size,
             "chunks": schedule.chunks, "root": schedule.root,

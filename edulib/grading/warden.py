@@ -154,7 +154,7 @@ def _oom(folder: str) -> bool:
     return False
 
 
-def main() -> None:
+def run_warden() -> None:
     """Read the configuration, run the command under watch, report how it ended."""
     config = json.loads(sys.stdin.read())
     libc = ctypes.CDLL(None, use_errno=True)
@@ -206,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_warden()

@@ -106,7 +106,7 @@ def _module_starts(graph: Graph) -> list[int]:
     return [0, *(v for v in range(1, len(ops)) if ops[v].layer != ops[v - 1].layer), len(ops)]
 
 
-def layouts(plan: Plan) -> list[StageLayout]:
+def stage_layouts(plan: Plan) -> list[StageLayout]:
     """Read a plan of the language model as stage layouts; a clear error where it cannot run."""
     starts = _module_starts(plan.graph)
     modules = len(starts) - 1

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from edulib.comm.algorithms import build_schedule
+from edulib.comm.algorithms import build_collective
 from edulib.comm.collectives import all_reduce, all_to_all, barrier, irecv, isend
 from edulib.comm.runtime import run_schedule
 from edulib.rank import device
 
-DTYPES = {"float32": torch.float32, "int64": torch.int64}
+_DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
 def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
@@ -25,7 +25,7 @@ def rank_tensor(length: int, dtype: str, seed: int = 0) -> torch.Tensor:
         values = torch.randint(-1000, 1000, (length,), generator=generator, device=generator.device)
     else:
         values = torch.randn(length, generator=generator, device=generator.device)
-    return values.to(DTYPES[dtype]).to(device())
+    return values.to(_DTYPES[dtype]).to(device())
 
 
 def collective_step(name: str, length: int, dtype: str = "float32", seed: int = 0,
@@ -37,7 +37,7 @@ def collective_step(name: str, length: int, dtype: str = "float32", seed: int = 
     Returns this rank's input, output, the built-in result (all-reduce only, else None) and the
     bytes it sent, all on the CPU so the caller can compare them with NumPy.
     """
-    schedule = build_schedule(name, dist.get_world_size())
+    schedule = build_collective(name, dist.get_world_size())
     if schedule.collective == "all_to_all":  # equal pieces for every rank: a multiple of N
         length -= length % schedule.world_size
     tensor = rank_tensor(length, dtype, seed)

@@ -17,7 +17,7 @@ AUX_WEIGHT = 0.01  # the load-balancing loss's weight (Switch Transformer's)
 
 
 @built_on_host
-def moe_case(ranks: int, tokens: int, hidden: int = 8, experts: int = 4, k: int = 1,
+def moe_layer_case(ranks: int, tokens: int, hidden: int = 8, experts: int = 4, k: int = 1,
              capacity_factor: float | None = None, seed: int = 0, starve: int | None = None
              ) -> tuple[MoE, torch.Tensor, torch.Tensor]:
     """The full layer, every rank's tokens (ranks x tokens rows) and a probe. `starve` names a
@@ -41,7 +41,7 @@ def moe_step(tokens: int, hidden: int = 8, experts: int = 4, k: int = 1,
              algorithm: str = "builtin") -> dict:
     """Forward and backward of this rank's share of the layer on its `tokens` tokens."""
     ranks, rank = dist.get_world_size(), dist.get_rank()
-    full, x, probe = moe_case(ranks, tokens, hidden, experts, k, capacity_factor, seed, starve)
+    full, x, probe = moe_layer_case(ranks, tokens, hidden, experts, k, capacity_factor, seed, starve)
     layer = ExpertParallelMoE(full, algorithm=algorithm)
     mine = slice(rank * tokens, (rank + 1) * tokens)
     x = x[mine].clone().requires_grad_()
@@ -62,7 +62,7 @@ def moe_reference(ranks: int, tokens: int, hidden: int = 8, experts: int = 4, k:
                   ) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
     """The dense layer in one process, each rank's tokens routed as their own group: output and
     gradients, and the rows each rank sends to each (`traffic[i][j]`, from the routing)."""
-    full, x, probe = moe_case(ranks, tokens, hidden, experts, k, capacity_factor, seed, starve)
+    full, x, probe = moe_layer_case(ranks, tokens, hidden, experts, k, capacity_factor, seed, starve)
     x.requires_grad_()
     outputs, traffic = [], []
     for part, target in zip(x.split(tokens), probe.split(tokens), strict=True):
@@ -90,7 +90,7 @@ def time_moe(tokens: int, algorithms: list[str], hidden: int = 256, experts: int
              repeats: int = 5) -> dict[str, list[float]]:
     """Seconds of one forward and backward of this rank's share of the layer, per all-to-all algorithm."""
     ranks, rank = dist.get_world_size(), dist.get_rank()
-    full, x, probe = moe_case(ranks, tokens, hidden, experts, k)
+    full, x, probe = moe_layer_case(ranks, tokens, hidden, experts, k)
     mine = slice(rank * tokens, (rank + 1) * tokens)
     times = {}
     for algorithm in ["builtin", *algorithms]:

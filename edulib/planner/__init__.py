@@ -5,7 +5,7 @@ integer linear program over each operator's sharding."""
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
 from edulib.planner.inter import Plan, plan
-from edulib.planner.report import describe
+from edulib.planner.report import describe_plan
 
-__all__ = ["Cluster", "Graph", "Operator", "Plan", "describe", "gpt_graph", "mlp_graph", "moe_graph", "plan",
-           "trace", "wide_resnet_graph"]
+__all__ = ["Cluster", "Graph", "Operator", "Plan", "describe_plan", "gpt_graph", "mlp_graph", "moe_graph",
+           "plan", "trace", "wide_resnet_graph"]

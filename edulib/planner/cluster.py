@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from edulib.comm.cost import formula, two_level_link
 
-Link = tuple[float, float]  # (alpha seconds, beta seconds per byte)
+AlphaBeta = tuple[float, float]  # (alpha seconds, beta seconds per byte)
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Cluster:
     devices: int
     flops: float = 100e12
     memory: float = 16 * 2**30
-    intra: Link = (5e-6, 1 / 100e9)
-    inter: Link = (20e-6, 1 / 12.5e9)
+    intra: AlphaBeta = (5e-6, 1 / 100e9)
+    inter: AlphaBeta = (20e-6, 1 / 12.5e9)
     efficiency: float = 1.0  # the fraction of peak FLOP/s kernels sustain (1: the ideal machine)
     hbm: float = math.inf  # memory bandwidth, bytes/s: element-wise operators stream their tensors
 
@@ -67,7 +67,7 @@ class Cluster:
         shapes = [(1, 2**i) for i in range(int(math.log2(self.devices)) + 1) if 2**i < self.devices]
         return shapes + [(n, self.devices) for n in range(1, self.nodes + 1)]
 
-    def boundary_link(self, submesh: tuple[int, int]) -> Link:
+    def boundary_link(self, submesh: tuple[int, int]) -> AlphaBeta:
         """The link a stage on `submesh` talks to its neighbouring stages over: between nodes when
         it fills whole nodes of a cluster of several, else inside its node. (The program does not
         track where a stage lands, so a part-node stage whose neighbour is on the next node is
@@ -93,7 +93,7 @@ class Mesh:
     device's sustained FLOP/s and memory bandwidth."""
 
     shape: tuple[int, int]
-    links: tuple[Link, Link]
+    links: tuple[AlphaBeta, AlphaBeta]
     flops: float  # what a device sustains
     hbm: float = math.inf  # bytes/s a device reads and writes its memory at
 

@@ -27,7 +27,7 @@ import numpy as np
 from edulib.comm.cost import message_time
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
-from edulib.planner.intra import Costs, Sharding, costs, fewest_bytes, ilp, priced_optima, solve, viterbi
+from edulib.planner.intra import Costs, StageSharding, costs, fewest_bytes, ilp, priced_optima, solve, viterbi
 from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -72,7 +72,7 @@ class StageTable:
         return [n * m for n, m in self.submeshes]
 
     def sharding(self, s: int, k: int, i: int, m: int, memory: float,
-                 in_flight: int) -> tuple[Mesh, Sharding]:
+                 in_flight: int) -> tuple[Mesh, StageSharding]:
         """Re-solve one stage exactly (the ILP where memory binds): its logical mesh and strategies."""
         j = int(self.mesh[s - 1, k, i, m])
         table = self.tables[(m, j)].part(self.ranges[k][0], self.ranges[i][1])
@@ -91,7 +91,7 @@ def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int,
 
 
 def _fastest_stages(table: Costs, firsts: list[int],
-                    ends: dict[int, int]) -> Iterator[tuple[int, int, Sharding]]:
+                    ends: dict[int, int]) -> Iterator[tuple[int, int, StageSharding]]:
     """The least-time choice for operators first..v, memory aside, for every first operator of a
     cluster (by its index) and every cluster end v after it: one Viterbi sweep on a chain, a row
     per first operator, and the ILP once per range on any other graph."""
@@ -106,12 +106,12 @@ def _fastest_stages(table: Costs, firsts: list[int],
             for k in range(len(firsts)):
                 if firsts[k] <= step.v:
                     c = int(np.argmin(cost[k]))
-                    yield k, step.v, Sharding((), float(cost[k, c]), float(step.weight[k, c]),
+                    yield k, step.v, StageSharding((), float(cost[k, c]), float(step.weight[k, c]),
                                               float(step.activation[k, c]))  # the choice itself is not needed
 
 
 def _priced(stages: list[tuple], tables: dict[tuple[int, int], Costs], memory: float,
-            in_flight: np.ndarray) -> dict[tuple, Sharding]:
+            in_flight: np.ndarray) -> dict[tuple, StageSharding]:
     """`priced_optimum` of each (seconds, where, logical mesh, first, last) stage, by (where, mesh):
     those of one logical mesh and first operator in one pair of sweeps (`priced_optima`)."""
     groups: dict[tuple[int, int, int], list[tuple]] = {}

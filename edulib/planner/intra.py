@@ -30,7 +30,7 @@ from edulib.planner.graph import BYTES, LOOPS, Graph, Operator
 STATE = training_footprint(1, "fp16", "adam").bytes_per_parameter / BYTES
 
 
-def device_bytes(weight: float | np.ndarray, activation: float | np.ndarray,
+def training_bytes(weight: float | np.ndarray, activation: float | np.ndarray,
                  in_flight: int) -> float | np.ndarray:
     """Memory per device: training state for the weights it holds, plus the activations of
     `in_flight` micro-batches kept for their backward pass."""
@@ -130,7 +130,7 @@ class Costs:
 
     def memory(self, v: int, in_flight: int) -> np.ndarray:
         """Bytes per device of operator v under each strategy."""
-        return device_bytes(self.weight[v], self.activation[v], in_flight)
+        return training_bytes(self.weight[v], self.activation[v], in_flight)
 
     def part(self, first: int, last: int) -> Costs:
         """The tables of operators first..last (inclusive) as one pipeline stage: a graph of their
@@ -183,7 +183,7 @@ def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
 
 
 @dataclass(frozen=True)
-class Sharding:
+class StageSharding:
     """The chosen strategy index of every operator, its seconds and its bytes per device."""
 
     choice: tuple[int, ...]
@@ -193,19 +193,19 @@ class Sharding:
 
     def memory(self, in_flight: int) -> float:
         """Bytes per device with `in_flight` micro-batches in flight."""
-        return device_bytes(self.weight_bytes, self.activation_bytes, in_flight)
+        return training_bytes(self.weight_bytes, self.activation_bytes, in_flight)
 
 
-def evaluate(table: Costs, choice: tuple[int, ...]) -> Sharding:
+def evaluate(table: Costs, choice: tuple[int, ...]) -> StageSharding:
     """The cost of a given choice of strategies: the one objective every solver minimises."""
     time = sum(table.node[v][s] for v, s in enumerate(choice))
     time += sum(matrix[choice[u], choice[v]] for (u, v), matrix in table.edge.items())
-    return Sharding(tuple(choice), float(time),
+    return StageSharding(tuple(choice), float(time),
                     float(sum(table.weight[v][s] for v, s in enumerate(choice))),
                     float(sum(table.activation[v][s] for v, s in enumerate(choice))))
 
 
-def exhaustive(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+def exhaustive_sharding(table: Costs, memory: float = np.inf, in_flight: int = 1) -> StageSharding | None:
     """Try every combination of strategies: the reference the ILP is checked against."""
     best = None
     for choice in itertools.product(*(range(len(o)) for o in table.options)):
@@ -215,7 +215,7 @@ def exhaustive(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Shar
     return best
 
 
-def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> StageSharding | None:
     """Solve the strategy choice as Alpa's ILP with scipy.optimize.milp (HiGHS); None if nothing fits.
 
     Variables: x[v, s] in {0, 1}, one per operator v and strategy s, summing to 1 per operator;
@@ -261,7 +261,7 @@ def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | 
 
 
 @dataclass(frozen=True)
-class Step:
+class ViterbiStep:
     """One operator v of a Viterbi pass, for each price (rows) and strategy of v (columns): the
     least priced cost of a path ending there, that path's seconds and bytes, and back pointers."""
 
@@ -274,7 +274,7 @@ class Step:
 
 
 def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
-            in_flight: int | Sequence[int] = 1, begins: Sequence[int] | None = None) -> Iterator[Step]:
+            in_flight: int | Sequence[int] = 1, begins: Sequence[int] | None = None) -> Iterator[ViterbiStep]:
     """Min-plus pass along a chain from operator `first`, for several prices at once (each row its
     own price, and its own micro-batches in flight if given per row): a path costs its seconds +
     price x its bytes per device (price 0: time alone). With `begins`, each row's path begins at
@@ -289,12 +289,12 @@ def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
     def begun(v: int) -> tuple[np.ndarray, ...]:
         """Every row's cost, seconds and bytes as a path that begins at operator v."""
         start = table.node[v] + table.ends(v, "enter")
-        cost = start + price * device_bytes(table.weight[v], table.activation[v], flight)
+        cost = start + price * training_bytes(table.weight[v], table.activation[v], flight)
         return tuple(np.broadcast_to(values, cost.shape)
                      for values in (cost, start, table.weight[v], table.activation[v]))
 
     cost, seconds, weight, activation = begun(first)
-    step = Step(first, cost, seconds, weight, activation, np.zeros(cost.shape, dtype=int))
+    step = ViterbiStep(first, cost, seconds, weight, activation, np.zeros(cost.shape, dtype=int))
     yield step
     for v in range(first + 1, len(table.options)):
         edge = table.edge[(v - 1, v)]
@@ -302,17 +302,17 @@ def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
         back = np.argmin(total, axis=2)  # (along the last axis: the faster way)
         columns = np.arange(back.shape[1])
         found = (total[rows, columns, back] + table.node[v]
-                 + price * device_bytes(table.weight[v], table.activation[v], flight),
+                 + price * training_bytes(table.weight[v], table.activation[v], flight),
                  step.seconds[rows, back] + edge[back, columns] + table.node[v],
                  step.weight[rows, back] + table.weight[v],
                  step.activation[rows, back] + table.activation[v])
         if begins is not None and (here := own == v).any():  # rows whose paths begin here
             found = tuple(np.where(here, fresh, old) for fresh, old in zip(begun(v), found, strict=True))
-        step = Step(v, *found, back)
+        step = ViterbiStep(v, *found, back)
         yield step
 
 
-def _trace_back(steps: list[Step], row: int, end: int | None = None) -> tuple[int, ...]:
+def _trace_back(steps: list[ViterbiStep], row: int, end: int | None = None) -> tuple[int, ...]:
     """The strategies of the path at price `row` that ends in strategy `end` of the last step
     (the cheapest there if not given), first operator first."""
     choice = [int(np.argmin(steps[-1].cost[row])) if end is None else end]
@@ -321,13 +321,13 @@ def _trace_back(steps: list[Step], row: int, end: int | None = None) -> tuple[in
     return tuple(reversed(choice))
 
 
-def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> Sharding:
+def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> StageSharding:
     """The choice of least seconds + `price` x bytes on a chain, by dynamic programming (Viterbi):
     exact and linear in the number of operators."""
     return evaluate(table, _trace_back(list(viterbi(table, 0, (price,), in_flight)), 0))
 
 
-def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | None:
+def priced_optimum(table: Costs, memory: float, in_flight: int) -> StageSharding | None:
     """A fast choice that fits in `memory` on a chain: put prices on bytes (Lagrange multipliers),
     find the cheapest path at each, and keep the fastest that fits; a second, finer set of prices
     between the last that overflowed and the first that fit. Optimal when the time optimum fits,
@@ -336,7 +336,7 @@ def priced_optimum(table: Costs, memory: float, in_flight: int) -> Sharding | No
 
 
 def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
-                  memory: float) -> list[Sharding | None]:
+                  memory: float) -> list[StageSharding | None]:
     """`priced_optimum` of each stage first..last with `in_flight` micro-batches, for each (last,
     in_flight) in `stages`, from two Viterbi sweeps that carry every stage's prices at once (the
     rows of a sweep are independent, and a stage's path is the sweep's up to its last operator)."""
@@ -348,7 +348,7 @@ def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
         if fewest[in_flight][last - first] <= memory:
             scale = max(float(sum(n.max() for n in part.node)), 1e-30) / memory
             prices[q] = np.concatenate([[0.0], scale * np.geomspace(1e-4, 1e8, 25)])  # the last: least bytes
-    best: list[Sharding | None] = [None] * len(stages)
+    best: list[StageSharding | None] = [None] * len(stages)
     for _ in range(2):
         if not prices:
             break
@@ -362,7 +362,7 @@ def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
             (last, in_flight), rows = stages[q], np.arange(starts[q], starts[q] + len(prices[q]))
             step, leave = steps[last - first], table.ends(last, "leave")
             ends = np.argmin(step.cost[rows] + leave, axis=1)
-            fits = device_bytes(step.weight[rows, ends], step.activation[rows, ends], in_flight) <= memory
+            fits = training_bytes(step.weight[rows, ends], step.activation[rows, ends], in_flight) <= memory
             leaving = leave[ends] if isinstance(leave, np.ndarray) else leave
             seconds = np.where(fits, step.seconds[rows, ends] + leaving, np.inf)
             row = int(np.argmin(seconds))
@@ -381,7 +381,7 @@ def fewest_bytes(table: Costs, in_flight: Sequence[int]) -> np.ndarray:
     """The fewest bytes per device of each operator (columns) under any of its strategies, with each
     number of micro-batches in flight (rows)."""
     flights = np.asarray(in_flight, dtype=float)[:, None]
-    return np.stack([device_bytes(weight, activation, flights).min(axis=1)
+    return np.stack([training_bytes(weight, activation, flights).min(axis=1)
                      for weight, activation in zip(table.weight, table.activation, strict=True)], axis=1)
 
 
@@ -390,7 +390,7 @@ def least_memory(table: Costs, in_flight: int) -> float:
     return float(fewest_bytes(table, [in_flight]).sum())
 
 
-def solve(table: Costs, memory: float = np.inf, in_flight: int = 1) -> Sharding | None:
+def solve(table: Costs, memory: float = np.inf, in_flight: int = 1) -> StageSharding | None:
     """The best choice that fits in `memory`: the chain shortcut when it fits, else the ILP."""
     if least_memory(table, in_flight) > memory:
         return None

@@ -14,7 +14,7 @@ def strategy_summary(names: tuple[str, ...]) -> str:
     return "  ".join(f"{name} x{count}" for name, count in Counter(names).most_common())
 
 
-def describe(plan: Plan, operators: bool = False) -> str:
+def describe_plan(plan: Plan, operators: bool = False) -> str:
     """Stages (operators, submesh, logical mesh, strategies, time, memory) and the totals."""
     rows, ops = [], plan.graph.operators
     for number, stage in enumerate(plan.stages):

@@ -53,8 +53,8 @@ class Links:
         return self.recv.get(device, device)
 
 
-Event = tuple[Action, float, float]
-Message = tuple[tuple[int, ...], torch.dtype]  # a stage's output per micro-batch: shape and dtype
+TimedAction = tuple[Action, float, float]
+MessageShape = tuple[tuple[int, ...], torch.dtype]  # a stage's output per micro-batch: shape and dtype
 RECEIVES_AHEAD = 16  # posted before they are needed: early enough to land at once, few enough for gloo
 
 
@@ -68,7 +68,7 @@ class Weights(Protocol):
         """Take the micro-batch's gradient, once its backward pass has run."""
 
 
-def infer_messages(stages: Sequence[nn.Module], example: torch.Tensor) -> dict[int, Message]:
+def infer_messages(stages: Sequence[nn.Module], example: torch.Tensor) -> dict[int, MessageShape]:
     """Each stage's output per micro-batch (shape and dtype), from one forward pass of `example`,
     one micro-batch of the first stage's input, through every stage in order, without gradients:
     what stage s sends forward, and the gradient it receives back."""
@@ -80,8 +80,8 @@ def infer_messages(stages: Sequence[nn.Module], example: torch.Tensor) -> dict[i
     return messages
 
 
-def _messages(schedule: Schedule, shape: Sequence[int], messages: Mapping[int, Message] | None
-              ) -> Mapping[int, Message]:
+def _messages(schedule: Schedule, shape: Sequence[int], messages: Mapping[int, MessageShape] | None
+              ) -> Mapping[int, MessageShape]:
     """The messages to expect: declared per stage, or one shape in the default dtype for all."""
     if messages is not None and shape:
         raise ValueError("give either `shape` (every message alike) or `messages` (per stage), not both")
@@ -97,9 +97,9 @@ def _messages(schedule: Schedule, shape: Sequence[int], messages: Mapping[int, M
 def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
             inputs: Sequence[torch.Tensor] = (), targets: Sequence[torch.Tensor] = (),
             shape: Sequence[int] = (), links: Links | None = None,
-            weights: Weights | None = None, messages: Mapping[int, Message] | None = None,
+            weights: Weights | None = None, messages: Mapping[int, MessageShape] | None = None,
             memory: list[tuple[Action, int]] | None = None,
-            last_backward: Callable[[int], None] | None = None) -> list[Event]:
+            last_backward: Callable[[int], None] | None = None) -> list[TimedAction]:
     """Run `device`'s row of the (lowered) schedule; gradients accumulate in the stages' `.grad`,
     or go to `weights` where the weights change during the run (PipeDream).
 

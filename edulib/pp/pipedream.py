@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from edulib.checks import check_choice, check_count
 from edulib.pp.schedule import Schedule
-from edulib.pp.schedules import _one_f_one_b_row
+from edulib.pp.schedules import one_f_one_b_row
 from edulib.pp.simulate import Timeline, validate
 
 POLICIES = ("stashing", "vertical_sync", "2bw")
@@ -48,7 +48,7 @@ def check_asynchronous(schedule: Schedule) -> None:
     p, n = schedule.devices, schedule.microbatches
     for device, row in enumerate(schedule.actions):
         ran = [action for action in row if not action.is_message]
-        wanted = _one_f_one_b_row(device, p, n)
+        wanted = one_f_one_b_row(device, p, n)
         for index, (got, want) in enumerate(zip(ran, wanted, strict=True)):
             if got != want:
                 raise ValueError(

@@ -36,7 +36,7 @@ def gpipe(p: int, m: int) -> Schedule:
         Action("F", d, mb) for mb in range(m)] + [Action("B", d, mb) for mb in range(m)]))
 
 
-def _one_f_one_b_row(device: int, p: int, m: int) -> list[Action]:
+def one_f_one_b_row(device: int, p: int, m: int) -> list[Action]:
     """p - device - 1 warm-up forwards, then a forward and a backward in turn, then the rest."""
     warm = min(p - device - 1, m)
     row = [Action("F", device, mb) for mb in range(warm)]
@@ -47,7 +47,7 @@ def _one_f_one_b_row(device: int, p: int, m: int) -> list[Action]:
 
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B: the same bubble as GPipe, but at most p - device micro-batches in flight."""
-    return Schedule("1f1b", p, m, 1, _rows(p, lambda d: _one_f_one_b_row(d, p, m)))
+    return Schedule("1f1b", p, m, 1, _rows(p, lambda d: one_f_one_b_row(d, p, m)))
 
 
 def async_1f1b(p: int, n: int) -> Schedule:
@@ -55,7 +55,7 @@ def async_1f1b(p: int, n: int) -> Schedule:
     forward and one backward in turn on every stage until the data runs out; no flush between."""
     check_count(p, "stages")
     check_count(n, "mini-batches")
-    return Schedule("pipedream", p, n, 1, tuple(tuple(_one_f_one_b_row(d, p, n)) for d in range(p)))
+    return Schedule("pipedream", p, n, 1, tuple(tuple(one_f_one_b_row(d, p, n)) for d in range(p)))
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
@@ -91,7 +91,7 @@ def zero_bubble(p: int, m: int) -> Schedule:
     Built by running the devices with unit costs and choosing greedily, as the paper's heuristic
     does; the resulting lists are then valid for any costs.
     """
-    order = [_one_f_one_b_row(device, p, m) for device in range(p)]
+    order = [one_f_one_b_row(device, p, m) for device in range(p)]
     bound, held = min(p, m), [0] * p  # micro-batches whose W is still to run, per device
     rows: list[list[Action]] = [[] for _ in range(p)]
     finished: dict[Action, float] = {}

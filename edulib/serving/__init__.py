@@ -2,19 +2,15 @@
 each operator runs, and on which tier (devices near the data, edge sites, the cloud), for the
 least cost at an accuracy target."""
 
-from edulib.serving.placement import Plan, exhaustive, place, solve, solve_exact
-from edulib.serving.workflow import Choice, Infrastructure, Operator, Tier, Workflow, vehicle_tracking
+from edulib.serving.placement import Placement, exhaustive_placement, place, solve_exact, solve_placement
+from edulib.serving.workflow import (
+           Infrastructure,
+           ModelChoice,
+           Tier,
+           Workflow,
+           WorkflowOperator,
+           vehicle_tracking,
+)
 
-__all__ = [
-    "Choice",
-    "Infrastructure",
-    "Operator",
-    "Plan",
-    "Tier",
-    "Workflow",
-    "exhaustive",
-    "place",
-    "solve",
-    "solve_exact",
-    "vehicle_tracking",
-]
+__all__ = ["Infrastructure", "ModelChoice", "Placement", "Tier", "Workflow", "WorkflowOperator",
+           "exhaustive_placement", "place", "solve_exact", "solve_placement", "vehicle_tracking"]

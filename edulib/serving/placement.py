@@ -23,7 +23,7 @@ Selection = tuple[int, ...]  # per operator, the index of its model choice
 
 
 @dataclass(frozen=True)
-class Plan:
+class Placement:
     """Each operator's model and tier, and what the plan costs and scores."""
 
     models: dict[str, str]
@@ -43,7 +43,8 @@ def accuracy_of(workflow: Workflow, selection: Selection) -> float:
     return math.prod(op.choices[i].accuracy for op, i in zip(workflow.operators, selection, strict=True))
 
 
-def plan_of(workflow: Workflow, infra: Infrastructure, selection: Selection, tiers: tuple[int, ...]) -> Plan:
+def plan_of(workflow: Workflow, infra: Infrastructure, selection: Selection,
+            tiers: tuple[int, ...]) -> Placement:
     """The plan these choices and tiers make, and its cost."""
     ops, last = workflow.operators, len(infra.tiers) - 1
     chosen = {op.name: op.choices[i] for op, i in zip(ops, selection, strict=True)}
@@ -53,7 +54,7 @@ def plan_of(workflow: Workflow, infra: Infrastructure, selection: Selection, tie
         chosen[u].output_bytes * infra.moving(tier[u], tier[op.name]) for op in ops for u in op.inputs
     )
     network += sum(chosen[op.name].output_bytes * infra.moving(tier[op.name], last) for op in workflow.sinks)
-    return Plan(
+    return Placement(
         {name: choice.name for name, choice in chosen.items()},
         {name: infra.tiers[t].name for name, t in tier.items()},
         compute,
@@ -74,7 +75,7 @@ def _allowed(workflow: Workflow, infra: Infrastructure, selection: Selection) ->
     return allowed
 
 
-def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Plan:
+def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Placement:
     """The cheapest tiers for these model choices, from the ILP."""
     ops, n_tiers = workflow.operators, len(infra.tiers)
     index = {op.name: o for o, op in enumerate(ops)}
@@ -137,7 +138,7 @@ def _binary_first(objective: np.ndarray, rows: list[tuple[dict[int, float], floa
     return result.x
 
 
-def solve(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int = 8) -> Plan:
+def solve_placement(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int = 8) -> Placement:
     """JellyBean's two stages: a beam search over the operators' model choices, keeping the `width`
     cheapest partial choices (compute at the cheapest tier that can) that can still reach
     `accuracy`; then the placement ILP for each choice left, and the cheapest plan."""
@@ -164,7 +165,7 @@ def solve(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int
     return min((place(workflow, infra, selection) for _, _, selection in beam), key=lambda plan: plan.cost)
 
 
-def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Plan:
+def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Placement:
     """The cheapest plan, from one ILP over the models and the tiers together: w[o, i, t] = 1 when
     operator o runs model i on tier t; the accuracy target is linear in logarithms (the sum of the
     chosen models' log-accuracies); y[e, i, a, b] carries edge e's bytes from model i of its input
@@ -209,7 +210,7 @@ def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> P
     return plan_of(workflow, infra, tuple(i for _, i, _ in picked), tuple(t for _, _, t in picked))
 
 
-def exhaustive(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Plan:
+def exhaustive_placement(workflow: Workflow, infra: Infrastructure, accuracy: float) -> Placement:
     """Every choice of models that reaches `accuracy` and every placement where data flows up:
     the cheapest plan (what `solve` must find on small workflows)."""
     ops = workflow.operators

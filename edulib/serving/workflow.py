@@ -15,7 +15,7 @@ from edulib.checks import check_count
 
 
 @dataclass(frozen=True)
-class Choice:
+class ModelChoice:
     """One model an operator may run: its accuracy, its compute per request (work units) and the
     bytes it outputs per request."""
 
@@ -26,13 +26,13 @@ class Choice:
 
 
 @dataclass(frozen=True)
-class Operator:
+class WorkflowOperator:
     """A step of the workflow: the operators it reads (by name) and its model choices; a source
     has no inputs and one choice, its data."""
 
     name: str
     inputs: tuple[str, ...]
-    choices: tuple[Choice, ...]
+    choices: tuple[ModelChoice, ...]
 
     @property
     def source(self) -> bool:
@@ -44,7 +44,7 @@ class Operator:
 class Workflow:
     """Operators in an order where every input comes before its reader."""
 
-    operators: tuple[Operator, ...]
+    operators: tuple[WorkflowOperator, ...]
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -60,7 +60,7 @@ class Workflow:
             seen.add(op.name)
 
     @property
-    def sinks(self) -> list[Operator]:
+    def sinks(self) -> list[WorkflowOperator]:
         """The operators no other reads: their outputs are the answers."""
         read = {name for op in self.operators for name in op.inputs}
         return [op for op in self.operators if op.name not in read]
@@ -101,18 +101,19 @@ def vehicle_tracking(network_price: float = 1.0) -> tuple[Workflow, Infrastructu
     camera to the edge and `network_price` from the edge to the cloud."""
     mb = 1e6
     detectors = (
-        Choice("small detector", 0.90, 1.0, 0.02 * mb),
-        Choice("large detector", 0.97, 4.0, 0.02 * mb),
+        ModelChoice("small detector", 0.90, 1.0, 0.02 * mb),
+        ModelChoice("large detector", 0.97, 4.0, 0.02 * mb),
     )
-    reid = (Choice("small re-id", 0.92, 1.0, 0.001 * mb), Choice("large re-id", 0.98, 3.0, 0.001 * mb))
-    camera = (Choice("images", 1.0, 0.0, 2 * mb),)
+    reid = (ModelChoice("small re-id", 0.92, 1.0, 0.001 * mb),
+            ModelChoice("large re-id", 0.98, 3.0, 0.001 * mb))
+    camera = (ModelChoice("images", 1.0, 0.0, 2 * mb),)
     workflow = Workflow(
         (
-            Operator("camera 1", (), camera),
-            Operator("camera 2", (), camera),
-            Operator("detect 1", ("camera 1",), detectors),
-            Operator("detect 2", ("camera 2",), detectors),
-            Operator("re-identify", ("detect 1", "detect 2"), reid),
+            WorkflowOperator("camera 1", (), camera),
+            WorkflowOperator("camera 2", (), camera),
+            WorkflowOperator("detect 1", ("camera 1",), detectors),
+            WorkflowOperator("detect 2", ("camera 2",), detectors),
+            WorkflowOperator("re-identify", ("detect 1", "detect 2"), reid),
         )
     )
     tiers = (Tier("cameras", 20.0), Tier("edge", 2.0), Tier("cloud", 1.0))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from edulib.checks import check_choice
 from edulib.comm.cost import formula
 
-LAYOUTS = ("data_parallel", "partition_output", "reduce_output")
+TP_LAYOUTS = ("data_parallel", "partition_output", "reduce_output")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Traffic:
 
 def collectives(layout: str, batch: int, c_in: int, c_out: int) -> list[tuple[str, str, int]]:
     """(part of the step, collective, elements of the whole tensor it works on) for one layout."""
-    check_choice(layout, LAYOUTS, "layout")
+    check_choice(layout, TP_LAYOUTS, "layout")
     if layout == "data_parallel":
         return [("gradients", "all_reduce", c_out * c_in + c_out)]
     if layout == "partition_output":

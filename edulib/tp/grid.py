@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from edulib import comm
 from edulib.checks import check_count
 from edulib.tp.layers import ParallelModule
-from edulib.tp.ops import _all_reduce, f, g, gather_shards
+from edulib.tp.ops import f, g, gather_shards, labelled_sum
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class GridLinear(ParallelModule):
         self._take("weight", full.weight, "weight", (rows, columns))
         self._take("bias", full.bias, "bias", (out,))
         if self.bias is not None and grid.shape.depth > 1:  # each depth rank saw its batch part only
-            self.bias.register_hook(lambda grad: _all_reduce(grad, "gradients", grid.groups["depth"],
+            self.bias.register_hook(lambda grad: labelled_sum(grad, "gradients", grid.groups["depth"],
                                                              algorithm))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from edulib.tp.ops import f, g, gather, gather_again, gathered_linear, reduce_sc
 Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices
 
 
-def _share(size: int, group, what: str) -> range:
+def even_share(size: int, group, what: str) -> range:
     """This rank's equal, contiguous part of `size`, or an error if it does not divide."""
     parts, rank = dist.get_world_size(group), dist.get_rank(group)
     if size % parts:
@@ -80,7 +80,7 @@ class ColumnParallelLinear(ParallelModule):
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         _no_gather(sequence_parallel, gather_output, "column-parallel layer's output")
-        rows = list(_share(full.out_features, group, "the output features")) if rows is None else rows
+        rows = list(even_share(full.out_features, group, "the output features")) if rows is None else rows
         self.group, self.gather_output, self.algorithm = group, gather_output, algorithm
         self.sequence_parallel = sequence_parallel
         self._take("weight", full.weight, name + "weight", (rows,))
@@ -111,7 +111,7 @@ class RowParallelLinear(ParallelModule):
                  name: str = "", algorithm: str = "builtin", sequence_parallel: bool = False) -> None:
         super().__init__()
         _no_gather(sequence_parallel, not input_is_split, "row-parallel layer's input")
-        columns = _share(full.in_features, group, "the input features")
+        columns = even_share(full.in_features, group, "the input features")
         self.group, self.input_is_split, self.algorithm = group, input_is_split, algorithm
         self.sequence_parallel = sequence_parallel
         self._take("weight", full.weight, name + "weight",
@@ -167,7 +167,7 @@ class ParallelSelfAttention(ParallelModule):
     def __init__(self, full: SelfAttention, group=None, algorithm: str = "builtin",
                  sequence_parallel: bool = False) -> None:
         super().__init__()
-        heads = _share(full.heads, group, "the attention heads")
+        heads = even_share(full.heads, group, "the attention heads")
         _, rows = head_slices(full.out.in_features, full.heads, heads)
         self.heads, self.causal, self.context = len(heads), full.causal, full.context
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,

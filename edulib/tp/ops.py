@@ -23,7 +23,7 @@ from edulib import comm
 from edulib.split_backward import input_only
 
 
-def _all_reduce(tensor: torch.Tensor, direction: str, group, algorithm: str) -> torch.Tensor:
+def labelled_sum(tensor: torch.Tensor, direction: str, group, algorithm: str) -> torch.Tensor:
     """Sum a tensor over the group (out of place), labelled with the step's part."""
     with comm.labelled(direction):
         return comm.all_reduce(tensor.contiguous().clone(), algorithm, group)
@@ -69,7 +69,7 @@ def sync_gradients(parameters: torch.nn.Module | Iterable[torch.nn.Parameter], g
         parameters = parameters.parameters()
     for parameter in parameters:
         if parameter.grad is not None:
-            parameter.grad = _all_reduce(parameter.grad, "gradients", group, algorithm)
+            parameter.grad = labelled_sum(parameter.grad, "gradients", group, algorithm)
 
 
 class _F(Function):
@@ -80,13 +80,13 @@ class _F(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, "backward", ctx.group, ctx.algorithm), None, None
+        return labelled_sum(grad, "backward", ctx.group, ctx.algorithm), None, None
 
 
 class _G(Function):
     @staticmethod
     def forward(ctx, x, group, algorithm):
-        return _all_reduce(x, "forward", group, algorithm)
+        return labelled_sum(x, "forward", group, algorithm)
 
     @staticmethod
     def backward(ctx, grad):

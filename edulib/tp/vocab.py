@@ -19,7 +19,7 @@ from torch.autograd import Function
 
 from edulib import comm
 from edulib.comm.cost import formula
-from edulib.tp.layers import ParallelModule, _share
+from edulib.tp.layers import ParallelModule, even_share
 from edulib.tp.ops import g
 
 
@@ -36,7 +36,7 @@ class VocabParallelEmbedding(ParallelModule):
 
     def __init__(self, full: nn.Embedding, group=None, name: str = "", algorithm: str = "builtin") -> None:
         super().__init__()
-        self.rows = _share(full.num_embeddings, group, "the vocabulary")
+        self.rows = even_share(full.num_embeddings, group, "the vocabulary")
         self.group, self.algorithm = group, algorithm
         index = (slice(self.rows.start, self.rows.stop),)
         self.table = nn.Embedding.from_pretrained(full.weight.detach()[index].clone(), freeze=False)

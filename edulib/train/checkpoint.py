@@ -33,8 +33,8 @@ def directory(root: str | os.PathLike, step: int) -> str:
     return os.path.join(root, f"step-{step}")
 
 
-def save(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-         run: dict) -> None:
+def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    step: int, run: dict) -> None:
     """Write the one-process model's weights and its optimizer's state after `step` steps, and the
     run's identity (one process)."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -86,7 +86,8 @@ def read(directory: str | os.PathLike, state: dict) -> None:
                          f"(a different size, experts, tie or optimizer?): {cause}") from None
 
 
-def load(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, run: dict) -> int:
+def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    run: dict) -> int:
     """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
     optimizer's own hyperparameters (the run's config names them); the steps it was taken after.
     Refuses, by name, a checkpoint of a run whose identity differs from `run`."""

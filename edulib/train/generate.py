@@ -9,7 +9,7 @@ from edulib.train.config import TrainConfig
 from edulib.train.trainer import model_of
 
 
-def generate(config: TrainConfig, weights: dict[str, torch.Tensor], prompt: bytes, tokens: int,
+def generate_text(config: TrainConfig, weights: dict[str, torch.Tensor], prompt: bytes, tokens: int,
              seed: int = 0) -> bytes:
     """`tokens` bytes that the model of `config`, holding `weights` (by the one-process model's
     names, as `reference()` and rank 0 of `train()` return them), writes after `prompt` (sampled

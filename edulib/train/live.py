@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 
 from edulib.launch import Pool
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import AXES, train
+from edulib.train.trainer import TRAFFIC_AXES, train
 
 
 def train_live(pool: Pool, config: TrainConfig, beside: list[float] | None = None, every: float = 0.5
@@ -24,7 +24,7 @@ def train_live(pool: Pool, config: TrainConfig, beside: list[float] | None = Non
     figure, axes = plt.subplots(figsize=(7, 3))
     if beside is not None:
         axes.plot(range(1, len(beside) + 1), beside, color="0.6", linewidth=4, label="one process")
-    layout = " x ".join(f"{axis} {getattr(config, axis)}" for axis in AXES)
+    layout = " x ".join(f"{axis} {getattr(config, axis)}" for axis in TRAFFIC_AXES)
     line, = axes.plot([], [], color="C0", label=layout)
     axes.set(xlim=(0, config.steps + 1), xlabel="step", ylabel="cross-entropy (nats per byte)")
     axes.legend(loc="upper right")

@@ -7,12 +7,12 @@ import statistics
 from edulib.comm.groups import Grid
 from edulib.table import format_bytes, format_rate, format_table
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import AGREE, AXES, agrees, disagreement
+from edulib.train.trainer import AGREE, TRAFFIC_AXES, agrees, disagreement
 
 ROWS = 20  # steps shown at most; the others are left out evenly
 
 
-def describe(config: TrainConfig) -> str:
+def describe_run(config: TrainConfig) -> str:
     """The layout and the run in one line."""
     zero = f"ZeRO-{config.zero}" if config.zero else "no ZeRO"
     extras = [name.replace("_", " ") for name in ("sequence_parallel", "recompute", "tie")
@@ -47,8 +47,8 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
         if "mfu" in first:
             row.append(f"{100 * first['mfu'][step - start]:.2f} %")
         rows.append(row)
-    lines = [describe(config), *([f"resumed from {config.resume}, after step {start}"] if start else []), "",
-             format_table(headers, rows)]
+    resumed = [f"resumed from {config.resume}, after step {start}"] if start else []
+    lines = [describe_run(config), *resumed, "", format_table(headers, rows)]
     rate = statistics.median(first["tokens_per_second"])
     lines += ["", f"median {format_rate(rate, 'tokens/s')} (the first step includes building and counting)"]
     if reference:
@@ -58,11 +58,11 @@ def summarize(config: TrainConfig, reports: list[dict], reference: dict | None =
               *(["allocator"] if "allocator" in first["memory"] else []))  # (CUDA's peak)
     rows = [[rank, "(" + ", ".join(f"{axis} {where}" for axis, where in grid.where(rank).items()
                                    if axis != "ep") + ")",
-             *(format_bytes(report["sent"][axis]) for axis in AXES),
+             *(format_bytes(report["sent"][axis]) for axis in TRAFFIC_AXES),
              *(format_bytes(report["memory"][kind]) for kind in memory)]
             for rank, report in enumerate(reports)]
     lines += ["", "bytes each rank sent, by axis, and the most it held:",
-              format_table(["rank", "place", *(f"sent {axis}" for axis in AXES), *memory], rows)]
+              format_table(["rank", "place", *(f"sent {axis}" for axis in TRAFFIC_AXES), *memory], rows)]
     return "\n".join(lines)
 
 

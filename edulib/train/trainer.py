@@ -126,7 +126,7 @@ def reference(config: TrainConfig) -> dict:
     optimizer = optimizer_of(config)(model.parameters())
     start = _first_step(config)
     if config.resume:
-        checkpoint.load(config.resume, model, optimizer, config.run())
+        checkpoint.load_checkpoint(config.resume, model, optimizer, config.run())
     losses, validation = [], {}
     held_out = text_batch(0, config.batch, config.tokens, config.seed, "validation")
     moe = [m for m in model.modules() if isinstance(m, Experts)]
@@ -151,8 +151,8 @@ def reference(config: TrainConfig) -> dict:
             with torch.no_grad(), compute(config):
                 validation[step + 1] = lm_loss(model(held_out[0]), held_out[1]).item()
         if config.saves_after(step + 1):
-            checkpoint.save(checkpoint.directory(config.checkpoint, step + 1), model, optimizer, step + 1,
-                            config.run())
+            checkpoint.save_checkpoint(checkpoint.directory(config.checkpoint, step + 1), model, optimizer,
+                                       step + 1, config.run())
     return {"start": start, "losses": losses, "validation": validation, "gradients": first,
             "weights": {name: p.detach() for name, p in model.named_parameters()},
             **({"expert_load": [layer.load.tolist() for layer in moe]} if moe else {})}
@@ -647,14 +647,14 @@ def forward_only(schedule: Schedule) -> Schedule:
     return dataclasses.replace(schedule, name=f"{schedule.name} (forward only)", actions=rows)
 
 
-AXES = ("dp", "pp", "tp", "cp", "ep")
+TRAFFIC_AXES = ("dp", "pp", "tp", "cp", "ep")
 
 
 def by_axis(transfers: list[comm.Transfer], pipeline: set[int], context: set[int]) -> dict[str, int]:
     """Bytes a rank sent, by the axis that sent them: messages to the pipeline's ranks and a tied
     pair's sum (pp), the ring's steps and collectives (cp), the experts' all-to-alls (ep), the
     gradients' and ZeRO's weights' collectives (dp), and the tensor-parallel layers' (tp)."""
-    sent = dict.fromkeys(AXES, 0)
+    sent = dict.fromkeys(TRAFFIC_AXES, 0)
     for transfer in transfers:
         if transfer.direction in ("loss", "norm"):  # (a step's loss, the gradients' norm)
             continue

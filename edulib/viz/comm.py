@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from edulib.comm.algorithms import ALGORITHMS
 from edulib.comm.cost import formula
-from edulib.comm.schedule import Schedule
+from edulib.comm.schedule import CollectiveSchedule
 from edulib.table import format_table
 
 OP_COLOURS = {"reduce": "#dd8452", "copy": "#4c72b0"}
@@ -17,7 +17,7 @@ ALGORITHM_COLOURS = dict(zip(ALGORITHMS, ["#c44e52", "#8172b3", "#55a868", "#937
                                           "#da8bc3", "#4c72b0"], strict=True))
 
 
-def schedule_figure(schedule: Schedule, columns: int = 4) -> Figure:
+def schedule_figure(schedule: CollectiveSchedule, columns: int = 4) -> Figure:
     """One panel per round: ranks on a circle, an arrow per message labelled with its chunks.
 
     Orange arrows add into the receiver (reduce), blue ones overwrite it (copy).

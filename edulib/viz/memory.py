@@ -10,7 +10,7 @@ from edulib.footprint import GB, LECTURE_MODELS, ZERO_STAGES, sharded_bytes, tra
 from edulib.recompute import korthikanti_bytes
 from edulib.table import format_table
 
-TOKENS = 2048  # the sequence length of GPT-3, one sequence per micro-batch
+_TOKENS = 2048  # the sequence length of GPT-3, one sequence per micro-batch
 PARTS = (("weights", "#4c72b0"), ("gradients", "#dd8452"), ("optimizer state", "#55a868"),
          ("activations", "#c44e52"))
 
@@ -23,7 +23,7 @@ def memory_rows(model: str, ranks: int, precision: str = "fp16", recompute: str 
     if model not in found:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(found)}")
     m = found[model]
-    activations = m.layers * korthikanti_bytes(TOKENS, 1, m.hidden, m.hidden // 128, mode=recompute)
+    activations = m.layers * korthikanti_bytes(_TOKENS, 1, m.hidden, m.hidden // 128, mode=recompute)
     rows = []
     for stage in ZERO_STAGES:
         state = sharded_bytes(m.parameters, ranks, stage, precision)

@@ -9,7 +9,7 @@ from edulib.pp import async_1f1b, simulate
 from edulib.pp.pipedream import version_plan, versions_held
 from edulib.viz.pipeline import draw_timeline
 
-NAMES = {"stashing": "weight stashing", "vertical_sync": "vertical sync", "2bw": "PipeDream-2BW"}
+_POLICY_NAMES = {"stashing": "weight stashing", "vertical_sync": "vertical sync", "2bw": "PipeDream-2BW"}
 
 
 def versions_figure(policy: str = "stashing", stages: int = 4, minibatches: int = 8, every: int = 1,
@@ -25,8 +25,8 @@ def versions_figure(policy: str = "stashing", stages: int = 4, minibatches: int 
               for action in (event.action for event in timeline.events)}
     draw_timeline(top, timeline, labels)
     top.set_xlabel("")
-    top.set_title(f"asynchronous 1F1B with {NAMES[policy]}: box = micro-batch, w = updates its weights "
-                  "have seen", fontsize=10)
+    top.set_title(f"asynchronous 1F1B with {_POLICY_NAMES[policy]}: box = micro-batch, "
+                  "w = updates its weights have seen", fontsize=10)
     held = versions_held(schedule, policy, every)
     for device, counts in enumerate(held):  # lifted a little each, so equal counts stay apart
         ends = sorted(e.end for e in timeline.events if e.device == device)

@@ -72,7 +72,7 @@ def draw_timeline(axes: Axes, timeline: Timeline, labels: Mapping[Action, str] |
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
-def memory_figure(timelines: Mapping[str, Timeline], width: float = 10) -> Figure:
+def pipeline_memory_figure(timelines: Mapping[str, Timeline], width: float = 10) -> Figure:
     """For each schedule, its timeline and below it the memory each device holds over time, one
     line per device: the micro-batches whose forward is done and weight gradient not yet (their
     activations, then what W needs), counted in micro-batches of the device's layers (a stage of

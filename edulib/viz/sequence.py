@@ -14,8 +14,8 @@ from edulib.footprint import GB
 from edulib.recompute import korthikanti_bytes
 from edulib.table import format_table
 from edulib.tp.sequence import layer_traffic
+from edulib.viz.tp import RANK_COLOURS
 
-RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 SCORES = ("kept", "recomputed")
 
 
@@ -48,7 +48,7 @@ def ring_figure(runs: dict[str, list[dict]], tokens: int) -> Figure:
     return figure
 
 
-def traffic_figure(sends: list[list[int]], title: str = "") -> Figure:
+def dispatch_figure(sends: list[list[int]], title: str = "") -> Figure:
     """An MoE layer's dispatch as a matrix: rows each rank sent to each rank (the diagonal stays home)."""
     matrix = np.array(sends)
     figure = Figure(figsize=(3.6, 3.2))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from edulib.serving import Infrastructure, Plan, Workflow
+from edulib.serving import Infrastructure, Placement, Workflow
 
 TIER_COLOURS = ["#f2e8cf", "#dbe9f6", "#e2f0d9", "#eadcf3"]
 
 
-def placement_figure(workflow: Workflow, infra: Infrastructure, plan: Plan, title: str = "") -> Figure:
+def placement_figure(workflow: Workflow, infra: Infrastructure, plan: Placement, title: str = "") -> Figure:
     """Tiers as bands from the data's devices (bottom) to the cloud (top); each operator a box in
     its tier, at its depth in the workflow, naming its model; arrows where data moves."""
     level: dict[str, int] = {}

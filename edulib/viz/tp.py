@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 from edulib.table import format_table
 from edulib.tp.cost import linear_traffic, mlp_traffic
 
-RANK_COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
-                "#8c8c8c"]
+RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+                "#8c8c8c")  # one colour per rank, in every figure that tells ranks apart
 
 
 def owner_map(shape: tuple[int, ...], indices: list[tuple]) -> np.ndarray:

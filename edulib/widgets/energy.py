@@ -11,7 +11,7 @@ from edulib.pp import build_schedule
 from edulib.viz.energy import frontier_figure
 from edulib.widgets.explorer import Choice, Slider, explore
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
+FRONTIER_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 
 
 @lru_cache(maxsize=64)  # the figure and the text of one case share it
@@ -24,7 +24,7 @@ def frontier_case(schedule: str, stages: int, microbatches: int, levels: int) ->
     return pipeline_frontier(built, gpu, 1.0, 1.0 if split else 2.0, 1.0 if split else 0.0, unit=0.25)
 
 
-def describe_case(**case: Any) -> str:
+def describe_frontier_case(**case: Any) -> str:
     """The frontier's ends and the bloat, in words."""
     try:
         found = frontier_case(**case)
@@ -52,7 +52,8 @@ def _draw(**case: Any) -> Any:
 def frontier_explorer(static: bool | None = None) -> Any:
     """Explore Perseus's frontier: schedule, stages, micro-batches and GPU clocks, live."""
     return explore(_draw, {
-        "schedule": Choice("1f1b", SCHEDULES),
+        "schedule": Choice("1f1b", FRONTIER_SCHEDULES),
         "stages": Slider(4, 2, 8, 1, integer=True),
         "microbatches": Slider(8, 2, 16, 2, integer=True),
-        "levels": Slider(5, 2, len(A100.frequencies), 1, integer=True)}, static, describe=describe_case)
+        "levels": Slider(5, 2, len(A100.frequencies), 1, integer=True)},
+        static, describe=describe_frontier_case)

@@ -8,7 +8,7 @@ from typing import Any
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import gpt_graph
 from edulib.planner.inter import Plan, plan
-from edulib.planner.report import describe
+from edulib.planner.report import describe_plan
 from edulib.viz.planner import plan_figure
 from edulib.widgets.explorer import Choice, Slider, explore
 
@@ -29,10 +29,10 @@ def plan_case(nodes: int, devices: str, intra_gbps: float, inter_gbps: float, me
     return plan(gpt_graph(int(layers)), cluster)
 
 
-def describe_case(**case: Any) -> str:
+def describe_plan_case(**case: Any) -> str:
     """The plan in words, or why there is none."""
     try:
-        return describe(plan_case(**case))
+        return describe_plan(plan_case(**case))
     except ValueError as error:
         return str(error)
 
@@ -52,4 +52,4 @@ def plan_explorer(static: bool | None = None) -> Any:
         "intra_gbps": Slider(DEFAULTS["intra_gbps"], 0, 3, 0.25, log=True, unit="{} GB/s"),
         "inter_gbps": Slider(DEFAULTS["inter_gbps"], -1, 2, 0.25, log=True, unit="{} GB/s"),
         "memory_gib": Slider(DEFAULTS["memory_gib"], 1, 8, 0.25, unit="{} GiB")},
-        static, describe=describe_case)
+        static, describe=describe_plan_case)

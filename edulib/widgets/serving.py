@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edulib.serving import solve, vehicle_tracking
+from edulib.serving import solve_placement, vehicle_tracking
 from edulib.viz.serving import placement_figure
 from edulib.widgets.explorer import Slider, explore
 
@@ -13,13 +13,13 @@ from edulib.widgets.explorer import Slider, explore
 def _draw(network_price: float, accuracy: float) -> Any:
     """The cheapest plan at this price per MB from the edge to the cloud and this accuracy target."""
     workflow, infra = vehicle_tracking(network_price)
-    return placement_figure(workflow, infra, solve(workflow, infra, accuracy))
+    return placement_figure(workflow, infra, solve_placement(workflow, infra, accuracy))
 
 
 def _describe(network_price: float, accuracy: float) -> str:
     """Where each model runs, in words."""
     workflow, infra = vehicle_tracking(network_price)
-    plan = solve(workflow, infra, accuracy)
+    plan = solve_placement(workflow, infra, accuracy)
     return "; ".join(f"{name}: {plan.models[name]} on the {plan.tiers[name]}" for name in plan.models
                      if not name.startswith("camera"))
 
