@@ -551,13 +551,13 @@ def test_writing_a_verdict_into_every_open_file_and_argv_scores_zero(tmp_path):
 def test_patching_comparisons_and_the_checks_code_changes_nothing(tmp_path):
     points, _, _ = _class(tmp_path, {"patcher": """
         import numpy, torch
-        import edulib.grading.checks as checks
+        from edulib.grading.checks import base, lesson08_hybrid
         torch.allclose = lambda *args, **kwargs: True
         torch.equal = lambda *args, **kwargs: True
         numpy.array_equal = lambda *args, **kwargs: True
         torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
-        checks._grid_judge.__code__ = (lambda case, answer: None).__code__
-        checks._tensor.__code__ = (lambda got, want, what, atol=0: None).__code__
+        lesson08_hybrid._grid_judge.__code__ = (lambda case, answer: None).__code__
+        base.check_tensor.__code__ = (lambda got, want, what, atol=0: None).__code__
     """ + STUB})
     assert points == {"patcher": 0}
 

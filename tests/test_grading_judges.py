@@ -151,7 +151,8 @@ def test_the_tensor_shaped_dict_that_stopped_a_class_is_a_named_zero():
 def test_the_ring_judge_refuses_messages_that_are_no_partial_sums():
     """Ranks that summed through a side channel and sent values of a ring's sizes for show: the
     relay's log holds each message's values, and the judge asks each to be a partial sum."""
-    from edulib.grading.checks import Wrong, _partial_sum, _ring_watch
+    from edulib.grading.checks import Wrong
+    from edulib.grading.checks.lesson02_allreduce import _partial_sum, _ring_watch
 
     exercise, check = next((e, c) for e, c in ALL if c.collect == "ring")
     case = cases_of(exercise, check)[0]

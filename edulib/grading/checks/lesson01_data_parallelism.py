@@ -1,0 +1,140 @@
+"""The checks of lesson 1, data parallelism: the parameter server's step and gradient buckets."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    check_tensor,
+    cut_at_marks,
+    exercise,
+    per_rank_answers,
+    rank_events,
+    seeded_tensors,
+)
+
+
+def _server_cases(rng: random.Random) -> list[Case]:
+    def case(workers: int, length: int, hidden: bool) -> Case:
+        parameters, *gradients = seeded_tensors(rng, *[(length,)] * (workers + 1))
+        return Case({"parameters": parameters, "gradients": gradients, "lr": rng.choice((0.5, 0.1, 2.0))},
+                    f"{workers} workers, {length} parameters", hidden)
+    lengths = (0, 1, rng.randint(2, 9))
+    return [case(3, 5, False), *(case(rng.randint(1, 5), length, True) for length in lengths)]
+
+
+def _server_judge(case: Case, answer: Any) -> None:
+    inputs = case.inputs
+    want = inputs["parameters"] - inputs["lr"] * torch.stack(inputs["gradients"]).mean(0)
+    check_tensor(answer, want, "server_step's result", atol=1e-6)
+
+
+def _bucket_sizes(model: torch.nn.Module, bucket_bytes: int) -> list[int]:
+    """Elements in each bucket, first launched first: parameters in reverse order, greedily packed."""
+    sizes, used = [[]], 0
+    for parameter in reversed(list(model.parameters())):
+        nbytes = 4 * parameter.numel()
+        if sizes[-1] and used + nbytes > bucket_bytes:
+            sizes.append([])
+            used = 0
+        sizes[-1].append(parameter.numel())
+        used += nbytes
+    return [sum(bucket) for bucket in sizes]
+
+
+def _bucket_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, vocab: int, hidden: int, bucket_bytes: int, overlap: bool, hide: bool) -> Case:
+        generator = torch.Generator().manual_seed(rng.randrange(2**31))
+        batch = rng.randint(1, 3)
+        tokens, targets = (torch.randint(vocab, (2, ranks, batch, 2), generator=generator) for _ in range(2))
+        return Case({"ranks": ranks, "vocab": vocab, "hidden": hidden, "seed": rng.randrange(1000),
+                     "bucket_bytes": bucket_bytes, "overlap": overlap, "tokens": tokens, "targets": targets},
+                    f"{ranks} ranks, vocabulary {vocab}, hidden {hidden}, buckets of {bucket_bytes} bytes, "
+                    f"overlap={overlap}", hide)
+    hidden = [case(rng.randint(3, 4), rng.randint(5, 13), rng.randint(2, 7), rng.randint(40, 400), overlap,
+                   True) for overlap in (True, False)]
+    return [case(2, 11, 6, 1 << 20, True, False), case(2, 11, 6, 400, True, False),  # 1 and 2 buckets
+            case(2, 11, 6, 300, False, False), *hidden, case(3, 11, 6, 100, True, True)]  # 3, then more
+
+
+def _rank_average(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    """Each parameter's gradient averaged over the ranks, each rank's computed here on its own slice.
+
+    The same shapes give the same float32 gradients as on the ranks, so only the all-reduce's order
+    of addition is left to tolerate; one backward over the whole batch can differ by far more than
+    that where a LayerNorm of a few features is ill-conditioned."""
+    total = [torch.zeros(p.shape, dtype=torch.float64) for p in model.parameters()]
+    for rank_tokens, rank_targets in zip(tokens, targets, strict=True):
+        model.zero_grad()
+        logits = model(rank_tokens).flatten(0, -2)
+        torch.nn.functional.cross_entropy(logits, rank_targets.flatten()).backward()
+        for sum_, parameter in zip(total, model.parameters(), strict=True):
+            sum_ += parameter.grad
+    return [(sum_ / len(tokens)).float() for sum_ in total]
+
+
+def _bucket_judge(case: Case, answer: Any) -> None:
+    from edulib.models import tied_lm
+
+    inputs = case.inputs
+    model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
+    names = [name for name, _ in model.named_parameters()]
+    averages = [_rank_average(model, inputs["tokens"][step], inputs["targets"][step]) for step in range(2)]
+    for rank, found in enumerate(per_rank_answers(answer, inputs["ranks"])):
+        if type(found) is not list or len(found) != 2:
+            raise Wrong(f"rank {rank} sent no result for both steps", "a rank sent no result")
+        for step, grads in enumerate(found):
+            if type(grads) is not list or len(grads) != len(names):
+                raise Wrong(f"rank {rank}: not one gradient per parameter of the model's {len(names)}",
+                            "not one gradient per parameter")
+            for name, got, want in zip(names, grads, averages[step], strict=True):
+                check_tensor(got, want, f"step {step + 1}, rank {rank}: the gradient of {name}")
+
+
+def _bucket_watch(case: Case, wire: dict) -> None:
+    """What the relay saw of each step: all-reduces of the buckets' sizes, launched during the
+    backward with overlap (between the harness's marks) and only in finish without it."""
+    from edulib.models import tied_lm
+
+    inputs = case.inputs
+    sizes = sorted(_bucket_sizes(tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"]),
+                                 inputs["bucket_bytes"]))
+    for rank in range(inputs["ranks"]):
+        for step, events in enumerate(cut_at_marks(rank_events(wire, rank), "step")):
+            marks = {e["label"]: i for i, e in reversed(list(enumerate(events))) if e["op"] == "mark"}
+            start, end = marks.get("backward", len(events)), marks.get("finish", len(events))
+            launched = [(e["elements"], start < i < end) for i, e in enumerate(events) if e["op"] != "mark"]
+            others = sorted({e["op"] for e in events} - {"mark", "all_reduce"})
+            got = sorted(elements for elements, _ in launched)
+            if others or got != sizes:
+                raise Wrong(f"step {step + 1}, rank {rank}: the relay saw {others or 'all-reduces'} of {got} "
+                            f"elements; buckets of at most {inputs['bucket_bytes']} bytes filled in reverse "
+                            f"order are all-reduced as {sizes}", "not the buckets the lesson's rule makes")
+            early = [early for _, early in launched]
+            if inputs["overlap"] and not all(early):
+                raise Wrong(f"step {step + 1}, rank {rank}: with overlap every bucket is launched during "
+                            "backward, the moment it fills", "buckets not launched during backward")
+            if not inputs["overlap"] and any(early):
+                raise Wrong(f"step {step + 1}, rank {rank}: without overlap nothing is launched before "
+                            "finish", "launched during backward without overlap")
+
+
+exercise("lesson01_data_parallelism", [
+        Check("server step", 1, 1, "server_step", _server_cases, _server_judge,
+              "the average of the workers' gradients, one SGD step",
+              "other worker counts, 0 and 1 parameters"),
+        Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
+              "gradients equal to one process's, buckets launched as they fill",
+              "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True,
+              watch=_bucket_watch)],
+         [("edulib.lessons.data_parallelism.parameter_server_train",
+                                   "the server's update"),
+                                  ("edulib.dp.data_parallel.GradientBuckets", "gradient buckets"),
+                                  ("edulib.dp.ddp.DistributedDataParallel", "gradient buckets"),
+                                  ("torch.nn.parallel.DistributedDataParallel", "gradient buckets")])

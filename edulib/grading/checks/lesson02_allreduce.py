@@ -1,0 +1,208 @@
+"""The checks of lesson 2, all-reduce: the ring, halving-doubling and the 2D torus."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import torch
+
+from edulib.comm import chunk_bounds
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    bytes_moved,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    rank_events,
+    seeded_tensors,
+)
+from edulib.grading.student import CHUNKS_PER_RANK
+
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+                "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
+                "scatter")
+
+def _ring_sends(length: int, ranks: int, rank: int) -> int:
+    """Bytes a ring all-reduce sends from `rank`: every chunk but one in each phase (float32)."""
+    bounds = chunk_bounds(length, ranks)
+    size = [bounds[c + 1] - bounds[c] for c in range(ranks)]
+    return 4 * (2 * length - size[(rank + 1) % ranks] - size[(rank + 2) % ranks]) if ranks > 1 else 0
+
+
+def _ring_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        return Case({"ranks": ranks, "inputs": seeded_tensors(rng, *[(length,)] * ranks, integers=True)},
+                    f"length {length} on {ranks} ranks", hidden)
+    other = rng.choice((2, 5))
+    odd = rng.choice([n for n in range(other + 1, 4 * other) if n % other])
+    return [case(3, 9, False), case(3, 5, False),
+            *(case(4, length, True) for length in (6, 2, 0, 1)), case(other, odd, True)]
+
+
+def _ring_judge(case: Case, answer: Any) -> None:
+    ranks, inputs = case.inputs["ranks"], case.inputs["inputs"]
+    total, length = sum(inputs), len(inputs[0])
+    bounds = chunk_bounds(length, ranks)
+    for rank, result in enumerate(per_rank_answers(answer, ranks)):
+        if type(result) is not torch.Tensor or result.shape != total.shape:
+            check_tensor(result, total, f"rank {rank}'s tensor")
+        right = [c for c in range(ranks) if torch.equal(result[bounds[c]:bounds[c + 1]],
+                                                        total[bounds[c]:bounds[c + 1]])]
+        if len(right) < ranks:
+            wrong = [c for c in range(ranks) if c not in right]
+            hint = (" Each rank holds one summed chunk: the reduce-scatter phase works and the "
+                    "all-gather phase is missing or wrong." if len(right) == 1 else "")
+            raise Wrong(f"rank {rank} holds the sum in chunks {right or 'none'} and not in chunks {wrong} "
+                        f"(chunk c is elements {bounds[:2]}, ... of the bounds {bounds}).{hint}",
+                        f"rank {rank} holds wrong sums in {len(wrong)} of {ranks} chunks.{hint}")
+
+
+def _partial_sum(event: dict, rank: int, inputs: list[torch.Tensor]) -> bool:
+    """Whether a message's values are the sum, over the sender and some other ranks, of their inputs
+    over one run of elements (the only thing a ring ever sends; the inputs are small integers, so
+    sums are exact). A message too large for the relay to keep its values passes."""
+    if event.get("values") is None:
+        return True
+    values = torch.tensor([v for tensor in event["values"] for v in tensor], dtype=torch.float64)
+    others = [r for r in range(len(inputs)) if r != rank]
+    for low in range(len(inputs[0]) - values.numel() + 1):
+        parts = [tensor[low:low + values.numel()].double() for tensor in inputs]
+        for chosen in itertools.chain.from_iterable(itertools.combinations(others, k)
+                                                    for k in range(len(others) + 1)):
+            if torch.equal(parts[rank] + sum((parts[r] for r in chosen), torch.zeros_like(values)), values):
+                return True
+    return False
+
+
+def _ring_watch(case: Case, wire: dict) -> None:
+    """What the relay saw: each rank sends only to one neighbour, with messages and no collective,
+    partial sums of chunks, and a ring's bytes (every chunk but one in each phase)."""
+    ranks, length = case.inputs["ranks"], len(case.inputs["inputs"][0])
+    for rank in range(ranks):
+        events = rank_events(wire, rank)
+        others = sorted({e["op"] for e in events} - {"send", "recv", "mark"})
+        if others:
+            raise Wrong(f"rank {rank} called {', '.join(others)}: the ring moves its chunks with send and "
+                        "recv",
+                        "a built-in collective instead of the ring's messages")
+        peers = {e["peer"] for e in events if e["op"] == "send"}
+        if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
+            raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
+                        f"neighbour only", "sent to a rank that is not its ring neighbour")
+        for event in events:
+            if event["op"] == "send" and not _partial_sum(event, rank, case.inputs["inputs"]):
+                raise Wrong(f"rank {rank} sent {event['values']}, which is no sum of its own and other "
+                            "ranks' inputs over a run of elements: a ring passes partial sums of chunks",
+                            "sent values that are not partial sums of the ranks' chunks")
+        sent, want = bytes_moved(events, "sent"), _ring_sends(length, ranks, rank)
+        if sent != want:
+            raise Wrong(f"rank {rank} sent {sent} bytes; a ring sends {want} (every chunk but one, in each "
+                        "phase)", f"rank {rank} sent {'more' if sent > want else 'fewer'} bytes than a ring "
+                        "sends")
+
+
+def _halving_cases(rng: random.Random) -> list[Case]:
+    return [Case({"n": n}, f"{n} ranks", n > 4) for n in (2, 4, 8, 16)]
+
+
+def _all_reduce_schedule(answer: Any, n: int) -> Any:
+    """Rebuild a submitted schedule, check that it is an all-reduce on n ranks whose simulation
+    gives every rank the sum, and return its cost for chunks of 8 bytes."""
+    import numpy as np
+
+    from edulib.comm import CollectiveSchedule, Message, cost, expected, simulate_collective
+
+    chunks = answer.get("chunks") if type(answer) is dict else None
+    if type(chunks) is not int or not 1 <= chunks <= CHUNKS_PER_RANK * n:  # before anything is allocated
+        raise Wrong(f"the schedule for {n} ranks has {chunks!r} chunks; one for {n} ranks needs 1 to "
+                    f"{CHUNKS_PER_RANK * n}", "a schedule with an unreasonable number of chunks")
+    try:
+        rounds = tuple(tuple(Message(*message) for message in messages) for messages in answer["rounds"])
+        schedule = CollectiveSchedule(answer["name"], answer["collective"], answer["world_size"],
+                                      answer["chunks"], rounds, answer["root"])
+        buffers = [np.arange(schedule.chunks * 3) * (rank + 1) for rank in range(n)]
+        pairs = list(zip(simulate_collective(schedule, buffers), expected(schedule, buffers), strict=True))
+        counted = cost(schedule, 8 * schedule.chunks)
+    except (TypeError, ValueError, KeyError) as error:
+        raise Wrong(f"the schedule for {n} ranks is not a valid edulib Schedule: {error}",
+                    "not a valid edulib Schedule") from error
+    if schedule.collective != "all_reduce" or schedule.world_size != n:
+        raise Wrong(f"a {schedule.collective} on {schedule.world_size} ranks, expected an all_reduce on {n}",
+                    "not an all-reduce on the right number of ranks")
+    for rank, (got, want) in enumerate(pairs):
+        if not np.array_equal(got, want):
+            raise Wrong(f"rank {rank} ends with {got[:4]}..., expected {want[:4]}...", "wrong sums")
+    return schedule, counted
+
+
+def _halving_judge(case: Case, answer: Any) -> None:
+    n = case.inputs["n"]
+    counted = _all_reduce_schedule(answer, n)[1]
+    rounds, most = 2 * (n.bit_length() - 1), 2 * (n - 1) * 8
+    if counted.rounds != rounds or counted.max_bytes_per_rank != most:
+        raise Wrong(f"{counted.rounds} rounds and {counted.max_bytes_per_rank} bytes per rank; "
+                    f"halving-doubling takes {rounds} and {most}", "not halving-doubling's rounds or bytes")
+
+
+def _torus_cases(rng: random.Random) -> list[Case]:
+    grids = [(2, 2), (2, 4), (rng.randint(2, 5), rng.randint(2, 5)), (1, rng.randint(2, 6)),
+             (rng.randint(2, 6), 1), (3, 5)]
+    return [Case({"rows": rows, "cols": cols}, f"a {rows} x {cols} torus", index >= 2)
+            for index, (rows, cols) in enumerate(grids)]
+
+
+def _torus_judge(case: Case, answer: Any) -> None:
+    rows, cols = case.inputs["rows"], case.inputs["cols"]
+    schedule, counted = _all_reduce_schedule(answer, rows * cols)
+    for message in (m for messages in schedule.rounds for m in messages):
+        (r1, c1), (r2, c2) = divmod(message.src, cols), divmod(message.dst, cols)
+        if not (r1 == r2 and (c2 - c1) % cols in (1, cols - 1)
+                or c1 == c2 and (r2 - r1) % rows in (1, rows - 1)):
+            raise Wrong(f"rank {message.src} sends to rank {message.dst}, not its neighbour on the torus",
+                        "a message between ranks that are not torus neighbours")
+    rounds = 2 * (cols - 1) + 2 * (rows - 1)
+    most = 8 * (2 * (cols - 1) * rows + 2 * (rows - 1))  # chunks of 8 bytes: M = 8 rows cols
+    if counted.rounds != rounds or counted.max_bytes_per_rank != most:
+        raise Wrong(f"{counted.rounds} rounds and {counted.max_bytes_per_rank} bytes per rank (chunks of 8 "
+                    f"bytes); the torus takes {rounds} and {most}", "not the torus's rounds or bytes")
+
+
+def _torus_run_cases(rng: random.Random) -> list[Case]:
+    def case(rows: int, cols: int, hidden: bool) -> Case:
+        length = rng.randint(0, 20) if hidden else 10
+        return Case({"ranks": rows * cols, "rows": rows, "cols": cols,
+                     "inputs": seeded_tensors(rng, *[(length,)] * (rows * cols), integers=True)},
+                    f"a {rows} x {cols} torus, length {length}", hidden)
+    return [case(2, 2, False), case(2, 3, True), case(3, 2, True)]
+
+
+def _torus_run_judge(case: Case, answer: Any) -> None:
+    total = sum(case.inputs["inputs"])
+    for rank, got in enumerate(per_rank_answers(answer, case.inputs["ranks"])):
+        check_tensor(got, total, f"rank {rank}'s tensor after running your schedule", atol=0)
+
+
+exercise("lesson02_allreduce", [
+        Check("ring all-reduce", 3, 3, "ring", _ring_cases, _ring_judge,
+              "every rank holds the sum and sends a ring's bytes",
+              "2 to 5 ranks, lengths that do not divide by the rank count, 0 and 1", wire=True,
+              watch=_ring_watch),
+        Check("halving-doubling schedule", 2, 1, "halving_doubling", _halving_cases, _halving_judge,
+              "correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank", "more ranks"),
+        Check("2D-torus schedule (optional)", 3, 2, "torus", _torus_cases, _torus_judge,
+              "simulated sums, neighbours only, the torus's rounds and bytes",
+              "other torus shapes, rows or columns of 1", optional=True),
+        Check("2D torus on real ranks (optional)", 2, 1, "torus_run", _torus_run_cases, _torus_run_judge,
+              "edulib's runtime gives every rank the sum", "6 ranks, other lengths", optional=True,
+              wire=True)],
+         [
+        *((f"torch.distributed.{name}", "the ring all-reduce") for name in _COLLECTIVES),
+        *((f"edulib.comm.collectives.{name}", "the ring all-reduce")
+          for name in ("all_reduce", "reduce_scatter", "all_gather", "all_gather_chunks", "reduce",
+                       "broadcast", "submit")),
+        *((f"edulib.comm.algorithms.{name}", "the halving-doubling schedule")
+          for name in ("build_collective", "halving_doubling", "schedule_for", "butterfly"))])

@@ -1,0 +1,175 @@
+"""The checks of lesson 3, tensor parallelism: attention shards, f and g, the block."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    bytes_moved,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    rank_events,
+    seeded_tensors,
+)
+
+
+def _mlp_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, hidden: bool) -> Case:
+        batch, width, inner = rng.randint(1, 4), rng.randint(2, 6), ranks * rng.randint(1, 3)
+        tensors = seeded_tensors(rng, (batch, width), (inner, width), (inner,), (width, inner), (width,),
+                                 (batch, width))
+        names = ("x", "w1", "b1", "w2", "b2", "grad_y")
+        return Case({"ranks": ranks, **dict(zip(names, tensors, strict=True))},
+                    f"{ranks} ranks, x of shape {(batch, width)}, {inner} hidden features", hidden)
+    return [case(2, False), case(3, True), case(4, True), case(2, True)]
+
+
+def _mlp_judge(case: Case, answer: Any) -> None:
+    names = ("x", "w1", "b1", "w2", "b2")
+    leaves = {name: case.inputs[name].clone().requires_grad_() for name in names}
+    y = torch.nn.functional.linear(torch.nn.functional.gelu(
+        torch.nn.functional.linear(leaves["x"], leaves["w1"], leaves["b1"])), leaves["w2"], leaves["b2"])
+    (y * case.inputs["grad_y"]).sum().backward()
+    ranks = case.inputs["ranks"]
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", *names}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        check_tensor(found["y"], y.detach(), f"rank {rank}'s output")
+        shards = {"x": leaves["x"].grad, "w1": leaves["w1"].grad.chunk(ranks, 0)[rank],
+                  "b1": leaves["b1"].grad.chunk(ranks, 0)[rank],
+                  "w2": leaves["w2"].grad.chunk(ranks, 1)[rank], "b2": leaves["b2"].grad}
+        for name, want in shards.items():
+            what = "the input's gradient" if name == "x" else f"the gradient of {name}'s shard"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
+            check_tensor(found[name], want, f"rank {rank}: {what}")
+
+
+def _head_split(hidden: int, heads: int, rank: int, ranks: int) -> tuple[range, list[int]]:
+    """The output projection's columns and the QKV rows of rank `rank`'s run of heads."""
+    from edulib.tp.layers import head_slices
+
+    share = heads // ranks
+    return head_slices(hidden, heads, range(rank * share, (rank + 1) * share))
+
+
+def _shards_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, rank: int, heads: int, hidden: bool) -> Case:
+        size = heads * rng.randint(1, 3)
+        qkv_weight, qkv_bias, out_weight = seeded_tensors(rng, (3 * size, size), (3 * size,), (size, size))
+        return Case({"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "out_weight": out_weight, "heads": heads,
+                     "rank": rank, "ranks": ranks},
+                    f"rank {rank} of {ranks}, {heads} heads, hidden size {size}", hidden)
+    return [case(2, 1, 4, False), case(3, 2, 6, True), case(4, 0, 4, True), case(2, 0, 2, True)]
+
+
+def _shards_judge(case: Case, answer: Any) -> None:
+    inputs = case.inputs
+    size = inputs["out_weight"].shape[0]
+    columns, rows = _head_split(size, inputs["heads"], inputs["rank"], inputs["ranks"])
+    if type(answer) is not list or len(answer) != 3:
+        raise Wrong("attention_shards must return (QKV rows, QKV bias entries, output columns)",
+                    "attention_shards does not return three tensors")
+    wants = [inputs["qkv_weight"][rows], inputs["qkv_bias"][rows], inputs["out_weight"][:, columns]]
+    for got, want, what in zip(answer, wants, ("the QKV rows", "the QKV bias entries", "the output columns"),
+                               strict=True):
+        check_tensor(got, want, f"attention_shards' {what}", atol=0.0)
+
+
+BLOCK_GRADIENTS = ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "up", "up_bias", "down",
+                   "down_bias")
+
+
+def _block_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, heads: int, hidden: bool) -> Case:
+        batch, tokens, width = rng.randint(1, 3), rng.randint(1, 5), rng.randint(1, 3)
+        size, inner = heads * width, ranks * rng.randint(1, 3)
+        names = (*BLOCK_GRADIENTS, "grad_y")
+        tensors = seeded_tensors(rng, (batch, tokens, size), (3 * size, size), (3 * size,), (size, size),
+                                 (size,), (inner, size), (inner,), (size, inner), (size,),
+                                 (batch, tokens, size))
+        full = dict(zip(names, tensors, strict=True))
+        for name in ("qkv_weight", "out_weight", "up", "down"):  # as initialised: outputs of the input's size
+            full[name] = full[name] / full[name].shape[1] ** 0.5
+        shards = []  # each rank's rows and columns of every weight, split by the grader
+        for rank in range(ranks):
+            columns, rows = _head_split(size, heads, rank, ranks)
+            shards.append([full["qkv_weight"][rows], full["qkv_bias"][rows], full["out_weight"][:, columns],
+                           full["up"].chunk(ranks, 0)[rank], full["up_bias"].chunk(ranks, 0)[rank],
+                           full["down"].chunk(ranks, 1)[rank]])
+        return Case({"ranks": ranks, "heads": heads, "shards": shards, **full},
+                    f"{ranks} ranks, {heads} heads of width {width}, {inner} inner features, x of shape "
+                    f"{(batch, tokens, size)}", hidden)
+    return [case(2, 4, False), case(3, 3 * rng.randint(1, 2), True), case(4, 4, True),
+            case(2, 2 * rng.randint(2, 3), True)]
+
+
+def _block_judge(case: Case, answer: Any) -> None:
+    from edulib.models import attend
+
+    linear = torch.nn.functional.linear
+    leaves = {name: case.inputs[name].clone().requires_grad_() for name in BLOCK_GRADIENTS}
+    q, k, v = linear(leaves["x"], leaves["qkv_weight"], leaves["qkv_bias"]).chunk(3, -1)
+    h = leaves["x"] + linear(attend(q, k, v, case.inputs["heads"]), leaves["out_weight"], leaves["out_bias"])
+    y = h + linear(torch.nn.functional.gelu(linear(h, leaves["up"], leaves["up_bias"])), leaves["down"],
+                   leaves["down_bias"])
+    (y * case.inputs["grad_y"]).sum().backward()
+    ranks, size = case.inputs["ranks"], case.inputs["x"].shape[-1]
+    grads = {name: leaf.grad for name, leaf in leaves.items()}
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", *BLOCK_GRADIENTS}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        check_tensor(found["y"], y.detach(), f"rank {rank}'s output")
+        columns, rows = _head_split(size, case.inputs["heads"], rank, ranks)
+        wants = {"x": grads["x"], "qkv_weight": grads["qkv_weight"][rows],
+                 "qkv_bias": grads["qkv_bias"][rows], "out_weight": grads["out_weight"][:, columns],
+                 "out_bias": grads["out_bias"],
+                 "up": grads["up"].chunk(ranks, 0)[rank], "up_bias": grads["up_bias"].chunk(ranks, 0)[rank],
+                 "down": grads["down"].chunk(ranks, 1)[rank], "down_bias": grads["down_bias"]}
+        for name, want in wants.items():
+            what = "the input's gradient" if name == "x" else f"the gradient of {name}"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing (did the graph reach it?)", f"{what} is missing")
+            check_tensor(found[name], want, f"rank {rank}: {what}")
+
+
+def _block_watch(case: Case, wire: dict) -> None:
+    """Each rank sends no more than Megatron's block: four all-reduces of the activation (f's and
+    g's, forward and backward), at a ring's 2(N - 1)/N of it each. The bound is exact: on 3 or 4
+    ranks any other way to sum (an all-gather, a gather and a broadcast) sends more."""
+    ranks = case.inputs["ranks"]
+    activation = case.inputs["x"].numel() * 4
+    bound = 4 * (2 * (ranks - 1) * activation // ranks)
+    for rank in range(ranks):
+        sent = bytes_moved(rank_events(wire, rank), "sent")
+        if sent > bound:
+            raise Wrong(f"rank {rank} sent {sent} bytes; Megatron's block sends four all-reduces of the "
+                        f"{activation}-byte activation, {bound} bytes by a ring",
+                        "a rank sent more than Megatron's block")
+
+
+exercise("lesson03_tensor_parallelism", [
+        Check("attention shards", 1, 1, "attention_shards", _shards_cases, _shards_judge,
+              "each rank's rows of Q, K and V and columns of the output projection, by heads",
+              "other ranks, head counts and widths"),
+        Check("f and g", 2, 2, "parallel_mlp", _mlp_cases, _mlp_judge,
+              "an MLP split by the grader on your f and g: output and every gradient equal to the full one's",
+              "3 and 4 ranks, other shapes", wire=True),
+        Check("tensor-parallel block", 4, 4, "parallel_block", _block_cases, _block_judge,
+              "output and every gradient equal to the full block's, with no more traffic than Megatron's",
+              "3 and 4 ranks, head counts, sequence lengths and widths you do not see", wire=True,
+              watch=_block_watch)],
+         [
+        *((f"edulib.tp.ops.{name}", "f and g") for name in ("f", "g", "gather", "split", "gathered_linear")),
+        *((f"edulib.tp.layers.{name}", "the tensor-parallel block")
+          for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
+                       "ParallelBlock", "head_slices")),
+        *((f"torch.distributed.nn.functional.{name}", "f and g")
+          for name in ("all_reduce", "reduce_scatter", "all_gather", "_AllGather", "_Reduce_Scatter"))])

@@ -1,0 +1,133 @@
+"""The checks of lesson 4, pipelines: 1F1B, the bubble fraction and the executor."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    check_number,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    rank_events,
+    seeded_tensors,
+)
+
+
+def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
+    hidden = [(rng.randint(2, 6), rng.randint(1, 12)) for _ in range(3)]
+    return [Case({"p": p, "m": m}, f"p={p}, m={m}", index >= 2)
+            for index, (p, m) in enumerate([(3, 5), (5, 7), *hidden])]
+
+
+def _one_f_one_b_judge(case: Case, answer: Any) -> None:
+    from edulib.pp import build_schedule, parse_actions, simulate, validate
+
+    p, m = case.inputs["p"], case.inputs["m"]
+    if type(answer) is not list or not all(type(row) in (str, list) for row in answer):
+        raise Wrong("one_f_one_b must return one row of actions per stage", "not one row per stage")
+    if len(answer) != p:
+        raise Wrong(f"{len(answer)} rows for {p} stages", "not one row per stage")
+    try:
+        timeline = simulate(validate(parse_actions(answer, m, name="your 1f1b")), 1, 2)
+    except ValueError as error:
+        raise Wrong(f"not a valid schedule: {error}", "not a valid schedule") from error
+    want = simulate(build_schedule("1f1b", p, m), 1, 2).bubble_fraction
+    if max(timeline.peak_inflight) > min(p, m) or abs(timeline.bubble_fraction - want) > 1e-9:
+        raise Wrong(f"bubble {timeline.bubble_fraction:.3f} (1F1B's is {want:.3f}), micro-batches in "
+                    f"flight {timeline.peak_inflight} (at most {min(p, m)})",
+                    "not 1F1B's bubble, or too many micro-batches in flight")
+
+
+def _bubble_cases(rng: random.Random) -> list[Case]:
+    hidden = []
+    for _ in range(3):
+        p, v = rng.randint(2, 8), rng.randint(1, 3)
+        hidden.append((p, p * rng.randint(1, 4), v))
+    return [Case({"p": p, "m": m, "v": v}, f"bubble_fraction({p}, {m}, {v})", index >= 2)
+            for index, (p, m, v) in enumerate([(3, 6, 1), (5, 10, 2), *hidden])]
+
+
+def _bubble_judge(case: Case, answer: Any) -> None:
+    from edulib.pp import build_schedule, simulate
+
+    p, m, v = (case.inputs[name] for name in ("p", "m", "v"))
+    want = simulate(build_schedule("interleaved_1f1b" if v > 1 else "1f1b", p, m, v), 1, 2).bubble_fraction
+    if not abs(check_number(answer, "bubble_fraction's result", least=0) - want) <= 1e-9:
+        raise Wrong(f"returned {answer!r}, the simulator measures {want}", "differs from the simulator")
+
+
+def _pipeline_cases(rng: random.Random) -> list[Case]:
+    from edulib.pp import build_schedule
+
+    def case(stages: int, microbatches: int, hidden: bool) -> Case:
+        width, batch, depth = rng.randint(2, 6), rng.randint(1, 3), stages + rng.randint(0, 2)
+        inputs = seeded_tensors(rng, *[(batch, width)] * microbatches)
+        targets = seeded_tensors(rng, *[(batch, width)] * microbatches)
+        rows = [" ".join(action.short(1) for action in row)
+                for row in build_schedule("1f1b", stages, microbatches).actions]
+        return Case({"ranks": stages, "width": width, "depth": depth, "batch": batch,
+                     "seed": rng.randrange(1000), "inputs": inputs, "targets": targets, "actions": rows},
+                    f"1F1B on {stages} stages, {microbatches} micro-batches of {batch} x {width}", hidden)
+    return [case(2, 4, False), case(3, 4, False), case(4, rng.randint(5, 7), True), case(3, 2, True),
+            case(2, 1, True)]
+
+
+def _pipeline_judge(case: Case, answer: Any) -> None:
+    from edulib.models import cut_into_stages, mlp
+
+    inputs = case.inputs
+    ranks, model = inputs["ranks"], mlp(inputs["width"], inputs["depth"], inputs["seed"])
+    torch.nn.functional.mse_loss(model(torch.cat(inputs["inputs"])), torch.cat(inputs["targets"])).backward()
+    stages = cut_into_stages(model, ranks)
+    for rank, (grads, stage) in enumerate(zip(per_rank_answers(answer, ranks), stages, strict=True)):
+        parameters = list(stage.named_parameters())
+        if type(grads) is not list or len(grads) != len(parameters):
+            raise Wrong(f"rank {rank}: not one gradient per parameter of its stage", "gradients missing")
+        for (name, parameter), got in zip(parameters, grads, strict=True):
+            if got is None:
+                raise Wrong(f"rank {rank}: {name} has no gradient", "a parameter has no gradient")
+            check_tensor(got, parameter.grad, f"rank {rank}: the gradient of stage parameter {name}")
+
+
+def _pipeline_watch(case: Case, wire: dict) -> None:
+    """What the relay saw: each rank's sends and receives, in the order its row of actions needs."""
+    inputs = case.inputs
+    ranks, size = inputs["ranks"], inputs["batch"] * inputs["width"]
+    for rank in range(ranks):
+        want = []
+        for action in inputs["actions"][rank].split():
+            toward, back = (rank - 1, rank + 1) if action[0] == "F" else (rank + 1, rank - 1)
+            want += [["recv", toward, size]] * (0 <= toward < ranks)
+            want += [["send", back, size]] * (0 <= back < ranks)
+        got = [[e["op"], e.get("peer"), e["elements"]] for e in rank_events(wire, rank) if e["op"] != "mark"]
+        if got != want:
+            raise Wrong(f"rank {rank} sent and received {got}; the row {inputs['actions'][rank]!r} needs "
+                        f"[kind, peer, elements] = {want}",
+                        f"rank {rank}'s messages are not in the schedule's order")
+
+
+exercise("lesson04_pipeline", [
+        Check("1F1B schedule", 1, 1, "one_f_one_b", _one_f_one_b_cases, _one_f_one_b_judge,
+              "valid, 1F1B's bubble, at most p micro-batches in flight",
+              "other stage and micro-batch counts, fewer micro-batches than stages"),
+        Check("bubble fraction", 1, 1, "bubble_fraction", _bubble_cases, _bubble_judge,
+              "matches the simulator", "other sizes, interleaved or not"),
+        Check("pipeline executor", 4, 3, "pipeline", _pipeline_cases, _pipeline_judge,
+              "gradients equal to the unsplit model's, messages in the schedule's order",
+              "4 stages, fewer micro-batches than stages, one micro-batch", wire=True,
+              watch=_pipeline_watch)],
+         [
+        *((f"edulib.pp.schedules.{name}", "the 1F1B schedule")
+          for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
+        *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio")),
+        ("edulib.pp.executor.execute", "the pipeline executor"),
+        ("edulib.lessons.pipelines.pipeline_step", "the pipeline executor"),
+        *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
+          for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))])

@@ -1,0 +1,207 @@
+"""The checks of lesson 5, sharding: shard bounds, gather and reduce-scatter, ZeRO's AdamW and unit."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import torch
+
+from edulib.comm import chunk_bounds
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    after_mark,
+    answer_of,
+    bytes_moved,
+    check_number,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    rank_events,
+    same_plain,
+    seeded_tensors,
+)
+
+
+def _bounds_cases(rng: random.Random) -> list[Case]:
+    sizes = [(10, 3), (2, 4), (0, 2), (7, 7), (rng.randint(0, 40), rng.randint(1, 9)), (5, 1)]
+    return [Case({"length": length, "ranks": ranks}, f"shard_bounds({length}, {ranks})", index >= 2)
+            for index, (length, ranks) in enumerate(sizes)]
+
+
+def _bounds_judge(case: Case, answer: Any) -> None:
+    want = chunk_bounds(case.inputs["length"], case.inputs["ranks"])
+    if not same_plain(answer, want):
+        raise Wrong(f"returned {answer}, expected {want}", "wrong bounds")
+
+
+def _collectives_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        full, *fulls = seeded_tensors(rng, *[(length,)] * (ranks + 1))
+        bounds = chunk_bounds(length, ranks)
+        return Case({"ranks": ranks, "full": full, "fulls": fulls,
+                     "shards": [full[low:high] for low, high in itertools.pairwise(bounds)]},
+                    f"length {length} on {ranks} ranks", hidden)
+    return [case(3, 10, False), case(3, 2, True), case(4, 1, True),
+            case(rng.randint(2, 4), rng.randint(5, 13), True)]
+
+
+def _collectives_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    bounds = chunk_bounds(inputs["full"].numel(), ranks)
+    mean = torch.stack(inputs["fulls"]).mean(0)
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        if type(found) is not dict or set(found) != {"gathered", "scattered"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        check_tensor(answer_of(found["gathered"]), inputs["full"], f"rank {rank}: gather_shards' result",
+                     atol=0.0)
+        check_tensor(answer_of(found["scattered"]), mean[bounds[rank]:bounds[rank + 1]],
+                     f"rank {rank}: reduce_scatter_mean's shard", atol=1e-6)
+
+
+ADAMW = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
+
+
+def _adamw_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, length: int, hidden: bool) -> Case:
+        steps = 3
+        parameters, *gradients = seeded_tensors(rng, *[(length,)] * (1 + steps * ranks))
+        return Case({"ranks": ranks, "parameters": parameters.bfloat16(),
+                     "gradients": [[g.bfloat16() for g in gradients[step * ranks:(step + 1) * ranks]]
+                                   for step in range(steps)], "weight_decay": rng.choice((0.0, 0.1))},
+                    f"{steps} steps, length {length} on {ranks} ranks", hidden)
+    return [case(3, 10, False), case(2, 7, False), case(3, 2, True), case(4, rng.randint(5, 13), True),
+            case(4, 1, True)]
+
+
+def adamw_reference(parameters: torch.Tensor, gradients: list[list[torch.Tensor]], weight_decay: float
+                    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """One process's torch.optim.AdamW on fp32 master weights, each step on the ranks' average
+    gradient: the bf16 weights after each step, and the master weights and moments at the end."""
+    master = torch.nn.Parameter(parameters.float())
+    optimizer = torch.optim.AdamW([master], weight_decay=weight_decay, **ADAMW)
+    weights = []
+    for step in gradients:
+        master.grad = torch.stack([gradient.float() for gradient in step]).mean(0)
+        optimizer.step()
+        weights.append(master.detach().bfloat16())
+    state = optimizer.state[master]
+    return weights, {"master": master.detach(), **{name: state[name] for name in ("exp_avg", "exp_avg_sq")}}
+
+
+def _adamw_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    weights, state = adamw_reference(inputs["parameters"], inputs["gradients"], inputs["weight_decay"])
+    bounds = chunk_bounds(inputs["parameters"].numel(), ranks)
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        if type(found) is not dict or set(found) != {"weights", "dtypes", "state", "held"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        if found["dtypes"] != ["bfloat16"] * len(weights):
+            raise Wrong(f"rank {rank}: step returned tensors of dtypes {found['dtypes']}; the weights are "
+                        "bf16", "step does not return bf16 weights")
+        for step, (got, want) in enumerate(zip(found["weights"], weights, strict=True)):
+            check_tensor(got, want.float(), f"rank {rank}: the weights after step {step + 1}",
+                         atol=2 ** -7 * max(1.0, float(want.abs().max())))
+        shard = slice(bounds[rank], bounds[rank + 1])
+        for name, want in state.items():
+            got = found["state"].get(name) if type(found["state"]) is dict else None
+            if got is None:
+                raise Wrong(f"rank {rank}: ShardedAdamW has no fp32 tensor `{name}`",
+                            f"ShardedAdamW has no fp32 tensor `{name}`")
+            check_tensor(got, want[shard],
+                         f"rank {rank}: {name} after {len(weights)} steps (this rank's shard)", atol=1e-5)
+        formula = 12 * (bounds[rank + 1] - bounds[rank])
+        if check_number(found["held"], f"rank {rank}: the bytes held", whole=True, least=0) > formula:
+            raise Wrong(f"rank {rank}: ShardedAdamW's tensors hold {found['held']} bytes; ZeRO's formula for "
+                        f"its shard of {bounds[rank + 1] - bounds[rank]} elements is K x {formula // 12} = "
+                        f"{formula} bytes", "the optimizer holds more than its shard's 12 bytes per element")
+
+
+def _zero3_cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, out: int, fan_in: int, hidden: bool) -> Case:
+        batch = rng.randint(1, 3)
+        pairs = [(batch, fan_in), (batch, out)] * ranks
+        weight, bias, *rest = seeded_tensors(rng, (out, fan_in), (out,), *pairs)
+        return Case({"ranks": ranks, "weight": weight, "bias": bias, "xs": rest[::2], "grad_ys": rest[1::2]},
+                    f"{ranks} ranks, a {fan_in} -> {out} layer, batch {batch} per rank", hidden)
+    return [case(2, 3, 4, False), case(3, 2, 2, True), case(4, 1, rng.randint(1, 3), True),
+            case(rng.randint(2, 4), rng.randint(2, 5), rng.randint(2, 5), True)]
+
+
+def _zero3_judge(case: Case, answer: Any) -> None:
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    weight, bias = inputs["weight"], inputs["bias"]
+    unit = weight.numel() + bias.numel()
+    bounds = chunk_bounds(unit, ranks)
+    grads = [torch.cat([(g.t() @ x).reshape(-1), g.sum(0)]) for x, g in zip(inputs["xs"], inputs["grad_ys"],
+                                                                          strict=True)]
+    mean = torch.stack(grads).mean(0)
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        if type(found) is not dict or set(found) != {"y", "x", "shard", "held", "kept"}:
+            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
+        x, grad_y = inputs["xs"][rank], inputs["grad_ys"][rank]
+        check_tensor(found["y"], x @ weight.t() + bias, f"rank {rank}'s output")
+        kept = check_number(found["kept"], f"rank {rank}: the bytes kept", whole=True, least=0)
+        if kept != 4 * (bounds[rank + 1] - bounds[rank]):
+            raise Wrong(f"rank {rank}: the module's tensors hold {found['kept']} bytes; its shard of the "
+                        f"unit's {unit} parameters is {bounds[rank + 1] - bounds[rank]} floats",
+                        "the module keeps more (or less) than its shard")
+        if check_number(found["held"], f"rank {rank}: the bytes held", whole=True, least=0) >= 4 * unit:
+            raise Wrong(f"rank {rank}: between the forward and the backward, {found['held']} bytes of "
+                        f"the full weights stay alive (saved for backward or kept); ZeRO-3 frees them "
+                        "after the forward and gathers them again", "the full weights outlive the forward")
+        for name, want in (("x", grad_y @ weight), ("shard", mean[bounds[rank]:bounds[rank + 1]])):
+            what = "the input's gradient" if name == "x" else "shard.grad"
+            if found[name] is None:
+                raise Wrong(f"rank {rank}: {what} is missing", f"{what} is missing")
+            check_tensor(found[name], want, f"rank {rank}: {what}")
+
+
+def _zero3_watch(case: Case, wire: dict) -> None:
+    """What the relay saw of the backward: each rank receives the weights it lacks again and the
+    other ranks' gradients for its shard (summed on the way or not), and no more than an all-gather
+    and a reduce-scatter of the largest shard bring (an all-reduce of the whole gradient brings
+    about half as much again)."""
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    unit = inputs["weight"].numel() + inputs["bias"].numel()
+    bounds = chunk_bounds(unit, ranks)
+    largest = max(high - low for low, high in itertools.pairwise(bounds))
+    for rank in range(ranks):
+        mine = bounds[rank + 1] - bounds[rank]
+        received = bytes_moved(after_mark(rank_events(wire, rank), "backward"), "received")
+        least, most = 4 * unit, 8 * (ranks - 1) * largest  # its missing weights, its shard's sums at least
+        if not least <= received <= most:
+            raise Wrong(f"rank {rank} received {received} bytes in the backward; gathering the "
+                        f"{unit - mine} parameters it lacks and reduce-scattering its shard of {mine} takes "
+                        f"{least} to {most} (an all-gather and a reduce-scatter of shards of at most "
+                        f"{largest} floats)",
+                        "not ZeRO-3's traffic in the backward: gather, then reduce-scatter")
+
+
+exercise("lesson05_sharding", [
+        Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
+              "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
+        Check("gather and reduce-scatter", 1, 1, "shard_collectives", _collectives_cases, _collectives_judge,
+              "every rank gathers the whole vector and receives its shard of the average",
+              "empty shards, 4 ranks, other lengths", wire=True),
+        Check("ZeRO with AdamW", 3, 3, "sharded_adamw", _adamw_cases, _adamw_judge,
+              "every step's bf16 weights, and each rank's master weights and moments, equal to one "
+              "process's torch.optim.AdamW; no more than 12 bytes per element of the rank's shard",
+              "empty shards, 4 ranks, other lengths and weight decays", wire=True),
+        Check("ZeRO-3 unit", 3, 3, "zero3_unit", _zero3_cases, _zero3_judge,
+              "output and gradients equal to the full layer's; only the shard kept, the full weights "
+              "freed after the forward, gathered again and the gradient reduce-scattered in the backward",
+              "3 and 4 ranks, other layer sizes, empty shards", wire=True, watch=_zero3_watch)],
+         [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
+                          ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
+                          ("edulib.dp.sharded_optimizer.ShardedOptimizer", "ZeRO's sharded optimizer"),
+                          ("edulib.dp.fsdp.FullyShardedDataParallel", "the ZeRO-3 unit"),
+                          ("edulib.dp.sharding.Sharding", "the ZeRO-3 unit"),
+                          ("edulib.dp.sharding.Unit", "the ZeRO-3 unit"),
+                          ("torch.distributed.optim.ZeroRedundancyOptimizer", "ZeRO's sharded optimizer"),
+                          ("torch.distributed.fsdp.fully_shard", "the ZeRO-3 unit"),
+                          ("torch.optim.AdamW", "ZeRO's sharded optimizer"),
+                          ("torch.optim.adamw.adamw", "ZeRO's sharded optimizer")])

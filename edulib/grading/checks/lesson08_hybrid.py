@@ -1,0 +1,168 @@
+"""The checks of lesson 8, hybrid parallelism: the grid's groups and the layout choice."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from typing import Any
+
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    exercise,
+    per_rank_answers,
+    rank_events,
+)
+
+
+def _grid_cases(rng: random.Random) -> list[Case]:
+    shapes = [(3, 2, 2), (1, 2, 4), (rng.randint(1, 3), rng.randint(1, 3), rng.randint(1, 3)),
+              (4, 1, 2), (2, 3, 1)]
+    return [Case({"dp": dp, "pp": pp, "tp": tp}, f"grid_groups({dp}, {pp}, {tp})", index >= 2)
+            for index, (dp, pp, tp) in enumerate(shapes)]
+
+
+def _grid_judge(case: Case, answer: Any) -> None:
+    sizes = {axis: case.inputs[axis] for axis in ("dp", "pp", "tp")}
+    ranks = {coordinates: number for number, coordinates in
+             enumerate(itertools.product(*(range(size) for size in sizes.values())))}
+    if type(answer) is not dict or set(answer) != set(sizes):
+        raise Wrong("grid_groups must return a dict with the keys 'dp', 'pp' and 'tp'", "not the three axes")
+    for position, axis in enumerate(sizes):
+        want = sorted(sorted(number for coordinates, number in ranks.items()
+                             if coordinates[:position] + coordinates[position + 1:] == rest)
+                      for rest in {c[:position] + c[position + 1:] for c in ranks})
+        got = answer[axis]
+        if (type(got) is not list or not all(type(group) is list and all(type(r) is int for r in group)
+                                             for group in got) or sorted(got) != want):
+            raise Wrong(f"the {axis} groups are {got}, expected {want}", f"wrong {axis} groups")
+        if any(group != sorted(group) for group in got):
+            raise Wrong(f"the {axis} groups {got} are not each in increasing order",
+                        "groups not in increasing order")
+
+
+LAYOUT_FIELDS = ("dp", "pp", "tp", "microbatches", "zero", "recompute")
+
+
+def _layout_machine(case: Case) -> tuple[Any, Any]:
+    """The case's model and its true cluster: the shape the student sees and the speeds only the
+    grader knows."""
+    from edulib.layout import Transformer
+    from edulib.planner import Cluster
+
+    speeds = case.expect["speeds"]
+    return (Transformer(**case.inputs["model"]),
+            Cluster(**case.inputs["cluster"], flops=speeds["flops"], intra=tuple(speeds["intra"]),
+                    inter=tuple(speeds["inter"])))
+
+
+def layout_budget(model: Any, cluster: Any, memory: float) -> int:
+    """The measurements a search needs that prunes with both models: per (dp, pp, tp, micro-batches)
+    with a layout that fits, the time classes (ZeRO-3 or not, full recomputation or not) that fit
+    and that no faster fitting class rules out; with a quarter (at least 4) to spare."""
+    from edulib.layout import layout_memory, layouts
+
+    classes: dict[tuple, set] = {}
+    for layout in layouts(model, cluster):
+        if layout_memory(model, cluster, layout) <= memory:
+            grid = (layout.dp, layout.pp, layout.tp, layout.microbatches)
+            classes.setdefault(grid, set()).add((layout.zero == 3, layout.recompute == "full"))
+    needed = sum(1 if (False, False) in found else len(found & {(True, False), (False, True)}) or 1
+                 for found in classes.values())
+    return needed + max(4, needed // 4)
+
+
+def _layout_cases(rng: random.Random) -> list[Case]:
+    from edulib.layout import Transformer, layout_memory, layouts
+    from edulib.planner import Cluster
+
+    def case(label: str, hidden: bool, share: float) -> Case:
+        model = {"layers": rng.choice((4, 6, 8, 12, 16, 24)), "hidden": rng.choice((1024, 2048, 4096, 8192)),
+                 "heads": rng.choice((8, 16, 32)), "tokens": rng.choice((512, 1024, 2048)),
+                 "batch": rng.choice((16, 32, 64, 96, 128))}
+        shape = {"nodes": rng.choice((1, 2, 4)), "devices": rng.choice((2, 4, 8)), "memory": 80 * 2**30}
+        speeds = {"flops": rng.choice((100e12, 312e12, 989e12)),
+                  "intra": (5e-6, 1 / rng.choice((100e9, 300e9))),
+                  "inter": (20e-6, 1 / rng.choice((12.5e9, 25e9)))}
+        built, machine = Transformer(**model), Cluster(**shape, **speeds)
+        needs = sorted(layout_memory(built, machine, layout) for layout in layouts(built, machine))
+        memory = needs[0] / 2 if share == 0 else needs[int(share * (len(needs) - 1))]
+        budget = layout_budget(built, machine, memory)
+        return Case({"ranks": 1, "model": model, "cluster": shape, "memory": memory, "budget": budget},
+                    f"{label}: {model['layers']} layers of {model['hidden']}, {model['heads']} heads, "
+                    f"batch {model['batch']} x {model['tokens']} tokens on {shape['nodes']} x "
+                    f"{shape['devices']} devices, {memory / 2**30:.1f} GiB each, {budget} measurements",
+                    hidden, {"speeds": speeds})
+    return [case("case 1", False, 0.3), case("case 2", False, 0.1), case("a hidden case", True, 0.5),
+            case("a hidden case", True, 0.05), case("a hidden case", True, 0.2),
+            case("nothing fits", True, 0)]
+
+
+def _layout_oracle(case: Case) -> Callable[[dict], float]:
+    """The case's profiler: a layout's step time on the true cluster, `budget` times at most."""
+    from edulib import layout as costs
+
+    model, cluster = _layout_machine(case)
+    asked = itertools.count(1)
+
+    def measure(query: dict) -> float:
+        if next(asked) > case.inputs["budget"]:
+            raise ValueError(f"the budget of {case.inputs['budget']} measurements is spent")
+        if type(query) is not dict or set(query) != set(LAYOUT_FIELDS):
+            raise ValueError("measure takes an edulib.layout.Layout")
+        return costs.layout_time(model, cluster, costs.Layout(**query))
+    return measure
+
+
+def _layout_watch(case: Case, wire: dict) -> None:
+    """No more measurements than the budget (the relay refuses the rest; a search that caught the
+    refusal and answered anyway still loses the case)."""
+    asked = sum(event["op"] == "ask" for event in rank_events(wire, 0))
+    if asked > case.inputs["budget"]:
+        raise Wrong(f"asked for {asked} measurements; the budget was {case.inputs['budget']}",
+                    "more measurements than the budget")
+
+
+def _layout_judge(case: Case, answer: Any) -> None:
+    from edulib import layout as costs
+
+    model, cluster = _layout_machine(case)
+    (answer,) = per_rank_answers(answer, 1)
+    memory, describe, throughput = case.inputs["memory"], costs.describe_layout, costs.throughput
+    best = costs.best_layout(model, cluster, memory)
+    if best is None:
+        if answer is not None:
+            raise Wrong(f"returned a layout, but none fits {memory / 2**30:.2f} GiB: expected None",
+                        "a layout where none fits")
+        return
+    if type(answer) is not dict or set(answer) != set(LAYOUT_FIELDS):
+        raise Wrong("choose_layout must return a Layout (or None when nothing fits)", "not a Layout")
+    try:
+        layout = costs.Layout(**answer)
+        costs.check_layout(model, cluster, layout)
+    except (TypeError, ValueError) as error:
+        raise Wrong(str(error), "not a layout of the model on the cluster") from None
+    needs = costs.layout_memory(model, cluster, layout)
+    if needs > memory:
+        raise Wrong(f"{describe(layout)} needs {needs / 2**30:.2f} GiB per device, over the "
+                    f"{memory / 2**30:.2f} GiB limit", "a layout that does not fit")
+    found, most = throughput(model, cluster, layout), throughput(model, cluster, best)
+    if found < 0.95 * most:
+        raise Wrong(f"{describe(layout)} trains {found:,.0f} tokens/s, {found / most:.0%} of the best layout "
+                    f"that fits ({most:,.0f} tokens/s)", "more than 5 % slower than the best layout")
+
+
+exercise("lesson08_hybrid", [
+        Check("grid groups", 1, 1, "grid_groups", _grid_cases, _grid_judge,
+              "every data-, pipeline- and tensor-parallel group of the grid",
+              "other grid shapes, sizes of 1"),
+        Check("layout choice", 3, 3, "choose_layout", _layout_cases, _layout_judge,
+              "a layout that fits the memory limit and trains within 5 % of the best that exhaustive search "
+              "finds on the true cluster, or None when nothing fits, within the budget of measurements",
+              "other models, clusters, speeds and memory limits, one where nothing fits", wire=True,
+              watch=_layout_watch, oracle=_layout_oracle)],
+         [("edulib.comm.groups.Grid", "the grid's process groups"),
+                        ("edulib.layout.best_layout", "the layout choice"),
+                        ("edulib.planner.baselines.best_manual", "the layout choice")])

@@ -1,0 +1,120 @@
+"""The checks of lesson 11, PipeDream: the version plan, the versions held and the weight stash."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    check_number,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    same_plain,
+)
+
+
+def _pipedream_cases(rng: random.Random) -> list[Case]:
+    from edulib.pp import async_1f1b
+
+    def case(stages: int, microbatches: int, policy: str, every: int, hidden: bool) -> Case:
+        rows = [[f"{action.kind}{action.microbatch}" for action in row if not action.is_message]
+                for row in async_1f1b(stages, microbatches).actions]
+        return Case({"stages": stages, "microbatches": microbatches, "rows": rows, "policy": policy,
+                     "every": every},
+                    f"{policy} on {stages} stages, {microbatches} micro-batches, an update every {every}",
+                    hidden)
+    stages = rng.randint(2, 5)
+    return [case(5, 10, "stashing", 1, False), case(3, 7, "vertical_sync", 1, False),
+            case(3, 9, "2bw", 3, False), case(stages, rng.randint(1, stages - 1), "stashing", 1, True),
+            case(rng.randint(2, 5), rng.randint(6, 12), "vertical_sync", 1, True),
+            case(stages, stages * rng.randint(2, 3), "2bw", stages, True),
+            case(rng.randint(2, 5), rng.randint(6, 12), "stashing", rng.randint(2, 3), True)]
+
+
+def _pipedream_reference(inputs: dict) -> tuple[list[list[int]], list[int]]:
+    """The simulator's versions per stage and micro-batch, and the most versions each stage holds."""
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import version_plan, versions_held
+
+    schedule = async_1f1b(inputs["stages"], inputs["microbatches"])
+    plan = version_plan(schedule, inputs["policy"], inputs["every"])
+    return ([[plan[stage, i] for i in range(inputs["microbatches"])] for stage in range(inputs["stages"])],
+            [max(counts) for counts in versions_held(schedule, inputs["policy"], inputs["every"])])
+
+
+def _plan_judge(case: Case, got: Any) -> None:
+    want = _pipedream_reference(case.inputs)[0]
+    if not same_plain(got, want):
+        bad = next(s for s in range(len(want)) if type(got) is not list or s >= len(got) or got[s] != want[s])
+        mine = got[bad] if type(got) is list and bad < len(got) else got
+        raise Wrong(f"version_plan gives stage {bad} the versions {mine}; the simulator walking the same "
+                    f"rows gives {want[bad]}", "version_plan differs from the simulator")
+
+
+def _held_judge(case: Case, got: Any) -> None:
+    want = _pipedream_reference(case.inputs)[1]
+    if not same_plain(got, want):
+        raise Wrong(f"versions_held gives {got}; the simulator walking the same rows holds at most {want}",
+                    "versions_held differs from the simulator")
+
+
+def _stash_cases(rng: random.Random) -> list[Case]:
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import version_plan
+
+    def case(ranks: int, policy: str, every: int, steps: int, hidden: bool) -> Case:
+        total = steps * every
+        plan = version_plan(async_1f1b(ranks, total), policy, every)
+        return Case({"ranks": ranks, "policy": policy, "every": every, "steps": steps, "lr": 0.05, "width": 8,
+                     "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(1000),
+                     "plans": [[plan[stage, mb] for mb in range(total)] for stage in range(ranks)]},
+                    f"{policy} on {ranks} ranks, {total} micro-batches, an update every {every}", hidden)
+    return [case(2, "stashing", 1, 6, False), case(3, "vertical_sync", 1, 6, False),
+            case(4, "stashing", 1, rng.randint(6, 9), True), case(3, "2bw", 3, 3, True),
+            case(2, "2bw", 2, 4, True)]
+
+
+def _stash_judge(case: Case, answer: Any) -> None:
+    from edulib.lessons.pipelines import named_stage, pipedream_reference
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import versions_held
+
+    inputs = case.inputs
+    ranks, every = inputs["ranks"], inputs["every"]
+    want = pipedream_reference(ranks, inputs["steps"], inputs["policy"], every, inputs["lr"], inputs["width"],
+                               inputs["depth"], inputs["rows"], inputs["seed"])
+    most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * every),
+                                                    inputs["policy"], every)]
+    for rank, found in enumerate(per_rank_answers(answer, ranks)):
+        stage, local = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
+        mine = set(local.values())
+        weights = found.get("weights") if type(found) is dict else None
+        if type(weights) is not dict or set(found) != {"weights", "held"} or set(weights) != mine:
+            raise Wrong(f"rank {rank}: newest() must return the stage's weights by parameter name",
+                        "newest() does not return the stage's weights by name")
+        for name in sorted(mine):
+            check_tensor(found["weights"][name], want[name], f"rank {rank}: the final {name}")
+        size = sum(p.numel() * p.element_size() for p in stage.parameters())
+        if check_number(found["held"], "the bytes held") > (most[rank] + 1) * size:
+            raise Wrong(f"rank {rank}'s stash held {found['held']} bytes at once; {most[rank]} versions of "
+                        f"its {size}-byte weights and the running gradient are {(most[rank] + 1) * size}",
+                        "the stash held versions that nothing would ask for again")
+
+
+exercise("lesson11_pipedream", [
+        Check("version plan", 2, 2, "version_plan", _pipedream_cases, _plan_judge,
+              "every stage's version for every micro-batch, as the simulator reads the same rows",
+              "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),
+        Check("versions held", 2, 2, "versions_held", _pipedream_cases, _held_judge,
+              "the most versions each stage holds, as the simulator walks the same rows",
+              "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),
+        Check("weight stash on real ranks", 3, 3, "weight_stash", _stash_cases, _stash_judge,
+              "every stage's final weights equal to one process replaying the same staleness, holding no "
+              "version nothing will ask for", "4 ranks, 2BW, several micro-batches per update", wire=True)],
+         [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
+                           for name in ("version_plan", "versions_held", "version_of", "versions_closed_form",
+                                        "_applied", "_keep", "Stash")])
