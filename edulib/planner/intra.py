@@ -19,10 +19,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 from edulib.footprint import training_footprint
+from edulib.planner.assign import cheapest_choices
 from edulib.planner.cluster import Mesh
 from edulib.planner.graph import BYTES, LOOPS, Graph, Operator
 
@@ -216,48 +215,12 @@ def exhaustive_sharding(table: Costs, memory: float = np.inf, in_flight: int = 1
 
 
 def ilp(table: Costs, memory: float = np.inf, in_flight: int = 1) -> StageSharding | None:
-    """Solve the strategy choice as Alpa's ILP with scipy.optimize.milp (HiGHS); None if nothing fits.
-
-    Variables: x[v, s] in {0, 1}, one per operator v and strategy s, summing to 1 per operator;
-    y[e, s, t] in [0, 1] per edge e = (u, v) and strategy pair, tied to x by sum_t y = x[u, s]
-    and sum_s y = x[v, t], so y is 1 exactly on the chosen pair. Memory: sum mem x <= memory.
-    """
-    sizes = [len(o) for o in table.options]
-    x_start = np.cumsum([0, *sizes])
-    edges = list(table.edge.items())
-    y_start = np.cumsum([x_start[-1], *(m.size for _, m in edges)])
-    count = int(y_start[-1])
-    objective = np.concatenate([*table.node, *(m.ravel() for _, m in edges)])
-    rows, cols, vals, lower, upper = [], [], [], [], []
-
-    def equation(terms: list[tuple[int, float]], low: float, high: float) -> None:
-        for col, val in terms:
-            rows.append(len(lower))
-            cols.append(col)
-            vals.append(val)
-        lower.append(low)
-        upper.append(high)
-
-    for v, size in enumerate(sizes):
-        equation([(x_start[v] + s, 1.0) for s in range(size)], 1, 1)
-    for e, ((u, v), matrix) in enumerate(edges):
-        pair = y_start[e] + np.arange(matrix.size).reshape(matrix.shape)
-        for s in range(sizes[u]):
-            equation([(x_start[u] + s, -1.0), *((p, 1.0) for p in pair[s])], 0, 0)
-        for t in range(sizes[v]):
-            equation([(x_start[v] + t, -1.0), *((p, 1.0) for p in pair[:, t])], 0, 0)
-    if np.isfinite(memory):
-        equation([(x_start[v] + s, float(table.memory(v, in_flight)[s]))
-                  for v in range(len(sizes)) for s in range(sizes[v])], -np.inf, memory)
-    matrix = coo_array((vals, (rows, cols)), shape=(len(lower), count)).tocsr()
-    integrality = np.zeros(count)
-    integrality[:x_start[-1]] = 1
-    result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
-                  bounds=Bounds(0, 1), options={"disp": False})  # (HiGHS's own silence)
-    if result.x is None:
-        return None
-    choice = tuple(int(np.argmax(result.x[x_start[v]:x_start[v + 1]])) for v in range(len(sizes)))
-    return evaluate(table, choice)
+    """Solve the strategy choice as Alpa's ILP (`cheapest_choices`: a strategy per operator, the
+    resharding cost of each edge's pair, the memory of the choices at most `memory`); None if
+    nothing fits."""
+    weight = [table.memory(v, in_flight) for v in range(len(table.options))]
+    choice = cheapest_choices(table.node, table.edge, weight, memory)
+    return None if choice is None else evaluate(table, choice)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """JellyBean's two-stage solver: choose the models (beam search under the accuracy target), then
-place the operators on tiers (an ILP with scipy's `milp`, as the planner's intra-op pass).
+place the operators on tiers (the 0/1 program of the planner's intra-op pass, `cheapest_choices`).
 
 The placement's variables: x[o, t] = 1 when operator o runs on tier t (one tier each; a source on
 the first); y[e, a, b] for each edge e = (u, o) and tiers a <= b, tied to x by
@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
+from edulib.planner.assign import cheapest_choices, solve_binary
 from edulib.serving.workflow import Infrastructure, Workflow
 
 Selection = tuple[int, ...]  # per operator, the index of its model choice
@@ -76,66 +76,27 @@ def _allowed(workflow: Workflow, infra: Infrastructure, selection: Selection) ->
 
 
 def place(workflow: Workflow, infra: Infrastructure, selection: Selection) -> Placement:
-    """The cheapest tiers for these model choices, from the ILP."""
+    """The cheapest tiers for these model choices, from the ILP (`cheapest_choices`: a tier per
+    operator, its compute priced on that tier, each input's bytes priced from its tier to the
+    operator's, data flowing only towards the cloud)."""
     ops, n_tiers = workflow.operators, len(infra.tiers)
     index = {op.name: o for o, op in enumerate(ops)}
     allowed = _allowed(workflow, infra, selection)
     chosen = [op.choices[i] for op, i in zip(ops, selection, strict=True)]
-    edges = [(index[u], o) for o, op in enumerate(ops) for u in op.inputs]
-    pairs = [(a, b) for a in range(n_tiers) for b in range(a, n_tiers)]
-    n_x = len(ops) * n_tiers
-    count = n_x + len(edges) * len(pairs)
-    objective = np.zeros(count)
     sinks = {index[op.name] for op in workflow.sinks}
-    for o, t in itertools.product(range(len(ops)), range(n_tiers)):
-        objective[o * n_tiers + t] = chosen[o].compute * (infra.tiers[t].price or 0.0) + (
-            chosen[o].output_bytes * infra.moving(t, n_tiers - 1) if o in sinks else 0.0
-        )
-    rows = []  # (coefficients by variable, lower, upper)
-    for o in range(len(ops)):
-        rows.append(({o * n_tiers + t: 1.0 for t in range(n_tiers)}, 1.0, 1.0))
-    for e, (u, o) in enumerate(edges):
-        first = n_x + e * len(pairs)
-        for p, (a, b) in enumerate(pairs):
-            objective[first + p] = chosen[u].output_bytes * infra.moving(a, b)
-        for t in range(n_tiers):
-            rows.append(
-                (
-                    {first + p: 1.0 for p, (a, _) in enumerate(pairs) if a == t} | {u * n_tiers + t: -1.0},
-                    0.0,
-                    0.0,
-                )
-            )
-            rows.append(
-                (
-                    {first + p: 1.0 for p, (_, b) in enumerate(pairs) if b == t} | {o * n_tiers + t: -1.0},
-                    0.0,
-                    0.0,
-                )
-            )
-    upper = np.concatenate([allowed.ravel().astype(float), np.ones(count - n_x)])
-    found = _binary_first(objective, rows, upper, n_x)
-    if found is None:
+    node = [np.array([chosen[o].compute * (infra.tiers[t].price or 0.0)
+                      + (chosen[o].output_bytes * infra.moving(t, n_tiers - 1) if o in sinks else 0.0)
+                      if allowed[o, t] else np.inf for t in range(n_tiers)]) for o in range(len(ops))]
+    edge = {(index[u], o): np.array([[chosen[index[u]].output_bytes * infra.moving(a, b) if b >= a else np.inf
+                                      for b in range(n_tiers)] for a in range(n_tiers)])
+            for o, op in enumerate(ops) for u in op.inputs}
+    tiers = cheapest_choices(node, edge)
+    if tiers is None:
         raise ValueError(
             "no placement runs these models: every operator that computes needs a tier at or "
             "after its inputs' that can compute"
         )
-    tiers = tuple(int(np.argmax(found[o * n_tiers : (o + 1) * n_tiers])) for o in range(len(ops)))
     return plan_of(workflow, infra, selection, tiers)
-
-
-def _binary_first(objective: np.ndarray, rows: list[tuple[dict[int, float], float, float]], upper: np.ndarray,
-                  binary: int) -> np.ndarray | None:
-    """The cheapest x with 0 <= x <= upper and low <= sum(coefficients x) <= high for every row
-    (coefficients by variable), its first `binary` variables whole; None if there is none."""
-    matrix = np.zeros((len(rows), len(objective)))
-    for r, (coefficients, _, _) in enumerate(rows):
-        for column, value in coefficients.items():
-            matrix[r, column] += value
-    integrality = np.concatenate([np.ones(binary), np.zeros(len(objective) - binary)])
-    result = milp(objective, integrality=integrality, bounds=Bounds(0, upper), options={"disp": False},
-                  constraints=LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows]))
-    return result.x
 
 
 def solve_placement(workflow: Workflow, infra: Infrastructure, accuracy: float, width: int = 8) -> Placement:
@@ -202,7 +163,11 @@ def solve_exact(workflow: Workflow, infra: Infrastructure, accuracy: float) -> P
         for b in range(n_tiers):
             rows.append(({y[e, i, a, b]: 1.0 for i in range(len(ops[u].choices)) for a in range(b + 1)}
                          | {w[o, i, b]: -1.0 for i in range(len(ops[o].choices))}, 0.0, 0.0))
-    found = _binary_first(objective, rows, upper, len(w))
+    matrix = np.zeros((len(rows), len(objective)))
+    for r, (coefficients, _, _) in enumerate(rows):
+        for column, value in coefficients.items():
+            matrix[r, column] += value
+    found = solve_binary(objective, matrix, [r[1] for r in rows], [r[2] for r in rows], upper, len(w))
     if found is None:
         raise ValueError(f"no plan reaches accuracy {accuracy}")
     picked = [max((key for key in keys if key[0] == o), key=lambda key: found[w[key]])
