@@ -327,14 +327,16 @@ def _release_command(options: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line and run the chosen command; return the exit status."""
-    parser = _Parser(prog="edulib", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _add_tour(commands: argparse._SubParsersAction) -> None:
+    """`edulib tour`: check every capability on real ranks."""
     tour = commands.add_parser("tour", help="check every capability on real ranks")
     tour.add_argument("--world-size", type=_ranks, default=4, help="ranks to start (default 4)")
     tour.add_argument("--backend", choices=BACKENDS, default="auto")
     tour.set_defaults(handler=_tour_command)
+
+
+def _add_run(commands: argparse._SubParsersAction) -> None:
+    """`edulib run MODULE:FUNCTION`: a worker on every rank, here or under torchrun."""
     runner = commands.add_parser(
         "run", help="run MODULE:FUNCTION on every rank, here or as one rank of a torchrun job")
     runner.add_argument("target", help="the worker, as MODULE:FUNCTION")
@@ -343,6 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner.add_argument("--backend", choices=BACKENDS, default="auto")
     runner.add_argument("--timeout", type=_positive, default=DEFAULT_TIMEOUT, help="seconds")
     runner.set_defaults(handler=_run_command)
+
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
+    """`edulib bench WHAT`: speed against a baseline measured in the same run."""
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
     bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
                                         "grade", "memory", "moe", "pipedream", "pipeline", "plan", "tp",
@@ -357,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--trace", type=Path, default=None,
                        help="pipeline: write Chrome traces (Perfetto) of every run to this folder")
     bench.set_defaults(handler=_bench_command)
+
+
+def _add_plan(commands: argparse._SubParsersAction) -> None:
+    """`edulib plan`: search an Alpa plan for a model on a cluster."""
     planner = commands.add_parser("plan", help="search an Alpa plan for a model on a cluster")
     planner.add_argument("--model", choices=list(MODELS), default="gpt")
     planner.add_argument("--layers", type=_whole, default=None, help="layers (blocks) of the model")
@@ -375,6 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     planner.add_argument("--figure", default=None, help="save a picture of the plan (PNG, SVG, PDF)")
     planner.add_argument("--quiet", action="store_true", help="no progress bar")
     planner.set_defaults(handler=_plan_command)
+
+
+def _add_train(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`edulib train`: the language model on a layout; its parser, which a --config file fills."""
     trainer = commands.add_parser("train", help="train the language model on a dp x pp x tp x cp layout")
     trainer.add_argument("--config", default=None, metavar="FILE.toml",
                          help="TrainConfig fields from a TOML file (dp = 2, schedule = \"1f1b\", ...); the "
@@ -391,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer.add_argument("--timeout", type=_positive, default=600.0, help="seconds a rank may wait")
     trainer.add_argument("--quiet", action="store_true", help="no progress bar")
     trainer.set_defaults(handler=_train_command)
+    return trainer
+
+
+def _add_grade(commands: argparse._SubParsersAction) -> None:
+    """`edulib grade`: grade exercise files, a student's folder or a class."""
     grader = commands.add_parser(
         "grade", help="grade exercise files: one file, one student's folder, or a folder of student folders")
     grader.add_argument("path", type=_existing, help="a submission (lesson02_allreduce.py) or a folder")
@@ -408,12 +427,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
+
+
+def _add_release(commands: argparse._SubParsersAction) -> None:
+    """`edulib release`: what students receive."""
     releaser = commands.add_parser(
         "release", help="write what students receive: lessons without saved answers, exercises, no solutions")
     releaser.add_argument("destination", type=Path, help="a new or empty folder")
     releaser.add_argument("--requirement", default="edulib[lab]",
                           help="what students pip-install for edulib: a name or a URL (default edulib[lab])")
     releaser.set_defaults(handler=_release_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the chosen command; return the exit status."""
+    parser = _Parser(prog="edulib", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_tour(commands)
+    _add_run(commands)
+    _add_bench(commands)
+    _add_plan(commands)
+    trainer = _add_train(commands)
+    _add_grade(commands)
+    _add_release(commands)
     options = parser.parse_args(argv)
     if getattr(options, "config", None):  # a file's fields, then the command line's over them
         try:

@@ -190,22 +190,14 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     results are all ready when it ends.
     """
     rows, steps = _keys(schedule)
-    p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
+    p, stages, m = schedule.devices, schedule.stages, schedule.microbatches
     bad_cores = cores is not None and (not isinstance(cores, int) or cores < 1)
     if min(t_comm, overhead, dispatch) < 0 or bad_cores:
         raise ValueError(f"t_comm, overhead and dispatch must be 0 or more and cores a whole number from 1 "
                          f"(or None); got t_comm={t_comm!r}, overhead={overhead!r}, dispatch={dispatch!r}, "
                          f"cores={cores!r}")
     # Per device and position, looked up often: time, inputs, messages sent.
-    if durations is None:
-        f, b, w = (per_device(t, p, n) for t, n in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")))
-        if not schedule.split_backward:
-            b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
-        share = [(f[d] / v, b[d] / v, w[d] / v) for d in range(p)]  # of one stage, per kind
-        times = [[share[d][step[0] // (stages * m)] if len(step) == 1 else
-                  sum(share[d][key // (stages * m)] for key in step) for step in rows[d]] for d in range(p)]
-    else:
-        times = [[_given(durations, step) for step in row] for row in steps]
+    times = _step_times(schedule, rows, steps, (t_f, t_b, t_w), durations)
     held_by = [0] * (3 * stages * m)  # key -> the device that runs it
     for device in range(p):
         for step in rows[device]:
@@ -219,42 +211,75 @@ def simulate(schedule: Schedule, t_f: float | Sequence[float] = 1.0,
     position, clock = [0] * p, [0.0] * p
     timed: list[tuple[float, int, float, int]] = []  # end, device, start, index: in the events' order
     if cores is None:  # no device slows another: each runs ahead as far as its inputs allow
-        ready, blocked = list(range(p)), {}
-        while ready:
-            device = ready.pop()
-            row, done, now = rows[device], position[device], clock[device]
-            needs_of, time_of, sent_by = inputs[device], times[device], sends[device]
-            while done < len(row):
-                needed = needs_of[done]
-                if None in (waits := [finished[k] for k in needed]):  # an input not there yet
-                    blocked.setdefault(needed[waits.index(None)], []).append(device)
-                    break
-                arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
-                start = max([now, *arriving]) + overhead * len(arriving)
-                end = start + time_of[done]
-                now = end + overhead * sent_by[done]
-                for key in row[done]:
-                    finished[key] = now
-                    ready += blocked.pop(key, ())
-                timed.append((end, device, start, done))
-                done += 1
-                if done < len(row):
-                    now += dispatch
-            position[device], clock[device] = done, now
+        _run_ahead(rows, times, inputs, sends, held_by, finished, position, clock, timed, t_comm, overhead,
+                   dispatch)
     else:
         _share_cores(rows, times, inputs, sends, held_by, finished, position, clock, timed, cores, t_comm,
                      overhead, dispatch)
-    stuck = [device for device in range(p) if position[device] < len(rows[device])]
+    _refuse_deadlock(schedule, steps, inputs, finished, position)
+    events = [Event(device, steps[device][index], start, end)
+              for end, device, start, index in sorted(timed)]
+    busy = tuple(sum(row) for row in times)
+    return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
+
+
+def _step_times(schedule: Schedule, rows: list[list[tuple[int, ...]]], steps: list[list[Step]],
+                costs: tuple[float | Sequence[float], ...],
+                durations: Mapping[Action, float] | None) -> list[list[float]]:
+    """How long each device's step at each position takes: its own from `durations`, or its kind's
+    share of the device's (t_f, t_b, t_w), the weight gradient inside B where nothing splits it."""
+    if durations is not None:
+        return [[_given(durations, step) for step in row] for row in steps]
+    p, v, stages, m = schedule.devices, schedule.chunks, schedule.stages, schedule.microbatches
+    f, b, w = (per_device(t, p, n) for t, n in zip(costs, ("t_f", "t_b", "t_w"), strict=True))
+    if not schedule.split_backward:
+        b, w = [x + y for x, y in zip(b, w, strict=True)], [0.0] * p
+    share = [(f[d] / v, b[d] / v, w[d] / v) for d in range(p)]  # of one stage, per kind
+    return [[share[d][step[0] // (stages * m)] if len(step) == 1 else
+             sum(share[d][key // (stages * m)] for key in step) for step in rows[d]] for d in range(p)]
+
+
+def _run_ahead(rows: list[list[tuple[int, ...]]], times: list[list[float]], inputs: list[list[list[int]]],
+               sends: list[list[int]], held_by: list[int], finished: list[float | None], position: list[int],
+               clock: list[float], timed: list[tuple[float, int, float, int]], t_comm: float, overhead: float,
+               dispatch: float) -> None:
+    """Every device on a core of its own: each runs ahead as far as its inputs allow, and a device
+    that waits is woken by the step that makes its input."""
+    ready, blocked = list(range(len(rows))), {}
+    while ready:
+        device = ready.pop()
+        row, done, now = rows[device], position[device], clock[device]
+        needs_of, time_of, sent_by = inputs[device], times[device], sends[device]
+        while done < len(row):
+            needed = needs_of[done]
+            if None in (waits := [finished[k] for k in needed]):  # an input not there yet
+                blocked.setdefault(needed[waits.index(None)], []).append(device)
+                break
+            arriving = [finished[k] + t_comm for k in needed if held_by[k] != device]
+            start = max([now, *arriving]) + overhead * len(arriving)
+            end = start + time_of[done]
+            now = end + overhead * sent_by[done]
+            for key in row[done]:
+                finished[key] = now
+                ready += blocked.pop(key, ())
+            timed.append((end, device, start, done))
+            done += 1
+            if done < len(row):
+                now += dispatch
+        position[device], clock[device] = done, now
+
+
+def _refuse_deadlock(schedule: Schedule, steps: list[list[Step]], inputs: list[list[list[int]]],
+                     finished: list[float | None], position: list[int]) -> None:
+    """A ValueError naming where each stuck device waits and for what, if any device is stuck."""
+    stages, m = schedule.stages, schedule.microbatches
+    stuck = [device for device in range(schedule.devices) if position[device] < len(steps[device])]
     if stuck:
         details = "; ".join(
             f"device {device} waits at {steps[device][position[device]]} for " + ", ".join(
                 str(action_of(k, stages, m)) for k in inputs[device][position[device]] if finished[k] is None)
             for device in stuck)
         raise ValueError(f"{schedule.name} deadlocks: {details}")
-    events = [Event(device, steps[device][index], start, end)
-              for end, device, start, index in sorted(timed)]
-    busy = tuple(sum(row) for row in times)
-    return Timeline(schedule, tuple(events), max(clock), busy, count_inflight(schedule))
 
 
 def _share_cores(rows: list[list[tuple[int, ...]]], times: list[list[float]], inputs: list[list[list[int]]],
