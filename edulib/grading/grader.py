@@ -223,6 +223,53 @@ class _Calls:
         return self.current >= len(self.order)
 
 
+class _Intake:
+    """What a tree's pipes bring, as it comes: each whole answer line handed to its call, the status,
+    and the last `OUTPUT_KEPT` bytes of output; a line longer than any answer is dropped as it
+    streams, and its call is told so."""
+
+    def __init__(self, tree: _Tree, calls: _Calls, answer_read: int, status_read: int,
+                 output_fd: int) -> None:
+        self.tree, self.calls, self.answers, self.output = tree, calls, answer_read, output_fd
+        self.received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
+        self.dropping: list[bytes] = []  # the header of an answer line too long to keep, until its end
+
+    def take(self, fd: int, chunk: bytes) -> None:
+        """Add what one pipe brought."""
+        received = self.received[fd]
+        if fd == self.output:
+            received[:] = (received + chunk)[-OUTPUT_KEPT:]
+            return
+        if fd == self.answers and self.dropping:
+            if b"\n" not in chunk:
+                return
+            chunk = chunk.partition(b"\n")[2]
+            _take(self.tree, self.calls, self.dropping.pop() + b"\t" + TOO_LARGE)
+        if len(received) + len(chunk) > MAX_TEXT + HEADER and b"\n" not in chunk:
+            if fd == self.answers:  # a line longer than any answer: its call is told so
+                self.dropping.append(bytes(received[:HEADER]).partition(b"\t")[0])
+            received.clear()
+            return
+        received += chunk
+        while fd == self.answers and b"\n" in received:
+            line, _, rest = bytes(received).partition(b"\n")
+            received[:] = rest
+            _take(self.tree, self.calls, line)
+
+    def drain(self, *fds: int) -> None:
+        """Read what is left in these pipes without waiting for more."""
+        for fd in fds:
+            os.set_blocking(fd, False)
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                self.take(fd, chunk)
+
+
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
               limits: Limits, cpu: float, jail: _Jail) -> _Tree:
     """Run the checks in one process tree, one call at a time; drain its output as it comes."""
@@ -236,8 +283,8 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                                                               scratch, relay, slots)
         wire = relay.read_fds()
         output_fd, began = warden.stdout.fileno(), time.monotonic()
-        received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
-        dropping: list[bytes] = []  # the header of an answer line too long to keep, until its end
+        intake = _Intake(tree, calls, answer_read, status_read, output_fd)
+        take, received = intake.take, intake.received
         selector = selectors.DefaultSelector()
         for fd in [*received, *wire]:
             selector.register(fd, selectors.EVENT_READ)
@@ -248,26 +295,6 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                 if call_write in selector.get_map():
                     selector.unregister(call_write)
                 os.close(writing.pop())
-
-        def take(fd: int, chunk: bytes) -> None:
-            if fd == output_fd:
-                received[fd][:] = (received[fd] + chunk)[-OUTPUT_KEPT:]
-                return
-            if fd == answer_read and dropping:
-                if b"\n" not in chunk:
-                    return
-                chunk = chunk.partition(b"\n")[2]
-                _take(tree, calls, dropping.pop() + b"\t" + TOO_LARGE)
-            if len(received[fd]) + len(chunk) > MAX_TEXT + HEADER and b"\n" not in chunk:
-                if fd == answer_read:  # a line longer than any answer: its call is told so
-                    dropping.append(bytes(received[fd][:HEADER]).partition(b"\t")[0])
-                received[fd].clear()
-                return
-            received[fd] += chunk
-            while fd == answer_read and b"\n" in received[fd]:
-                line, _, rest = bytes(received[fd]).partition(b"\n")
-                received[fd][:] = rest
-                _take(tree, calls, line)
 
         while status_read in selector.get_map():
             if writing:
@@ -303,16 +330,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
         warden.wait()
         # The warden reports only once every process of the tree is gone: what is left in the
         # pipes is read without waiting, so a process that escaped could not hold the grader.
-        for fd in (answer_read, output_fd):
-            os.set_blocking(fd, False)
-            while True:
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    break
-                if not chunk:
-                    break
-                take(fd, chunk)
+        intake.drain(answer_read, output_fd)
         warden.stdout.close()
         os.close(answer_read)
         os.close(status_read)

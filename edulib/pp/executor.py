@@ -115,112 +115,148 @@ def execute(schedule: Schedule, device: int, stages: dict[int, nn.Module], loss:
     gradients (its last B, or W with a split backward): where data parallelism may start reducing.
     """
     expected = _messages(schedule, shape, messages)
-    program = lower(schedule)
     held = schedule.stages_of(device) if 0 <= device < schedule.devices else []
     if not held or sorted(stages) != held:
         raise ValueError(f"device {device} of {schedule.devices} holds stages {held}; `stages` must map "
                          f"exactly those to modules, got stages {sorted(stages)}")
-    links = links or Links()
-    last, split = schedule.stages - 1, schedule.split_backward  # (a walk over every row: once)
-    final = {part.stage: part for step in program.actions[device] if not step.is_message
-             for part in step.parts if part.kind == ("W" if split else "B")}  # the last that adds to .grad
-    mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # from a stage on this device
-    arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}  # posted receives
-    outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
-    saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list]] = {}
-    kept: dict[tuple[int, int], Kept] = {}
-    sends: deque = deque()  # sends in flight, oldest first: each buffer is let go once its send is done
-    events = []
+    return _Row(schedule, device, stages, loss, inputs, targets, links or Links(), weights, expected,
+                memory, last_backward).run()
 
-    receives = deque(action for action in program.actions[device] if action.kind in ("RECV_F", "RECV_B"))
 
-    def post(needed: tuple[str, int, int] | None = None) -> None:
+class _Row:
+    """One device's run of its row of the lowered schedule: the results waiting for a stage on this
+    device (the mailbox), the receives posted, the sends in flight, and what each pass keeps for
+    the next (a forward's activations for its B, B's tensors for its W)."""
+
+    def __init__(self, schedule: Schedule, device: int, stages: dict[int, nn.Module], loss: Loss,
+                 inputs: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], links: Links,
+                 weights: Weights | None, expected: Mapping[int, MessageShape],
+                 memory: list[tuple[Action, int]] | None,
+                 last_backward: Callable[[int], None] | None) -> None:
+        self.schedule, self.device, self.stages, self.loss = schedule, device, stages, loss
+        self.inputs, self.targets, self.links, self.weights = inputs, targets, links, weights
+        self.expected, self.memory, self.last_backward = expected, memory, last_backward
+        self.program = lower(schedule)
+        self.last, self.split = schedule.stages - 1, schedule.split_backward  # (a walk over every row: once)
+        last_kind = "W" if self.split else "B"  # the stage's last pass of this kind adds last to .grad
+        self.final = {part.stage: part for step in self.program.actions[device] if not step.is_message
+                      for part in step.parts if part.kind == last_kind}
+        self.mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # from a stage on this device
+        self.arriving: dict[tuple[str, int, int], tuple[torch.Tensor, object]] = {}  # posted receives
+        self.outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, list]] = {}
+        self.kept: dict[tuple[int, int], Kept] = {}
+        self.sends: deque = deque()  # in flight, oldest first: each buffer let go once its send is done
+        self.receives = deque(action for action in self.program.actions[device]
+                              if action.kind in ("RECV_F", "RECV_B"))
+
+    def run(self) -> list[TimedAction]:
+        """Walk the row: receives are posted ahead, sends started, and each F, B and W timed."""
+        events = []
+        self.post()
+        for action in self.program.actions[self.device]:
+            if action.kind in ("RECV_F", "RECV_B"):
+                continue
+            if action.kind in ("SEND_F", "SEND_B"):
+                self.send(action)
+                continue
+            began = min(self.compute(part) for part in action.parts)  # an Overlap's parts, back to back
+            events.append((action, began, time.perf_counter()))
+        for work in self.sends:
+            work.wait()
+        return events
+
+    def post(self, needed: tuple[str, int, int] | None = None) -> None:
         """Post receives in the row's order: `RECEIVES_AHEAD` of them, and on to `needed`."""
-        while receives and (len(arriving) < RECEIVES_AHEAD or (needed and needed not in arriving)):
-            action = receives.popleft()
-            size, dtype = expected[action.peer_stage() if action.kind == "RECV_F" else action.stage]
+        while self.receives and (len(self.arriving) < RECEIVES_AHEAD
+                                 or (needed and needed not in self.arriving)):
+            action = self.receives.popleft()
+            size, dtype = self.expected[action.peer_stage() if action.kind == "RECV_F" else action.stage]
             buffer = torch.empty(size, dtype=dtype)
-            peer = links.receive_from(schedule.device_of(action.peer_stage()))
-            arriving[action.kind[-1], action.stage, action.microbatch] = (buffer, comm.irecv(buffer, peer))
+            peer = self.links.receive_from(self.schedule.device_of(action.peer_stage()))
+            key = (action.kind[-1], action.stage, action.microbatch)
+            self.arriving[key] = (buffer, comm.irecv(buffer, peer))
 
-    def take(kind: str, stage: int, mb: int) -> torch.Tensor:
+    def take(self, kind: str, stage: int, mb: int) -> torch.Tensor:
         """The input that `kind` of (stage, mb) needs: wait for its receive, or take it from here."""
         key = (kind, stage, mb)
-        if key in mailbox:
-            return mailbox.pop(key)
-        post(key)
-        buffer, work = arriving.pop(key)
-        post()
+        if key in self.mailbox:
+            return self.mailbox.pop(key)
+        self.post(key)
+        buffer, work = self.arriving.pop(key)
+        self.post()
         work.wait()
         return buffer
 
-    def hand_on(action: Action, tensor: torch.Tensor) -> None:
+    def hand_on(self, action: Action, tensor: torch.Tensor) -> None:
         """Keep a result for the stage that needs it: in the mailbox if it is here, else for SEND."""
-        target = consumer(action, schedule.stages)
+        target = consumer(action, self.schedule.stages)
         if target is None:
             return
-        if schedule.device_of(target) == device:
-            mailbox[action.kind, target, action.microbatch] = tensor
+        if self.schedule.device_of(target) == self.device:
+            self.mailbox[action.kind, target, action.microbatch] = tensor
         else:
-            outgoing[action.kind, action.stage, action.microbatch] = tensor
+            self.outgoing[action.kind, action.stage, action.microbatch] = tensor
 
-    def compute(action: Action) -> float:
+    def send(self, action: Action) -> None:
+        """Start sending a result to every rank of the stage it feeds, and let go of sent buffers."""
+        tensor = self.outgoing.pop((action.kind[-1], action.stage, action.microbatch))
+        self.sends.extend(comm.isend(tensor, peer)
+                          for peer in self.links.send_to(self.schedule.device_of(action.peer_stage())))
+        os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
+        while self.sends and self.sends[0].is_completed():
+            self.sends.popleft()
+
+    def compute(self, action: Action) -> float:
         """Run one F, B or W; return when it began (once its input was here)."""
-        stage, mb = action.stage, action.microbatch
-        if action.kind == "F":
-            x = inputs[mb] if stage == 0 else take("F", stage, mb)
-            if stage > 0 and x.is_floating_point():
-                x.requires_grad_()
-            began = time.perf_counter()
-            with recording(stages[stage]) if split else nullcontext([]) as layers:
-                y = stages[stage](x) if weights is None else weights.forward(stage, mb, x)
-            if stage == last:
-                y = loss(y, targets[mb])
-            else:
-                hand_on(action, y.detach())
-            saved[stage, mb] = (x, y, layers)
-        elif action.kind == "B":
-            if last_backward is not None and final[stage] == action:
-                last_backward(stage)
-            x, y, layers = saved.pop((stage, mb))
-            grad = None if stage == last else take("B", stage, mb)
-            began = time.perf_counter()
-            if split:
-                x_grad, kept[stage, mb] = backward_input(y, grad, x, layers)
-            else:
-                torch.autograd.backward(y, grad)
-                x_grad = x.grad
-            if stage > 0:
-                hand_on(action, x_grad)
-            if weights is not None:
-                weights.backward_done(stage, mb)
-        else:
-            if last_backward is not None and final[stage] == action:
-                last_backward(stage)
-            began = time.perf_counter()
-            backward_weight(kept.pop((stage, mb)))
-        if memory is not None:
-            own = (p for module in stages.values() for p in module.parameters())
-            recomputing = [x for module in stages.values() for layer in module.modules()
+        if action.kind != "F" and self.last_backward is not None and self.final[action.stage] == action:
+            self.last_backward(action.stage)  # its last pass that adds to the weights' gradients
+        began = {"F": self.forward, "B": self.backward, "W": self.weight}[action.kind](action)
+        if self.memory is not None:
+            own = (p for module in self.stages.values() for p in module.parameters())
+            recomputing = [x for module in self.stages.values() for layer in module.modules()
                            if isinstance(layer, Recomputed) for x in layer.kept_inputs()]
-            memory.append((action, device_bytes(saved.values(), kept.values(), own, recomputing)))
+            self.memory.append((action, device_bytes(self.saved.values(), self.kept.values(), own,
+                                                     recomputing)))
         return began
 
-    post()
-    for action in program.actions[device]:
+    def forward(self, action: Action) -> float:
+        """F: the stage on its input (the micro-batch, or what the previous stage sent), the loss at
+        the last stage; what B needs is saved."""
         stage, mb = action.stage, action.microbatch
-        if action.kind in ("RECV_F", "RECV_B"):
-            continue
-        if action.kind in ("SEND_F", "SEND_B"):
-            tensor = outgoing.pop((action.kind[-1], stage, mb))
-            sends.extend(comm.isend(tensor, peer)
-                         for peer in links.send_to(schedule.device_of(action.peer_stage())))
-            os.sched_yield()  # gloo's I/O thread, woken to write it, runs now, not a scheduler tick later
-            while sends and sends[0].is_completed():
-                sends.popleft()
-            continue
-        began = min(compute(part) for part in action.parts)  # an Overlap's parts, back to back
-        events.append((action, began, time.perf_counter()))
-    for work in sends:
-        work.wait()
-    return events
+        x = self.inputs[mb] if stage == 0 else self.take("F", stage, mb)
+        if stage > 0 and x.is_floating_point():
+            x.requires_grad_()
+        began = time.perf_counter()
+        with recording(self.stages[stage]) if self.split else nullcontext([]) as layers:
+            y = self.stages[stage](x) if self.weights is None else self.weights.forward(stage, mb, x)
+        if stage == self.last:
+            y = self.loss(y, self.targets[mb])
+        else:
+            self.hand_on(action, y.detach())
+        self.saved[stage, mb] = (x, y, layers)
+        return began
+
+    def backward(self, action: Action) -> float:
+        """B: the gradient of the stage's input, handed on; with a split backward only that, and what
+        W needs is kept."""
+        stage, mb = action.stage, action.microbatch
+        x, y, layers = self.saved.pop((stage, mb))
+        grad = None if stage == self.last else self.take("B", stage, mb)
+        began = time.perf_counter()
+        if self.split:
+            x_grad, self.kept[stage, mb] = backward_input(y, grad, x, layers)
+        else:
+            torch.autograd.backward(y, grad)
+            x_grad = x.grad
+        if stage > 0:
+            self.hand_on(action, x_grad)
+        if self.weights is not None:
+            self.weights.backward_done(stage, mb)
+        return began
+
+    def weight(self, action: Action) -> float:
+        """W: the weights' gradients from what B kept."""
+        began = time.perf_counter()
+        backward_weight(self.kept.pop((action.stage, action.microbatch)))
+        return began
