@@ -14,7 +14,7 @@ ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "01_data_parallelism": ["GradientBuckets"],
     "02_allreduce": ["ring_reduce_scatter_rounds", "ring_all_gather_rounds"],
     "03_tensor_parallelism": ["ops._F", "ops._G", "layers.ParallelSelfAttention", "layers.ParallelBlock"],
-    "04_pipeline_parallelism": ["executor.execute"],
+    "04_pipeline_parallelism": ["executor._Row.run", "executor._Row.post"],
     "05_memory_and_sharding": ["Sharding._gather", "Sharding._accumulated"],
     "06_sequence_context": ["_RingAttention"],
     "07_expert_parallelism": ["ExpertParallelMoE.forward"],

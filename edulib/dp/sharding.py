@@ -214,17 +214,19 @@ class Sharding:
         unit.ready = 0
         self._measure()
         with comm.labelled("gradients"):
-            self._reducing.append(self._submit("reduce", self._reduce_into, index, unit.flat_grad()))
+            self._reducing.append(self._submit("reduce", self._reduce_into, index, [unit.flat_grad()]))
         for parameter in unit.parameters:
             parameter.grad = None
         unit.pending = max(unit.pending - 1, 0)
         if not unit.pending:
             self._free(index)
 
-    def _reduce_into(self, index: int, gradients: torch.Tensor) -> None:
+    def _reduce_into(self, index: int, handed: list[torch.Tensor]) -> None:
         """Reduce-scatter a unit's full gradients and add this rank's chunk to its gradient shard as
-        soon as it comes (on the communication thread: no chunk waits for the end of the pass)."""
-        self.grad_shards[index] += comm.reduce_scatter(gradients, self.reduce_with, group=self.group)
+        soon as it comes (on the communication thread: no chunk waits for the end of the pass).
+        The gradients come in a list it empties: the thread's work item, which holds the arguments,
+        outlives the call a little, and must not keep them alive into the next step."""
+        self.grad_shards[index] += comm.reduce_scatter(handed.pop(), self.reduce_with, group=self.group)
 
     def _end_pass(self) -> None:
         """After the step's backward passes: reduce the units some of whose gradients never came (a
