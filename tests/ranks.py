@@ -716,18 +716,28 @@ def live_tensor_bytes(config) -> tuple[int, dict]:
     """The most bytes of floating-point tensor storage that Python objects reach (each storage once)
     at the start of any pipeline run of a training run without the report's gathered weights: what
     the trainer keeps alive between steps, whatever counts it reports (the data's tokens left out);
-    and the run's report."""
+    and the run's report. Kept means still there a moment later: a communication thread (edulib's,
+    or the backend's) may hold a finished call's tensor for a moment after handing over its result,
+    longer on a busy machine, so the count is the least of a few looks 20 ms apart."""
     import gc
+    import time
 
     from edulib.train import trainer
 
     most, execute = [0], trainer.execute
 
-    def measured(*args: object, **kwargs: object) -> object:
+    def held() -> int:
         gc.collect()  # (what an earlier run on this rank left in cycles)
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in gc.get_objects()
                     if isinstance(t, torch.Tensor) and t.is_floating_point()}
-        most[0] = max(most[0], sum(storages.values()))
+        return sum(storages.values())
+
+    def measured(*args: object, **kwargs: object) -> object:
+        looks = [held()]
+        for _ in range(4):
+            time.sleep(0.02)
+            looks.append(held())
+        most[0] = max(most[0], min(looks))
         return execute(*args, **kwargs)
     trainer.execute = measured
     try:

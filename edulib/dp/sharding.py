@@ -169,14 +169,14 @@ class Sharding:
             return out
         return comm.submit(timed)
 
-    def _all_gather(self, index: int, chunk: torch.Tensor | None = None) -> Future:
-        """Unit `index`'s full flat vector from every rank's chunk of it (its `_chunk`), to come."""
+    def _all_gather(self, index: int, chunk: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> Future:
+        """Unit `index`'s full flat vector from every rank's chunk of it (by default its `_chunk`,
+        straight into its buffer: no temporary), written into `out` if given, to come."""
         with comm.labelled("parameters"):
-            if chunk is None:  # the unit's own weights: straight into its buffer, no temporary
+            if chunk is None:
                 chunk = self._chunk(index)
                 out = self.units[index].filled(chunk)
-            else:
-                out = None
             return self._submit("gather", comm.all_gather_chunks, chunk, self.units[index].length,
                                 self.gather_with, self.group, out)
 
@@ -214,19 +214,17 @@ class Sharding:
         unit.ready = 0
         self._measure()
         with comm.labelled("gradients"):
-            self._reducing.append(self._submit("reduce", self._reduce_into, index, [unit.flat_grad()]))
+            self._reducing.append(self._submit("reduce", self._reduce_into, index, unit.flat_grad()))
         for parameter in unit.parameters:
             parameter.grad = None
         unit.pending = max(unit.pending - 1, 0)
         if not unit.pending:
             self._free(index)
 
-    def _reduce_into(self, index: int, handed: list[torch.Tensor]) -> None:
+    def _reduce_into(self, index: int, grads: torch.Tensor) -> None:
         """Reduce-scatter a unit's full gradients and add this rank's chunk to its gradient shard as
-        soon as it comes (on the communication thread: no chunk waits for the end of the pass).
-        The gradients come in a list it empties: the thread's work item, which holds the arguments,
-        outlives the call a little, and must not keep them alive into the next step."""
-        self.grad_shards[index] += comm.reduce_scatter(handed.pop(), self.reduce_with, group=self.group)
+        soon as it comes (on the communication thread: no chunk waits for the end of the pass)."""
+        self.grad_shards[index] += comm.reduce_scatter(grads, self.reduce_with, group=self.group)
 
     def _end_pass(self) -> None:
         """After the step's backward passes: reduce the units some of whose gradients never came (a

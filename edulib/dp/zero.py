@@ -149,7 +149,7 @@ class ZeroDataParallel(Sharding):
             if self.stage == 0:
                 unit.load(new)
             elif self.stage in (1, 2):
-                unit.load(self._all_gather(index, new).result())
+                unit.load(self._all_gather(index, new, unit.filled(new)).result())  # into its weights
             else:
                 self.shards[index] = new
             self.master[index].grad = None
