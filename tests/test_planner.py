@@ -37,13 +37,13 @@ from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
 from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, stage_table
 from edulib.planner.intra import (
+    PRICES,
     chain_optimum,
     costs,
     exhaustive_sharding,
     ilp,
     least_memory,
-    priced_optima,
-    priced_optimum,
+    priced_paths,
     strategies,
     viterbi,
 )
@@ -89,24 +89,34 @@ def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed):
     rng = np.random.default_rng(100 + seed)
-    table = costs(random_graph(rng, 6, chain=True), MESHES[seed % len(MESHES)])
+    graph, mesh = random_graph(rng, 6, chain=True), MESHES[seed % len(MESHES)]
+    table = costs(graph, mesh)
     assert chain_optimum(table).time == pytest.approx(exhaustive_sharding(table).time, rel=1e-9)
     tight = (least_memory(table, 3) + chain_optimum(table).memory(3)) / 2
-    priced, exact = priced_optimum(table, tight, 3), ilp(table, tight, 3)
-    assert priced.memory(3) <= tight and priced.time >= exact.time - 1e-12
+    paths = priced_paths(table, ((0, 3),), (len(graph) - 1,))
+    fits = paths.bytes[0, :, 0] <= tight
+    priced, exact = paths.fastest_within(tight)[0, 0], ilp(table, tight, 3)
+    assert fits.any() and fits[0] == (chain_optimum(table).memory(3) <= tight)  # price 0: time alone
+    assert exact.time - 1e-12 <= priced == paths.seconds[0, fits, 0].min()
+    assert paths.fastest_within(np.inf)[0, 0] == pytest.approx(chain_optimum(table).time, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_stages_priced_together_equal_each_priced_alone(seed):
+def test_every_priced_path_of_one_sweep_equals_that_stage_priced_alone(seed):
     rng = np.random.default_rng(200 + seed)
-    table = costs(random_graph(rng, 9, chain=True), MESHES[seed % len(MESHES)])
-    first, stages = 2, [(8, 3), (5, 1), (8, 1), (2, 2), (6, 4)]  # (last, micro-batches in flight)
-    memory = max((least_memory(part, f) + chain_optimum(part).memory(f)) / 2
-                 for last, f in stages if (part := table.part(first, last)))
-    together = priced_optima(table, first, stages, memory)
-    for (last, f), found in zip(stages, together, strict=True):
-        alone = priced_optimum(table.part(first, last), memory, f)
-        assert found.choice == alone.choice and found.time == pytest.approx(alone.time, rel=1e-12)
+    graph, mesh = random_graph(rng, 9, chain=True), MESHES[seed % len(MESHES)]
+    table = costs(graph, mesh)
+    starts, lasts = ((0, 4), (2, 1), (2, 3), (5, 2)), (1, 5, 8)
+    paths = priced_paths(table, starts, lasts)
+    for n, (first, in_flight) in enumerate(starts):
+        for price in range(0, len(PRICES), 5):
+            for c, last in enumerate(lasts):
+                if last < first:
+                    assert paths.seconds[n, price, c] == paths.bytes[n, price, c] == np.inf
+                    continue
+                alone = chain_optimum(table.part(first, last), paths.prices[n, price], in_flight)
+                assert paths.seconds[n, price, c] == pytest.approx(alone.time, rel=1e-9)
+                assert paths.bytes[n, price, c] == pytest.approx(alone.memory(in_flight), rel=1e-9)
     # and a sweep whose rows begin at their own operators equals a sweep from each
     firsts = [0, 2, 5]
     together = list(viterbi(table, 0, [0.0, 1e-9, 0.0], begins=firsts))

@@ -27,7 +27,17 @@ import numpy as np
 from edulib.comm.cost import message_time
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
-from edulib.planner.intra import Costs, StageSharding, costs, fewest_bytes, ilp, priced_optima, solve, viterbi
+from edulib.planner.intra import (
+    Costs,
+    StageSharding,
+    costs,
+    fastest_paths,
+    fewest_bytes,
+    ilp,
+    priced_paths,
+    solve,
+    training_bytes,
+)
 from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -93,36 +103,31 @@ def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int,
 def _fastest_stages(table: Costs, firsts: list[int],
                     ends: dict[int, int]) -> Iterator[tuple[int, int, StageSharding]]:
     """The least-time choice for operators first..v, memory aside, for every first operator of a
-    cluster (by its index) and every cluster end v after it: one Viterbi sweep on a chain, a row
-    per first operator, and the ILP once per range on any other graph."""
-    if not table.graph.is_chain:
-        for k, first in enumerate(firsts):
-            for v in sorted(e for e in ends if e >= first):
-                yield k, v, ilp(table.part(first, v))
-        return
-    for step in viterbi(table, firsts[0], [0.0] * len(firsts), begins=firsts):
-        if step.v in ends:
-            cost = step.cost + table.ends(step.v, "leave")
-            for k in range(len(firsts)):
-                if firsts[k] <= step.v:
-                    c = int(np.argmin(cost[k]))
-                    yield k, step.v, StageSharding((), float(cost[k, c]), float(step.weight[k, c]),
-                                              float(step.activation[k, c]))  # the choice itself is not needed
+    cluster (by its index) and every cluster end v after it, on a graph that is not a chain: the
+    ILP once per range."""
+    for k, first in enumerate(firsts):
+        for v in sorted(e for e in ends if e >= first):
+            yield k, v, ilp(table.part(first, v))
 
 
-def _priced(stages: list[tuple], tables: dict[tuple[int, int], Costs], memory: float,
-            in_flight: np.ndarray) -> dict[tuple, StageSharding]:
-    """`priced_optimum` of each (seconds, where, logical mesh, first, last) stage, by (where, mesh):
-    those of one logical mesh and first operator in one pair of sweeps (`priced_optima`)."""
-    groups: dict[tuple[int, int, int], list[tuple]] = {}
-    for stage in stages:
-        _, where, j, first, _ = stage
-        groups.setdefault((where[3], j, first), []).append(stage)
-    found = {}
-    for (m, j, first), group in groups.items():
-        wanted = [(v, int(in_flight[where[0]])) for _, where, _, _, v in group]
-        optima = priced_optima(tables[(m, j)], first, wanted, memory)
-        found |= {(where, j): optimum for (_, where, _, _, _), optimum in zip(group, optima, strict=True)}
+def _chain_stages(table: Costs, microbatches: int, ranges: list[tuple[int, int]], usable: np.ndarray,
+                  need: np.ndarray, memory: float) -> np.ndarray:
+    """[s - 1, k, i]: the least seconds for clusters k..i as the stage s-th from the end (min(s, B)
+    micro-batches in flight) that fits in `memory`, where `usable`: the fastest path if it fits
+    (`fastest_paths`), else the fastest priced path that fits (`priced_paths`, asked for the
+    stages that need one); inf if none does."""
+    firsts, lasts = tuple(first for first, _ in ranges), tuple(last for _, last in ranges)
+    seconds, weight, activation = fastest_paths(table, firsts, lasts)  # [k, i]
+    flights = np.minimum(np.arange(1, len(usable) + 1), microbatches)[:, None, None]
+    fits = training_bytes(weight, activation, flights) <= memory
+    found = np.where(usable & fits, seconds, np.inf)
+    priced = usable & ~fits & (need <= memory)
+    starts = sorted({(firsts[k], int(flights[s, 0, 0])) for s, k, _ in zip(*np.nonzero(priced), strict=True)})
+    if starts:
+        paths, row = priced_paths(table, tuple(starts), lasts), {start: n for n, start in enumerate(starts)}
+        within = paths.fastest_within(memory)  # [start, i]
+        for s, k, i in zip(*np.nonzero(priced), strict=True):
+            found[s, k, i] = within[row[(firsts[k], int(flights[s, 0, 0]))], i]
     return found
 
 
@@ -140,7 +145,10 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     """
     meshes = meshes or cluster.logical_meshes
     count, ends = len(ranges), {last: i for i, (_, last) in enumerate(ranges)}
+    firsts = [first for first, _ in ranges]
     in_flight = np.minimum(np.arange(1, stages + 1), microbatches)
+    s_, k_, i_ = np.ogrid[1:stages + 1, :count, :count]
+    usable = (k_ <= i_) & (i_ <= count - s_)  # the stage s-th from the end leaves s - 1 clusters at least
     shape = (stages, count, count, len(submeshes))
     best, which, least = np.full(shape, np.inf), np.zeros(shape, dtype=int), np.full(shape, np.inf)
     tables, tried = {}, [meshes(submesh) for submesh in submeshes]
@@ -155,28 +163,33 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
             if progress:
                 progress("intra-op pass (logical meshes)", len(tables), total)
             full = tables[(m, j)] = costs(graph, mesh, microbatches)
-            # fewest bytes of each operator, per number of micro-batches in flight, summed up
-            fewest = fewest_bytes(full, in_flight)
-            prefix = np.concatenate([np.zeros((stages, 1)), np.cumsum(fewest, axis=1)], axis=1)
-            firsts = [first for first, _ in ranges]
+            # fewest bytes of each range k..i, per number of micro-batches in flight: [s - 1, k, i]
+            prefix = np.concatenate([np.zeros((stages, 1)), np.cumsum(fewest_bytes(full, in_flight), axis=1)],
+                                    axis=1)
+            need = prefix[:, None, [last + 1 for _, last in ranges]] - prefix[:, firsts, None]
+            need = np.where(np.triu(np.ones((count, count), dtype=bool)), need, np.inf)
+            least[..., m] = np.minimum(least[..., m], need)
+            if graph.is_chain:
+                seconds = _chain_stages(full, microbatches, ranges, usable, need, cluster.memory)
+                better = seconds < best[..., m]
+                best[..., m][better], which[..., m][better] = seconds[better], j
+                # no priced path fit, yet some choice may (rare: the ILP decides)
+                lacking = np.isinf(seconds) & (need <= cluster.memory) & usable
+                overflowing += [(0.0, (s, k, i, m), j, firsts[k], ranges[i][1])
+                                for s, k, i in zip(*np.nonzero(lacking), strict=True)]
+                continue
             for k, v, fastest in _fastest_stages(full, firsts, ends):
-                first = firsts[k]
-                i, need = ends[v], prefix[:, v + 1] - prefix[:, first]
                 for s in range(stages):
-                    least[s, k, i, m] = min(least[s, k, i, m], need[s])
+                    where = (s, k, ends[v], m)
                     if fastest.memory(in_flight[s]) <= cluster.memory:
-                        keep((s, k, i, m), fastest.time, j)
-                    elif need[s] <= cluster.memory:
-                        overflowing.append((fastest.time, (s, k, i, m), j, first, v))
+                        keep(where, fastest.time, j)
+                    elif need[s, k, ends[v]] <= cluster.memory:
+                        overflowing.append((fastest.time, where, j, firsts[k], v))
     # The fastest choice overflowed memory: find one that fits, fastest candidates first, and skip
     # those that cannot beat what another logical mesh already gives (they are no faster than that).
-    # On a chain, the stages that share a logical mesh and a first operator are priced together.
-    overflowing = sorted((c for c in overflowing if c[0] < best[c[1]]), key=lambda c: c[0])
-    priced = _priced(overflowing, tables, cluster.memory, in_flight) if graph.is_chain else {}
-    for seconds, where, j, first, v in overflowing:
+    for seconds, where, j, first, v in sorted(overflowing, key=lambda c: c[0]):
         if seconds < best[where]:
-            found = priced.get((where, j)) or solve(tables[(where[3], j)].part(first, v), cluster.memory,
-                                                    int(in_flight[where[0]]))
+            found = solve(tables[(where[3], j)].part(first, v), cluster.memory, int(in_flight[where[0]]))
             keep(where, found.time, j)
     messages = np.array([[[boundary_seconds(graph, cluster, ranges[k][0], ranges[i][1], submesh)
                            for submesh in submeshes] for i in range(count)] for k in range(count)])

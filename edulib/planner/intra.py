@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -126,6 +126,7 @@ class Costs:
     edge: dict[tuple[int, int], np.ndarray]  # seconds, producer strategy x consumer strategy
     enter: tuple[np.ndarray, ...]  # seconds to take the input whole, as a stage's first operator
     leave: tuple[np.ndarray, ...]  # seconds to hand the output on whole, as a stage's last
+    kept: dict = field(default_factory=dict, compare=False, repr=False)  # the sweeps kept with them
 
     def memory(self, v: int, in_flight: int) -> np.ndarray:
         """Bytes per device of operator v under each strategy."""
@@ -290,54 +291,82 @@ def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> Stage
     return evaluate(table, _trace_back(list(viterbi(table, 0, (price,), in_flight)), 0))
 
 
-def priced_optimum(table: Costs, memory: float, in_flight: int) -> StageSharding | None:
-    """A fast choice that fits in `memory` on a chain: put prices on bytes (Lagrange multipliers),
-    find the cheapest path at each, and keep the fastest that fits; a second, finer set of prices
-    between the last that overflowed and the first that fit. Optimal when the time optimum fits,
-    otherwise an upper bound on the ILP's answer, used while searching stages."""
-    return priced_optima(table, 0, [(len(table.options) - 1, in_flight)], memory)[0]
+# The prices a stage search puts on bytes (Lagrange multipliers), in units of a row's seconds per
+# byte: 0 (time alone), a dense run where the stages of the lessons' models find their best, and a
+# few so large that only bytes count (the fewest bytes, which fit whenever anything does).
+PRICES = np.concatenate([[0.0], np.geomspace(1e-5, 1e2, 36), [1e4, 1e6, 1e8]])
 
 
-def priced_optima(table: Costs, first: int, stages: Sequence[tuple[int, int]],
-                  memory: float) -> list[StageSharding | None]:
-    """`priced_optimum` of each stage first..last with `in_flight` micro-batches, for each (last,
-    in_flight) in `stages`, from two Viterbi sweeps that carry every stage's prices at once (the
-    rows of a sweep are independent, and a stage's path is the sweep's up to its last operator)."""
-    parts = [table.part(first, last) for last, _ in stages]
-    flights = sorted({f for _, f in stages})
-    fewest = dict(zip(flights, np.cumsum(fewest_bytes(table, flights)[:, first:], axis=1), strict=True))
-    prices: dict[int, np.ndarray] = {}  # stage -> the prices of this round
-    for q, (part, (last, in_flight)) in enumerate(zip(parts, stages, strict=True)):
-        if fewest[in_flight][last - first] <= memory:
-            scale = max(float(sum(n.max() for n in part.node)), 1e-30) / memory
-            prices[q] = np.concatenate([[0.0], scale * np.geomspace(1e-4, 1e8, 25)])  # the last: least bytes
-    best: list[StageSharding | None] = [None] * len(stages)
-    for _ in range(2):
-        if not prices:
-            break
-        order = sorted(prices)
-        starts = dict(zip(order, itertools.accumulate((len(prices[q]) for q in order), initial=0),
-                          strict=False))
-        in_flights = np.concatenate([np.full(len(prices[q]), stages[q][1]) for q in order])  # per row
-        sweep = viterbi(table, first, np.concatenate([prices[q] for q in order]), in_flights)
-        steps = list(itertools.islice(sweep, max(stages[q][0] for q in order) - first + 1))
-        for q in order:
-            (last, in_flight), rows = stages[q], np.arange(starts[q], starts[q] + len(prices[q]))
-            step, leave = steps[last - first], table.ends(last, "leave")
-            ends = np.argmin(step.cost[rows] + leave, axis=1)
-            fits = training_bytes(step.weight[rows, ends], step.activation[rows, ends], in_flight) <= memory
-            leaving = leave[ends] if isinstance(leave, np.ndarray) else leave
-            seconds = np.where(fits, step.seconds[rows, ends] + leaving, np.inf)
-            row = int(np.argmin(seconds))
-            if best[q] is None or seconds[row] < best[q].time:
-                path = _trace_back(steps[:last - first + 1], int(rows[row]), int(ends[row]))
-                best[q] = evaluate(parts[q], path)
-            first_fit = int(np.argmax(fits))
-            if first_fit == 0:  # the time optimum fits
-                del prices[q]
-            else:  # finer prices between the last that overflowed and the first that fit (both priced)
-                prices[q] = np.linspace(prices[q][first_fit - 1], prices[q][first_fit], 17)[1:-1]
-    return best
+@dataclass(frozen=True)
+class PricedPaths:
+    """For each (first operator, micro-batches in flight) of `starts`, price and last operator (of
+    `lasts`), the cheapest path at that price from first to last as a stage (it takes its input
+    whole and hands its output on whole): its seconds and bytes per device (inf where last comes
+    before first). Each is the exact optimum of seconds + price x bytes, so the fastest that fits a
+    memory is an upper bound on the ILP's answer, and exact where the time optimum (price 0) fits."""
+
+    starts: tuple[tuple[int, int], ...]
+    lasts: tuple[int, ...]
+    prices: np.ndarray  # [start, price]: seconds per byte
+    seconds: np.ndarray  # [start, price, last]
+    bytes: np.ndarray  # the same
+
+    def fastest_within(self, memory: float) -> np.ndarray:
+        """[start, last]: the fewest seconds of a priced path that fits in `memory` (inf if none)."""
+        return np.where(self.bytes <= memory, self.seconds, np.inf).min(axis=1)
+
+
+def priced_paths(table: Costs, starts: tuple[tuple[int, int], ...], lasts: tuple[int, ...]) -> PricedPaths:
+    """`PricedPaths` of a chain. No memory is involved, so each start's are kept with the tables (a
+    cluster that changes only its memory, or only links this mesh does not use, reuses them); those
+    not kept yet come from one Viterbi sweep whose rows are every such (start, price). A start's
+    prices are `PRICES` times the seconds per byte of the slowest strategies from its first
+    operator on over their fewest bytes."""
+    missing = [start for start in starts if (start, lasts) not in table.kept]
+    if missing:
+        firsts, flights = (np.array(column) for column in zip(*missing, strict=True))
+        counts = sorted(set(flights))
+        fewest = np.cumsum(fewest_bytes(table, counts)[:, ::-1], axis=1)[:, ::-1]  # from each operator on
+        slowest = np.cumsum([n.max() for n in table.node][::-1])[::-1]
+        scale = slowest[firsts] / np.maximum(fewest[np.searchsorted(counts, flights), firsts], 1e-30)
+        prices = scale[:, None] * PRICES  # [start, price]
+        in_flight = np.repeat(flights, len(PRICES))
+        seconds, weight, activation = _path_ends(table, prices.reshape(-1), in_flight,
+                                                 np.repeat(firsts, len(PRICES)), lasts)
+        nbytes = training_bytes(weight, activation, in_flight[:, None])
+        shape = (len(missing), len(PRICES), len(lasts))
+        for n, start in enumerate(missing):
+            table.kept[(start, lasts)] = (prices[n], seconds.reshape(shape)[n], nbytes.reshape(shape)[n])
+    kept = [table.kept[(start, lasts)] for start in starts]
+    return PricedPaths(starts, lasts, *(np.stack(part) for part in zip(*kept, strict=True)))
+
+
+def fastest_paths(table: Costs, firsts: tuple[int, ...], lasts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """[first, last]: the seconds, weight bytes and activation bytes of the fastest path from first
+    to last as a stage, memory aside (inf where last comes before first): one Viterbi sweep, kept
+    with the tables."""
+    if (firsts, lasts) not in table.kept:
+        table.kept[(firsts, lasts)] = _path_ends(table, np.zeros(len(firsts)), np.ones(len(firsts)),
+                                                 np.array(firsts), lasts)
+    return table.kept[(firsts, lasts)]
+
+
+def _path_ends(table: Costs, prices: np.ndarray, in_flight: np.ndarray, begins: np.ndarray,
+               lasts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """[row, last]: the seconds, weight bytes and activation bytes of each row's cheapest priced
+    path from its own first operator to each last one as a stage (inf where last comes before it)."""
+    rows = np.arange(len(begins))
+    found = [np.full((len(rows), len(lasts)), np.inf) for _ in range(3)]
+    column = {last: n for n, last in enumerate(lasts)}
+    for step in viterbi(table, int(begins.min()), prices, in_flight, begins=begins):
+        if step.v in column:
+            leave = np.broadcast_to(table.ends(step.v, "leave"), step.cost.shape[1:])
+            end = np.argmin(step.cost + leave, axis=1)
+            begun = begins <= step.v
+            for into, values in zip(found, (step.seconds[rows, end] + leave[end], step.weight[rows, end],
+                                            step.activation[rows, end]), strict=True):
+                into[:, column[step.v]] = np.where(begun, values, np.inf)
+    return tuple(found)
 
 
 def fewest_bytes(table: Costs, in_flight: Sequence[int]) -> np.ndarray:
