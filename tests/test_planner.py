@@ -69,7 +69,7 @@ MESHES = [mesh for submesh in ((1, 4), (2, 2)) for mesh in Cluster(2, 2).logical
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
+def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed, monkeypatch):
     rng = np.random.default_rng(seed)
     graph = random_graph(rng, int(rng.integers(2, 9)), chain=bool(seed % 2))
     mesh = MESHES[seed % len(MESHES)]
@@ -84,6 +84,11 @@ def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed):
     assert found.time == pytest.approx(reference.time, rel=1e-9)
     assert found.memory(2) <= tight
     assert ilp(table, least_memory(table, 2) * 0.99, in_flight=2) is None  # nothing fits
+    for limit in (intra.FRONTIER_LIMIT, 0) if graph.is_chain else ():  # a chain's exact frontier
+        monkeypatch.setattr(intra, "FRONTIER_LIMIT", limit)  # search, and the ILP it hands over to
+        found = intra.chain_within(table, tight, 2)
+        assert found.time == pytest.approx(reference.time, rel=1e-9) and found.memory(2) <= tight
+        assert intra.chain_within(table, least_memory(table, 2) * 0.99, 2) is None
 
 
 @pytest.mark.parametrize("seed", range(6))

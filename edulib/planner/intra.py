@@ -291,6 +291,55 @@ def chain_optimum(table: Costs, price: float = 0.0, in_flight: int = 1) -> Stage
     return evaluate(table, _trace_back(list(viterbi(table, 0, (price,), in_flight)), 0))
 
 
+# A chain's exact memory-bound search keeps, per operator and strategy, the paths that no other is
+# both faster and smaller than; past this many it hands the stage to the ILP instead.
+FRONTIER_LIMIT = 4096
+
+
+def chain_within(table: Costs, memory: float, in_flight: int) -> StageSharding | None:
+    """The least-seconds choice that fits in `memory` on a chain, exactly: a Viterbi pass whose
+    state at each (operator, strategy) is the frontier of (seconds, bytes) paths that no other
+    path is both faster and smaller than, paths that cannot fit whatever follows dropped. None
+    if nothing fits; the ILP's answer if a frontier grows past `FRONTIER_LIMIT`."""
+    count = len(table.options)
+    nbytes = [table.memory(v, in_flight) for v in range(count)]
+    after = np.concatenate([np.cumsum([b.min() for b in nbytes][::-1])[::-1][1:], [0.0]])  # fewest, v + 1 on
+    room = memory * (1 + 1e-9) - after  # (a hair over: sums in another order round otherwise)
+    frontiers = [[_frontier(np.array([table.node[0][c]]), np.array([nbytes[0][c]]), np.zeros(1, int),
+                            np.zeros(1, int), room[0]) for c in range(len(table.options[0]))]]
+    for v in range(1, count):
+        edge, last = table.edge[(v - 1, v)], frontiers[-1]
+        frontiers.append([_frontier(*(np.concatenate(part) for part in zip(*(
+            (seconds + edge[c_, c] + table.node[v][c], used + nbytes[v][c], np.full(len(seconds), c_),
+             np.arange(len(seconds))) for c_, (seconds, used, _, _) in enumerate(last)), strict=True)),
+            room[v]) for c in range(len(table.options[v]))])
+        if max(len(f[0]) for f in frontiers[-1]) > FRONTIER_LIMIT:
+            return ilp(table, memory, in_flight)
+    ends = sorted((float(t), c, i) for c, (seconds, *_) in enumerate(frontiers[-1])
+                  for i, t in enumerate(seconds))
+    for _, c, i in ends:  # (the fastest, unless rounding put it a hair over `memory`)
+        choice = [c]
+        for frontier in reversed(frontiers[1:]):
+            _, _, back, index = frontier[c]
+            c, i = int(back[i]), int(index[i])
+            choice.append(c)
+        found = evaluate(table, tuple(reversed(choice)))
+        if found.memory(in_flight) <= memory:
+            return found
+    return None
+
+
+def _frontier(seconds: np.ndarray, used: np.ndarray, back: np.ndarray, index: np.ndarray,
+              room: float) -> tuple[np.ndarray, ...]:
+    """The paths within `room` bytes that no other is both faster and smaller than, by bytes."""
+    keep = used <= room
+    seconds, used, back, index = seconds[keep], used[keep], back[keep], index[keep]
+    order = np.lexsort((seconds, used))
+    seconds = seconds[order]
+    faster = seconds < np.concatenate([[np.inf], np.minimum.accumulate(seconds)[:-1]])
+    return seconds[faster], used[order][faster], back[order][faster], index[order][faster]
+
+
 # The prices a stage search puts on bytes (Lagrange multipliers), in units of a row's seconds per
 # byte: 0 (time alone), a dense run where the stages of the lessons' models find their best, and a
 # few so large that only bytes count (the fewest bytes, which fit whenever anything does).
@@ -383,11 +432,11 @@ def least_memory(table: Costs, in_flight: int) -> float:
 
 
 def solve(table: Costs, memory: float = np.inf, in_flight: int = 1) -> StageSharding | None:
-    """The best choice that fits in `memory`: the chain shortcut when it fits, else the ILP."""
+    """The best choice that fits in `memory`: on a chain the time optimum if it fits, else the exact
+    frontier search (`chain_within`); the ILP on any other graph."""
     if least_memory(table, in_flight) > memory:
         return None
     if table.graph.is_chain:
         found = chain_optimum(table)
-        if found.memory(in_flight) <= memory:
-            return found
+        return found if found.memory(in_flight) <= memory else chain_within(table, memory, in_flight)
     return ilp(table, memory, in_flight)
