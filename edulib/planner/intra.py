@@ -171,15 +171,16 @@ def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
             matrices[key] = np.array([[reshard(a.output_layout, b.input_layout, nbytes, mesh)
                                        for b in options[v]] for a in options[u]])
         edge[(u, v)] = matrices[key]
-    whole = ("-", "-")
-    return Costs(graph, mesh, options,
-                 tuple(np.array([s.compute + s.communication for s in o]) for o in options),
-                 tuple(np.array([s.weight_bytes for s in o]) for o in options),
-                 tuple(np.array([s.activation_bytes for s in o]) for o in options), edge,
-                 tuple(np.array([reshard(whole, s.input_layout, op.input_bytes, mesh) for s in o])
-                       for op, o in zip(graph.operators, options, strict=True)),
-                 tuple(np.array([reshard(s.output_layout, whole, op.output_bytes, mesh) for s in o])
-                       for op, o in zip(graph.operators, options, strict=True)))
+    whole, rows = ("-", "-"), {}
+    for op, o in zip(graph.operators, options, strict=True):
+        if op.shape not in rows:  # each shape's per-strategy rows, once
+            rows[op.shape] = (np.array([s.compute + s.communication for s in o]),
+                              np.array([s.weight_bytes for s in o]),
+                              np.array([s.activation_bytes for s in o]),
+                              np.array([reshard(whole, s.input_layout, op.input_bytes, mesh) for s in o]),
+                              np.array([reshard(s.output_layout, whole, op.output_bytes, mesh) for s in o]))
+    node, weight, activation, enter, leave = zip(*(rows[op.shape] for op in graph.operators), strict=True)
+    return Costs(graph, mesh, options, node, weight, activation, edge, enter, leave)
 
 
 @dataclass(frozen=True)
