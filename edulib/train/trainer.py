@@ -470,162 +470,199 @@ def train(config: TrainConfig, progress: bool = False, log: str | None = None, w
     if dist.get_world_size() != config.world:
         raise ValueError(f"dp x pp x tp x cp = {config.world} ranks run this config; {dist.get_world_size()} "
                          "are running")
-    grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
-    here = grid.where(dist.get_rank())
-    d, p, t, c = here["dp"], here["pp"], here["tp"], here["cp"]
-    schedule = config.pipeline()
-    tensor_group, data_group = grid.group("tp"), grid.group("dp", "cp")
-    context = Context(grid.group("cp"), config.cp_layout) if config.cp > 1 else None
-    # experts: ep consecutive ranks of each dp x cp group share them out; every ep-th holds the same
-    alike = grid.groups("dp", "cp")
-    expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
-    expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
-    positions = torch.tensor([i for chunk in config.positions(c) for i in chunk])
-    # the ranks whose experts route parts of a sequence: the cp ranks', cut again over the tp ranks
-    sequence_group = grid.group("cp", "tp") if config.experts and config.cp * config.tp > 1 else None
-    full = model_of(config)
-    start = _first_step(config)
-    if config.resume:  # the weights, read in place into the one-process model every rank builds
-        checkpoint.read(config.resume, {"model": {name: w.data for name, w in full.named_parameters()}})
-    pieces = cut_into_stages(full, schedule.stages)
-    starts = list(itertools.accumulate(map(len, pieces), initial=0))
-    stages, sources = {}, {}
-    for s in schedule.stages_of(p):
-        stages[s], found = _stage(pieces[s], starts[s], config, tensor_group, context, expert_group,
-                                  sequence_group, positions)
-        sources |= found
-    _hollow(full)
-    held = nn.ModuleList(stages[s] for s in sorted(stages))
-    if config.sequence_parallel:
-        _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
-                   for w in m.replicated()], tensor_group, config.algorithm)
-    elif config.tp > 1:  # each tp rank's experts saw its part of the tokens
-        _sum_over([w for stage in held for m in stage.modules() if isinstance(m, Experts)
-                   for w in m.parameters()], tensor_group, config.algorithm)
-    averaging = _Averaging(stages, config, data_group, expert_data_group,
-                           _tied(config, schedule, grid, held, sources),
-                           {key: name for key, (name, _) in sources.items()})
-    report: dict = {"start": start, "seconds": [], "validation": {},  # the checkpoint's bytes held at once
-                    "checkpoint_bytes": {"load": _read_optimizer(config, full, sources, averaging)
-                                         if config.resume else 0, "save": 0}}
-    m = config.microbatches
-    neighbours = {q: grid.rank(d, q, t, c) for q in range(config.pp)}
-    links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
-    rows = config.batch // config.dp
-    shape = (rows // m, len(positions), config.hidden)  # every message: a micro-batch's activations
-    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
-    messages = dict.fromkeys(range(schedule.stages - 1), (shape, dtype))
-    parts: list[torch.Tensor] = []  # kept on the device: no sync per micro-batch
+    run = _Run(config, weights)
+    bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
+    if bar is not None:
+        bar.update(run.start)
+    with comm.count_communication() as sent:
+        for step in range(run.start, config.steps):
+            run.step(step, sent)
+            if progress or log:
+                _show(step, run.losses[-1], config, bar, log)
+            run.check_and_save(step)
+    if bar is not None:
+        bar.close()
+    return run.finish(sent)
 
-    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if config.tp > 1:  # each rank holds its part of the vocabulary's scores
-            value = vocab_parallel_cross_entropy(logits, target, tensor_group, config.algorithm) / m
+
+class _Run:
+    """One rank's training run: its place in the layout, its stages of the model and how their
+    gradients are averaged, the pipes to its neighbours, and the report as the steps fill it."""
+
+    def __init__(self, config: TrainConfig, weights: bool) -> None:
+        self.config, self.weights = config, weights
+        grid = self.grid = Grid(dp=config.dp, pp=config.pp, tp=config.tp, cp=config.cp)
+        here = grid.where(dist.get_rank())
+        self.d, self.p, self.t, self.c = here["dp"], here["pp"], here["tp"], here["cp"]
+        self.schedule = config.pipeline()
+        self.forwards = forward_only(self.schedule)
+        self.tensor_group = grid.group("tp")
+        self.context = Context(grid.group("cp"), config.cp_layout) if config.cp > 1 else None
+        self.positions = torch.tensor([i for chunk in config.positions(self.c) for i in chunk])
+        self.start = _first_step(config)
+        self._build()
+        self.position = self.d * config.cp + self.c  # in its dp x cp group
+        self.experts = {id(w) for w in self.averaging.experts}
+        self.averaging.count_once(self.counted)
+        neighbours = {q: grid.rank(self.d, q, self.t, self.c) for q in range(config.pp)}
+        self.links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
+        self.pipeline = set(neighbours.values())
+        self.context_ranks = set(dist.get_process_group_ranks(self.context.group)) if self.context else set()
+        self.rows = config.batch // config.dp
+        shape = (self.rows // config.microbatches, len(self.positions), config.hidden)  # a micro-batch's
+        dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32  # activations, every message
+        self.messages = dict.fromkeys(range(self.schedule.stages - 1), (shape, dtype))
+        self.parts: list[torch.Tensor] = []  # the micro-batches' losses, kept on the device: no sync each
+        self.losses: list[torch.Tensor] = []
+        self.checks: list[torch.Tensor] = []
+        self.activations: list = []
+        self.events: list = []
+        self.first: dict = {}
+        self.work = 0
+        self.moe = [m for stage in self.held for m in stage.modules() if isinstance(m, Experts)]
+        self.report: dict = {"start": self.start, "seconds": [], "validation": {}, "sent_by_step": [],
+                             "checkpoint_bytes": {"load": self.loaded, "save": 0}}  # (bytes held at once)
+
+    def _build(self) -> None:
+        """This rank's stages of the one-process model (resumed from a checkpoint if asked), their
+        layers split over tp, cp and ep, and the averaging of their gradients over dp."""
+        config, grid = self.config, self.grid
+        # experts: ep consecutive ranks of each dp x cp group share them out; every ep-th holds the same
+        alike = grid.groups("dp", "cp")
+        expert_group = subgroup([g[i:i + config.ep] for g in alike for i in range(0, len(g), config.ep)])
+        expert_data_group = subgroup([g[i::config.ep] for g in alike for i in range(config.ep)])
+        # the ranks whose experts route parts of a sequence: the cp ranks', cut again over the tp ranks
+        sequence_group = grid.group("cp", "tp") if config.experts and config.cp * config.tp > 1 else None
+        full = self.full = model_of(config)
+        if config.resume:  # the weights, read in place into the one-process model every rank builds
+            checkpoint.read(config.resume, {"model": {name: w.data for name, w in full.named_parameters()}})
+        pieces = cut_into_stages(full, self.schedule.stages)
+        starts = list(itertools.accumulate(map(len, pieces), initial=0))
+        self.stages, self.sources = {}, {}
+        for s in self.schedule.stages_of(self.p):
+            self.stages[s], found = _stage(pieces[s], starts[s], config, self.tensor_group, self.context,
+                                           expert_group, sequence_group, self.positions)
+            self.sources |= found
+        _hollow(full)
+        self.named = dict(full.named_parameters())
+        held = self.held = nn.ModuleList(self.stages[s] for s in sorted(self.stages))
+        if config.sequence_parallel:
+            _sum_over([w for stage in held for m in stage.modules() if isinstance(m, ParallelBlock)
+                       for w in m.replicated()], self.tensor_group, config.algorithm)
+        elif config.tp > 1:  # each tp rank's experts saw its part of the tokens
+            _sum_over([w for stage in held for m in stage.modules() if isinstance(m, Experts)
+                       for w in m.parameters()], self.tensor_group, config.algorithm)
+        self.averaging = _Averaging(self.stages, config, grid.group("dp", "cp"), expert_data_group,
+                                    _tied(config, self.schedule, grid, held, self.sources),
+                                    {key: name for key, (name, _) in self.sources.items()})
+        self.loaded = _read_optimizer(config, full, self.sources, self.averaging) if config.resume else 0
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss, its share of the batch's mean (each tp rank holds its part of the
+        vocabulary's scores); kept for the step's total."""
+        config, m = self.config, self.config.microbatches
+        if config.tp > 1:
+            value = vocab_parallel_cross_entropy(logits, target, self.tensor_group, config.algorithm) / m
         else:
             value = lm_loss(logits, target) / m
-        parts.append(value.detach())
+        self.parts.append(value.detach())
         return value
 
-    def run(plan: Schedule, split: str, step: int, memory: list | None = None) -> torch.Tensor:
+    def batch(self, plan: Schedule, split: str, step: int, memory: list | None = None) -> torch.Tensor:
         """One batch of the split through the pipeline; this rank's part of its mean loss."""
-        inputs, targets = (x[d * rows:(d + 1) * rows, positions].chunk(m)
+        config, rows = self.config, self.rows
+        inputs, targets = (x[self.d * rows:(self.d + 1) * rows, self.positions].chunk(config.microbatches)
                            for x in text_batch(step, config.batch, config.tokens, config.seed, split))
-        parts.clear()
+        self.parts.clear()
         with compute(config):
-            events[:] = execute(plan, p, stages, loss, inputs, targets, links=links, messages=messages,
-                                memory=memory, last_backward=averaging.last_backward)
-        mean = torch.stack(parts).sum() if parts and t == 0 else torch.zeros(())  # the last stage computes
-        return mean.double()  # a loss; tp ranks agree
+            self.events[:] = execute(plan, self.p, self.stages, self.loss, inputs, targets, links=self.links,
+                                     messages=self.messages, memory=memory,
+                                     last_backward=self.averaging.last_backward)
+        mean = torch.stack(self.parts).sum() if self.parts and self.t == 0 else torch.zeros(())  # (the last
+        return mean.double()  # stage computes it; a loss: tp ranks agree)
 
-    position = d * config.cp + c  # in its dp x cp group
-    experts = {id(w) for w in averaging.experts}
-
-    def writes(key: int, index: Index) -> bool:
+    def writes(self, key: int, index: Index) -> bool:
         """Whether this rank is the first of those holding this slice of a weight."""
-        first = position < config.ep if key in experts else position == 0
-        return first and (t == 0 or index != WHOLE)
+        first = self.position < self.config.ep if key in self.experts else self.position == 0
+        return first and (self.t == 0 or index != WHOLE)
 
-    named = dict(full.named_parameters())
-
-    def counted(key: int, sharded: bool) -> bool:
+    def counted(self, key: int, sharded: bool) -> bool:
         """Whether this rank counts its slice of a weight's gradient in the global norm: where it
         writes the slice (a tied head's copy is the embedding's), or for a ZeRO chunk, which is this
         rank's alone in its group, where the slice is not a copy of another tp rank's."""
-        name, index = sources[key]
-        return name in named and ((t == 0 or index != WHOLE) if sharded else writes(key, index))
+        name, index = self.sources[key]
+        if name not in self.named:
+            return False
+        return (self.t == 0 or index != WHOLE) if sharded else self.writes(key, index)
 
-    averaging.count_once(counted)
+    def step(self, step: int, sent: list) -> None:
+        """One training step, and what the report keeps of it (the first step also counts the
+        activations held, the attention work and, with `weights`, the averaged gradients)."""
+        config, context, first = self.config, self.context, step == self.start
+        began, before = time.perf_counter(), len(sent)
+        for layer in self.moe:
+            layer.load.zero_()
+        self.averaging.accumulate()
+        if context is not None and first:  # the first step's attention blocks: each rank's work
+            context.trace = []
+        self.losses.append(self.batch(self.schedule, "train", step, self.activations if first else None))
+        self.averaging.step(config.lr_at(step), keep_gradients=self.weights and first)
+        self.report["seconds"].append(time.perf_counter() - began)
+        self.report["sent_by_step"].append(by_axis(sent[before:], self.pipeline, self.context_ranks))
+        if first and context is not None:  # query-key pairs it scored, per sequence and head
+            self.work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
+            context.trace = None
+        if first and self.weights:  # the first step's averaged gradients, assembled as the weights are
+            reported = len(sent)
+            self.first = _gather(self.named, self.sources, self.averaging.kept_gradients(), self.writes)
+            del sent[reported:]  # the report's traffic, not the training's
+        self.report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
+                                   "compute": list(self.events),  # and ZeRO's gathers and reduce-scatters
+                                   "reduce": [tuple(times) for times in self.averaging.reduces],
+                                   "sharding": self.averaging.sharding}
 
-    mine, checks, activations, events = [], [], [], []
-    forwards = forward_only(schedule)
-    bar = progress_bar("training", config.steps) if progress and dist.get_rank() == 0 else None
-    if bar is not None:
-        bar.update(start)
-    pipeline = set(neighbours.values())
-    context_ranks = set(dist.get_process_group_ranks(context.group)) if context else set()
-    report["sent_by_step"] = []
-    moe = [m for stage in held for m in stage.modules() if isinstance(m, Experts)]
-    with comm.count_communication() as sent:
-        for step in range(start, config.steps):
-            began, counted = time.perf_counter(), len(sent)
-            for layer in moe:
-                layer.load.zero_()
-            averaging.accumulate()
-            if context is not None and step == start:  # the first step's attention blocks: each rank's work
-                context.trace = []
-            mine.append(run(schedule, "train", step, activations if step == start else None))  # (counting
-            # walks the graphs: once is enough)
-            averaging.step(config.lr_at(step), keep_gradients=weights and step == start)
-            report["seconds"].append(time.perf_counter() - began)
-            report["sent_by_step"].append(by_axis(sent[counted:], pipeline, context_ranks))
-            if step == start and context is not None:  # query-key pairs it scored, per sequence and head
-                work = sum(len(block["queries"]) * len(block["keys"]) for block in context.trace)
-                context.trace = None
-            if step == start and weights:  # the first step's averaged gradients, assembled as the weights are
-                reported = len(sent)
-                first = _gather(named, sources, averaging.kept_gradients(), writes)
-                del sent[reported:]  # the report's traffic, not the training's
-            report["timeline"] = {"began": began,  # the last step's: its passes, its buckets' reductions
-                                  "compute": list(events),  # and ZeRO's gathers and reduce-scatters
-                                  "reduce": [tuple(times) for times in averaging.reduces],
-                                  "sharding": averaging.sharding}
-            if progress or log:
-                _show(step, mine[-1], config, bar, log)
-            if config.eval_every and (step + 1) % config.eval_every == 0:
-                with torch.no_grad():
-                    checks.append(run(forwards, "validation", 0))
-            if config.saves_after(step + 1):
-                most = _save(config, step + 1, full, sources, averaging, writes)
-                report["checkpoint_bytes"]["save"] = max(report["checkpoint_bytes"]["save"], most)
-    if bar is not None:
-        bar.close()
-    totals = comm.all_reduce(torch.stack(mine + checks)) / (config.dp * config.cp)  # one sync for the run
-    report["losses"] = totals[:len(mine)].tolist()
-    evaluated = [s for s in range(config.eval_every, config.steps + 1, config.eval_every or 1) if s > start]
-    report["validation"] = dict(zip(evaluated if config.eval_every else [], totals[len(mine):].tolist(),
-                                    strict=True))
-    report["tokens_per_second"] = [config.batch * config.tokens / s for s in report["seconds"]]
-    if config.peak_tflops is not None:
-        report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
-                         for s in report["seconds"]]
-    report["sent"] = by_axis(sent, pipeline, context_ranks)
-    if context is not None:  # by cp rank (outside the count: no axis's traffic)
-        found = comm.all_gather(torch.tensor([work]), group=context.group)
-        report["attention_work"] = found.flatten().tolist()
-    report["memory"] = averaging.peak | {
-        "activations": max(held for _, held in activations)}
-    report["memory_formula"] = averaging.formula()
-    if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
-        report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
-    if config.experts:  # the last step's tokens per expert, each routed token counted once
-        load = torch.zeros(config.layers, config.experts)
-        for layer in moe:  # (the tp ranks route parts of the tokens)
-            load[layer.layer - 1] += layer.load.cpu()
-        report["routed"] = int(load.sum())  # the expert assignments this rank made
-        report["expert_load"] = comm.all_reduce(load).long().tolist()
-    if not weights:
-        return report
-    gathered = _gather(named, sources, averaging.weights(), writes)
-    return report | ({"weights": gathered, "gradients": first} if dist.get_rank() == 0 else {})
+    def check_and_save(self, step: int) -> None:
+        """After a step: the validation loss and the checkpoint, where the config asks for them."""
+        config = self.config
+        if config.eval_every and (step + 1) % config.eval_every == 0:
+            with torch.no_grad():
+                self.checks.append(self.batch(self.forwards, "validation", 0))
+        if config.saves_after(step + 1):
+            most = _save(config, step + 1, self.full, self.sources, self.averaging, self.writes)
+            self.report["checkpoint_bytes"]["save"] = max(self.report["checkpoint_bytes"]["save"], most)
+
+    def finish(self, sent: list) -> dict:
+        """The report: the losses (one sync for the run), speeds, traffic by axis, memory, the
+        experts' load, and with `weights` the gathered weights and first gradients on rank 0."""
+        config, report = self.config, self.report
+        totals = comm.all_reduce(torch.stack(self.losses + self.checks)) / (config.dp * config.cp)
+        report["losses"] = totals[:len(self.losses)].tolist()
+        evaluated = [s for s in range(config.eval_every, config.steps + 1, config.eval_every or 1)
+                     if s > self.start]
+        report["validation"] = dict(zip(evaluated if config.eval_every else [],
+                                        totals[len(self.losses):].tolist(), strict=True))
+        report["tokens_per_second"] = [config.batch * config.tokens / s for s in report["seconds"]]
+        if config.peak_tflops is not None:
+            report["mfu"] = [config.model_flops() / s / (config.peak_tflops * 1e12 * config.world)
+                             for s in report["seconds"]]
+        report["sent"] = by_axis(sent, self.pipeline, self.context_ranks)
+        if self.context is not None:  # by cp rank (outside the count: no axis's traffic)
+            found = comm.all_gather(torch.tensor([self.work]), group=self.context.group)
+            report["attention_work"] = found.flatten().tolist()
+        report["memory"] = self.averaging.peak | {"activations": max(held for _, held in self.activations)}
+        report["memory_formula"] = self.averaging.formula()
+        if torch.get_default_device().type == "cuda":  # on a GPU, the allocator's own peak beside the count
+            report["memory"]["allocator"] = torch.cuda.max_memory_allocated()
+        if config.experts:  # the last step's tokens per expert, each routed token counted once
+            load = torch.zeros(config.layers, config.experts)
+            for layer in self.moe:  # (the tp ranks route parts of the tokens)
+                load[layer.layer - 1] += layer.load.cpu()
+            report["routed"] = int(load.sum())  # the expert assignments this rank made
+            report["expert_load"] = comm.all_reduce(load).long().tolist()
+        if not self.weights:
+            return report
+        gathered = _gather(self.named, self.sources, self.averaging.weights(), self.writes)
+        return report | ({"weights": gathered, "gradients": self.first} if dist.get_rank() == 0 else {})
 
 
 def _show(step: int, part: torch.Tensor, config: TrainConfig, bar, log: str | None) -> None:
