@@ -83,7 +83,7 @@ class StageTable:
 
     def sharding(self, s: int, k: int, i: int, m: int, memory: float,
                  in_flight: int) -> tuple[Mesh, StageSharding]:
-        """Re-solve one stage exactly (the ILP where memory binds): its logical mesh and strategies."""
+        """Re-solve one stage exactly (`solve`): its logical mesh and strategies."""
         j = int(self.mesh[s - 1, k, i, m])
         table = self.tables[(m, j)].part(self.ranges[k][0], self.ranges[i][1])
         return self.meshes[m][j], solve(table, memory, in_flight)
@@ -138,10 +138,11 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s),
     with the stage's messages to its neighbours (`boundary_seconds`).
 
-    On a chain, one Viterbi sweep per logical mesh and first cluster k gives the least time of
-    every range k..i at once; where that choice overflows memory (1F1B keeps s micro-batches), a
-    price on bytes finds one that fits. Each stage of the final plan is then re-solved exactly.
-    Any other graph uses the ILP throughout.
+    On a chain, one Viterbi sweep per logical mesh gives the fastest choice for every range k..i
+    at once (`fastest_paths`); where that choice overflows memory (1F1B keeps s micro-batches),
+    prices on bytes find one that fits (`priced_paths`). Neither depends on the memory, so both
+    are kept with the mesh's tables. Each stage of the final plan is then re-solved exactly
+    (`solve`). Any other graph uses the ILP throughout.
     """
     meshes = meshes or cluster.logical_meshes
     count, ends = len(ranges), {last: i for i, (_, last) in enumerate(ranges)}
