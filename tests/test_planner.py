@@ -125,6 +125,8 @@ def test_every_priced_path_of_one_sweep_equals_that_stage_priced_alone(seed):
     # and a sweep whose rows begin at their own operators equals a sweep from each
     firsts = [0, 2, 5]
     together = list(viterbi(table, 0, [0.0, 1e-9, 0.0], begins=firsts))
+    with pytest.raises(ValueError, match="ascending"):  # (a step holds the rows begun so far, first)
+        next(viterbi(table, 0, [0.0, 0.0], begins=[2, 0]))
     for k, begin in enumerate(firsts):
         for alone in viterbi(table, begin, [(0.0, 1e-9, 0.0)[k]]):
             for name in ("cost", "seconds", "weight", "activation"):

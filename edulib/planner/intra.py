@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ class Strategy:
 
 
 def _shard(layout: tuple[str, ...], mesh: Mesh) -> int:
-    return int(np.prod([n for n, dim in zip(mesh.shape, layout, strict=True) if dim != "-"]))
+    return math.prod(n for n, dim in zip(mesh.shape, layout, strict=True) if dim != "-")
 
 
 def strategies(op: Operator, mesh: Mesh, microbatches: int = 1) -> list[Strategy]:
@@ -105,12 +106,21 @@ def reshard(produced: tuple[str, str], needed: tuple[str, str], nbytes: float, m
             continue
         other = [n for i, (n, dim) in enumerate(zip(mesh.shape, produced, strict=True))
                  if i != axis and dim != "-"]
-        size = nbytes / np.prod(other)  # what this axis's group holds
+        size = nbytes / math.prod(other)  # what this axis's group holds
         if "-" in (have, want):
             seconds += mesh.all_gather(axis, size)
         else:
             seconds += 2 * mesh.all_to_all(axis, size)
     return seconds
+
+
+def _reshards(produced: list[tuple[str, str]], needed: list[tuple[str, str]], nbytes: float,
+              mesh: Mesh) -> np.ndarray:
+    """[produced, needed]: `reshard` of each pair of layouts, each distinct pair priced once."""
+    seen: dict[tuple, float] = {}
+    for pair in itertools.product(set(produced), set(needed)):
+        seen[pair] = reshard(*pair, nbytes, mesh)
+    return np.array([[seen[(have, want)] for want in needed] for have in produced])
 
 
 @dataclass(frozen=True)
@@ -168,8 +178,8 @@ def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
         key = (graph.operators[u].shape, graph.operators[v].shape)
         if key not in matrices:
             nbytes = graph.operators[u].output_bytes
-            matrices[key] = np.array([[reshard(a.output_layout, b.input_layout, nbytes, mesh)
-                                       for b in options[v]] for a in options[u]])
+            matrices[key] = _reshards([a.output_layout for a in options[u]],
+                                      [b.input_layout for b in options[v]], nbytes, mesh)
         edge[(u, v)] = matrices[key]
     whole, rows = ("-", "-"), {}
     for op, o in zip(graph.operators, options, strict=True):
@@ -177,8 +187,8 @@ def costs(graph: Graph, mesh: Mesh, microbatches: int = 1) -> Costs:
             rows[op.shape] = (np.array([s.compute + s.communication for s in o]),
                               np.array([s.weight_bytes for s in o]),
                               np.array([s.activation_bytes for s in o]),
-                              np.array([reshard(whole, s.input_layout, op.input_bytes, mesh) for s in o]),
-                              np.array([reshard(s.output_layout, whole, op.output_bytes, mesh) for s in o]))
+                              _reshards([whole], [s.input_layout for s in o], op.input_bytes, mesh)[0],
+                              _reshards([s.output_layout for s in o], [whole], op.output_bytes, mesh)[:, 0])
     node, weight, activation, enter, leave = zip(*(rows[op.shape] for op in graph.operators), strict=True)
     return Costs(graph, mesh, options, node, weight, activation, edge, enter, leave)
 
@@ -242,37 +252,44 @@ def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
             in_flight: int | Sequence[int] = 1, begins: Sequence[int] | None = None) -> Iterator[ViterbiStep]:
     """Min-plus pass along a chain from operator `first`, for several prices at once (each row its
     own price, and its own micro-batches in flight if given per row): a path costs its seconds +
-    price x its bytes per device (price 0: time alone). With `begins`, each row's path begins at
-    its own operator (at `first` or after; before it, the row's values mean nothing)."""
+    price x its bytes per device (price 0: time alone). With `begins` (ascending, `first` or
+    after), each row's path begins at its own operator, and a step holds only the rows begun by
+    then: the first rows, so a row keeps its number."""
     if not table.graph.is_chain:
         raise ValueError("this pass needs a chain graph (each operator reads the previous one)")
     price = np.asarray(prices, dtype=float)[:, None]
     flight = np.broadcast_to(np.asarray(in_flight, dtype=float), (len(price),))[:, None]
-    rows = np.arange(len(price))[:, None]
-    own = np.full(price.shape, first) if begins is None else np.asarray(begins)[:, None]
+    own = np.full(len(price), first) if begins is None else np.asarray(begins)
+    if (np.diff(own) < 0).any() or own.min(initial=first) < first:
+        raise ValueError(f"begins must be ascending and at least first={first}, not {list(own)}")
 
-    def begun(v: int) -> tuple[np.ndarray, ...]:
-        """Every row's cost, seconds and bytes as a path that begins at operator v."""
+    def begun(v: int, rows: slice) -> tuple[np.ndarray, ...]:
+        """Cost, seconds and bytes of these rows as paths that begin at operator v."""
         start = table.node[v] + table.ends(v, "enter")
-        cost = start + price * training_bytes(table.weight[v], table.activation[v], flight)
+        cost = start + price[rows] * training_bytes(table.weight[v], table.activation[v], flight[rows])
         return tuple(np.broadcast_to(values, cost.shape)
                      for values in (cost, start, table.weight[v], table.activation[v]))
 
-    cost, seconds, weight, activation = begun(first)
-    step = ViterbiStep(first, cost, seconds, weight, activation, np.zeros(cost.shape, dtype=int))
+    active, every_row = int(np.searchsorted(own, first, side="right")), np.arange(len(price))[:, None]
+    step = ViterbiStep(first, *begun(first, slice(0, active)),
+                       np.zeros((active, len(table.options[first])), int))
     yield step
     for v in range(first + 1, len(table.options)):
         edge = table.edge[(v - 1, v)]
         total = step.cost[:, None, :] + np.ascontiguousarray(edge.T)  # [row, strategy of v, of v - 1]
         back = np.argmin(total, axis=2)  # (along the last axis: the faster way)
-        columns = np.arange(back.shape[1])
+        rows, columns = every_row[:active], np.arange(back.shape[1])
         found = (total[rows, columns, back] + table.node[v]
-                 + price * training_bytes(table.weight[v], table.activation[v], flight),
+                 + price[:active] * training_bytes(table.weight[v], table.activation[v], flight[:active]),
                  step.seconds[rows, back] + edge[back, columns] + table.node[v],
                  step.weight[rows, back] + table.weight[v],
                  step.activation[rows, back] + table.activation[v])
-        if begins is not None and (here := own == v).any():  # rows whose paths begin here
-            found = tuple(np.where(here, fresh, old) for fresh, old in zip(begun(v), found, strict=True))
+        now = int(np.searchsorted(own, v, side="right"))
+        if now > active:  # rows whose paths begin here
+            fresh = begun(v, slice(active, now))
+            found = tuple(np.concatenate(part) for part in zip(found, fresh, strict=True))
+            back = np.concatenate([back, np.zeros((now - active, back.shape[1]), int)])
+            active = now
         step = ViterbiStep(v, *found, back)
         yield step
 
@@ -405,17 +422,18 @@ def _path_ends(table: Costs, prices: np.ndarray, in_flight: np.ndarray, begins: 
                lasts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
     """[row, last]: the seconds, weight bytes and activation bytes of each row's cheapest priced
     path from its own first operator to each last one as a stage (inf where last comes before it)."""
-    rows = np.arange(len(begins))
-    found = [np.full((len(rows), len(lasts)), np.inf) for _ in range(3)]
+    order = np.argsort(begins, kind="stable")  # (the sweep takes its rows by first operator)
+    found = [np.full((len(begins), len(lasts)), np.inf) for _ in range(3)]
     column = {last: n for n, last in enumerate(lasts)}
-    for step in viterbi(table, int(begins.min()), prices, in_flight, begins=begins):
+    for step in viterbi(table, int(begins.min()), prices[order], in_flight[order], begins=begins[order]):
         if step.v in column:
             leave = np.broadcast_to(table.ends(step.v, "leave"), step.cost.shape[1:])
-            end = np.argmin(step.cost + leave, axis=1)
-            begun = begins <= step.v
-            for into, values in zip(found, (step.seconds[rows, end] + leave[end], step.weight[rows, end],
-                                            step.activation[rows, end]), strict=True):
-                into[:, column[step.v]] = np.where(begun, values, np.inf)
+            end = np.argmin(step.cost + leave, axis=1)[:, None]
+            begun = order[:len(end)]
+            for into, values in zip(found, (np.take_along_axis(step.seconds, end, 1) + leave[end],
+                                            np.take_along_axis(step.weight, end, 1),
+                                            np.take_along_axis(step.activation, end, 1)), strict=True):
+                into[begun, column[step.v]] = values[:, 0]
     return tuple(found)
 
 
