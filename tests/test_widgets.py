@@ -131,6 +131,22 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     assert described.get({"x": 4}) == (None, "drawn", "x is 4")
 
 
+def test_pictures_rendered_ahead_come_from_processes_that_yield_to_the_kernel():
+    import os
+    from functools import partial
+
+    from edulib.widgets.explorer import BACKGROUND, _Renders
+
+    renders = _Renders(partial(os.nice, 0))  # sendable: processes render ahead; it draws their niceness
+    assert renders.process is not None
+    renders.prepare([{}])
+    deadline = time.monotonic() + 60
+    while () not in renders.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead, in the background
+    renders.process.shutdown()
+
+
 def test_a_control_that_does_not_apply_is_disabled_with_the_reason():
     pytest.importorskip("ipywidgets")
     box = explore(lambda kind, size: "drawn", {"kind": Choice("plain", ("plain", "chunked")),

@@ -9,7 +9,8 @@ pictures one key press away (each slider one stop up and down), and the words un
 that the next press usually finds them ready: drawing a figure costs 60-100 ms on a small CPU,
 and a plan explorer's search more, but sending a ready PNG costs a few. The worker is a process
 of its own when the draw function can be sent to one (it then computes beside the kernel, on
-another core).
+another core), at a lower priority: a picture the reader waits for, drawn by the kernel, and the
+browser showing it, come first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
@@ -143,6 +145,7 @@ def _render(draw: Callable[..., Any], describe: Callable[..., str] | None,
 
 
 WORKERS = 2  # processes rendering ahead: the kernel itself mostly waits for the next key press
+BACKGROUND = 10  # their niceness: what the reader waits for (the kernel, the browser) runs first
 
 
 class _Renders:
@@ -163,7 +166,8 @@ class _Renders:
         except (pickle.PicklingError, AttributeError, TypeError):
             pass  # a lambda or a closure: render ahead in a thread
         else:
-            self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"))
+            self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
+                                               initializer=os.nice, initargs=(BACKGROUND,))
         for _ in range(WORKERS if self.process else 1):
             threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
