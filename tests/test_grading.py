@@ -271,6 +271,24 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
             def backward(ctx, grad):
                 return grad
      """, "f and g", "f and g"),
+    ("lesson03_tensor_parallelism", """
+        from edulib.tp.layers import qkv_rows
+
+        def attention_shards(qkv_weight, qkv_bias, out_weight, heads, rank, ranks):
+            rows = qkv_rows(out_weight.shape[0], heads, ranks)
+            mine = rows[rank * len(rows) // ranks:(rank + 1) * len(rows) // ranks]
+            width = out_weight.shape[0] // ranks
+            return qkv_weight[mine], qkv_bias[mine], out_weight[:, rank * width:(rank + 1) * width]
+     """, "attention shards", "the tensor-parallel block"),
+    ("lesson03_tensor_parallelism", """
+        from torch import nn
+
+        from edulib.tp.linear import TensorParallelLinear
+
+        def parallel_block(x, attention, mlp, heads):
+            TensorParallelLinear(nn.Linear(2, 2))  # the one tensor-parallel Linear would answer it
+            return x
+     """, "tensor-parallel block", "the tensor-parallel block"),
     ("lesson04_pipeline", """
         from edulib.pp.executor import execute
 

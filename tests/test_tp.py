@@ -163,3 +163,68 @@ def test_the_split_vocabulary_trains_as_the_whole_and_sends_what_the_formula_say
 def test_the_split_cross_entropy_refuses_scores_that_miss_a_target(pools):
     with pytest.raises(RankError, match=r"logits \(2, 8, 16\) must score every target \(2, 7\)"):
         pools(2).run(vocab_parallel_cross_entropy, torch.zeros(2, 8, 16), torch.zeros(2, 7, dtype=torch.long))
+
+
+# The one tensor-parallel Linear under every layout of a 2 x 2 mesh: per axis, its group splits the
+# output features ("o"), the input features ("i"), the rows once more with the batch ("d", the
+# depth), or nothing ("-").
+LAYOUTS = [(a, b) for a in "oid-" for b in "oid-" if (a, b) != ("d", "d")]
+LAYOUT = {"batch": 4, "in_features": 8, "out_features": 12}
+
+
+def _layout_full(bias: bool) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(5)
+    full = torch.nn.Linear(LAYOUT["in_features"], LAYOUT["out_features"], bias=bias)
+    return full, torch.randn(LAYOUT["batch"], LAYOUT["in_features"]), torch.randn(LAYOUT["batch"],
+                                                                              LAYOUT["out_features"])
+
+
+def _layout_parts(rank: int, loops: tuple[str, str]) -> dict[str, slice]:
+    """Rank `rank`'s part of the batch, inputs and outputs, from its place (a, b) on the mesh."""
+    place = divmod(rank, 2)
+
+    def part(size: int, kinds: str) -> slice:  # split by the axes of each kind in turn, axis 0 first
+        index, count = 0, 1
+        for kind in kinds:
+            for axis in (0, 1):
+                if loops[axis] == kind:
+                    index, count = index * 2 + place[axis], count * 2
+        return slice(index * size // count, (index + 1) * size // count)
+    return {"batch": part(LAYOUT["batch"], "d"), "in": part(LAYOUT["in_features"], "i"),
+            "out": part(LAYOUT["out_features"], "o"), "rows": part(LAYOUT["out_features"], "od")}
+
+
+def _layout_step(loops: tuple[str, str], bias: bool) -> dict[str, torch.Tensor]:
+    import torch.distributed as dist
+
+    from edulib import comm
+    from edulib.tp.linear import TensorParallelLinear
+
+    rank = dist.get_rank()
+    a, b = divmod(rank, 2)
+    groups = (comm.members_group([b, 2 + b], "layout"), comm.members_group([2 * a, 2 * a + 1], "layout"))
+    full, x, probe = _layout_full(bias)
+    picked = {kind: [groups[axis] for axis in (0, 1) if loops[axis] == kind] for kind in "oid"}
+    layer = TensorParallelLinear(full, picked["o"], picked["i"], depth=(picked["d"] or [None])[0])
+    parts = _layout_parts(rank, loops)
+    mine = x[parts["batch"], parts["in"]].clone().requires_grad_()
+    y = layer(mine)
+    (y * probe[parts["batch"], parts["out"]]).sum().backward()
+    return {"y": y.detach(), "x": mine.grad, "weight": layer.weight.grad,
+            "bias": None if layer.bias is None else layer.bias.grad}
+
+
+@pytest.mark.parametrize("loops", LAYOUTS, ids="".join)
+@pytest.mark.parametrize("bias", (False, True))
+def test_the_one_tensor_parallel_linear_equals_the_full_one_under_every_layout(loops, bias, pool4):
+    full, x, probe = _layout_full(bias)
+    x.requires_grad_()
+    y = full(x)
+    (y * probe).sum().backward()
+    for rank, got in enumerate(pool4.run(_layout_step, loops, bias)):
+        parts = _layout_parts(rank, loops)
+        torch.testing.assert_close(got["y"], y.detach()[parts["batch"], parts["out"]])
+        torch.testing.assert_close(got["x"], x.grad[parts["batch"], parts["in"]])
+        torch.testing.assert_close(got["weight"], full.weight.grad[parts["rows"], parts["in"]])
+        if bias:
+            torch.testing.assert_close(got["bias"], full.bias.grad[parts["out"]])

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from edulib import comm
@@ -38,8 +36,9 @@ from edulib.planner.graph import Graph, gpt_graph, in_words
 from edulib.planner.inter import Plan
 from edulib.planner.intra import INPUT, OUTPUT
 from edulib.pp.executor import Links
-from edulib.tp.layers import head_slices
-from edulib.tp.ops import f, g, gather, split
+from edulib.tp.layers import qkv_rows
+from edulib.tp.linear import TensorParallelLinear
+from edulib.tp.ops import gather, split
 from edulib.train.data import VOCAB, text_batch
 from edulib.train.model import gpt, lm_loss
 
@@ -145,50 +144,16 @@ def _layouts(loops: Loops) -> tuple[Loops, Loops]:
     return tuple(INPUT[loop] for loop in loops), tuple(OUTPUT[loop] for loop in loops)
 
 
-def _own_part(size: int, loops: Loops, loop: str, groups) -> slice:
-    """This rank's contiguous part of `size` where the axes whose loop is `loop` split it (both
-    axes: row-major, as `_reshard` splits), or all of it."""
-    part, parts = 0, 1
-    for axis in (0, 1):
-        if loops[axis] == loop:
-            count = dist.get_world_size(groups[axis])
-            part, parts = part * count + dist.get_rank(groups[axis]), parts * count
-    step = size // parts
-    return slice(part * step, (part + 1) * step)
-
-
-def head_major(hidden: int, heads: int) -> list[int]:
-    """The fused QKV weight's rows head by head: [q, k, v] of head 0, then of head 1, ..."""
-    return [row for head in range(heads) for row in head_slices(hidden, heads, range(head, head + 1))[1]]
-
-
-class PlanLinear(nn.Module):
-    """A Linear (no bias) under per-axis loops: its block of the full weight; Megatron's f where its
-    outputs are split, g where its inputs are."""
+class PlanLinear(TensorParallelLinear):
+    """A Linear (no bias) under per-axis loops: its output features split over the axes whose loop
+    is "o" (Megatron's f before it), its input features over those whose loop is "i" (g after)."""
 
     def __init__(self, full: nn.Linear, loops: Loops, groups, rows: list[int] | None = None) -> None:
-        super().__init__()
         if full.bias is not None:
             raise ValueError("the plan executor runs Linears without a bias, as the language model has")
-        self.loops, self.groups = loops, groups
-        rows = list(range(full.out_features)) if rows is None else rows
-        self.rows = rows[_own_part(len(rows), loops, "o", groups)]
-        self.columns = _own_part(full.in_features, loops, "i", groups)
-        self.weight = nn.Parameter(full.weight.detach()[self.rows, self.columns].clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for axis in (0, 1):
-            if self.loops[axis] == "o":
-                x = f(x, self.groups[axis])
-        y = F.linear(x, self.weight)
-        for axis in (0, 1):
-            if self.loops[axis] == "i":
-                y = g(y, self.groups[axis])
-        return y
-
-    def sources(self) -> dict[str, tuple[str, tuple]]:
-        """The weight is rows x columns of the full one."""
-        return {"weight": ("weight", (self.rows, self.columns))}
+        super().__init__(full, outputs=[groups[axis] for axis in (0, 1) if loops[axis] == "o"],
+                         inputs=[groups[axis] for axis in (0, 1) if loops[axis] == "i"], rows=rows)
+        self.loops = loops
 
 
 class PlanAttention(nn.Module):
@@ -224,7 +189,8 @@ def _operator(name: str, model: nn.Sequential, loops: Loops, groups) -> nn.Modul
         return PlanAttention(full.out.in_features // full.heads)
     if isinstance(full, nn.Linear):
         qkv = name.endswith(".qkv")
-        rows = head_major(full.in_features, model[int(name.split(".")[0])].attention.heads) if qkv else None
+        heads = model[int(name.split(".")[0])].attention.heads
+        rows = qkv_rows(full.in_features, heads, heads) if qkv else None
         return PlanLinear(full, loops, groups, rows)
     return full
 

@@ -124,7 +124,7 @@ def _install(linear: nn.Linear, layer: GridLinear, role: str | None, grid: Tenso
     if role is not None:
         linear.forward = layer.forward
         return
-    depth, outs, ins = grid.groups["depth"], layer.outs, layer.ins
+    depth, (outs,), (ins,) = grid.groups["depth"], layer.outputs, layer.inputs
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] % grid.shape.depth:

@@ -24,15 +24,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 
 from edulib import comm
 from edulib.checks import check_count
-from edulib.tp.layers import ParallelModule
-from edulib.tp.ops import f, g, gather_shards, labelled_sum
+from edulib.tp.linear import TensorParallelLinear
 
 
 @dataclass(frozen=True)
@@ -98,31 +95,17 @@ def block_of(shape: GridShape, place: tuple[int, int, int], out_features: int, i
     return out, slice(out.start + rows.start, out.start + rows.stop), columns
 
 
-class GridLinear(ParallelModule):
+class GridLinear(TensorParallelLinear):
     """A Linear layer on a grid of ranks, cut from the full one; it takes this rank's input part
     (its batch part over the depth, its input features over the columns) and returns its output
     part (the batch part, output features over the rows, the same on every column)."""
 
     def __init__(self, full: nn.Linear, grid: TensorGrid, transpose: bool = False,
                  algorithm: str = "builtin") -> None:
-        super().__init__()
-        self.grid, self.algorithm = grid, algorithm
         outs, ins = ("columns", "rows") if transpose else ("rows", "columns")  # what splits each
-        self.outs, self.ins = grid.groups[outs], grid.groups[ins]
-        out, rows, columns = block_of(grid.shape, (grid.row, grid.column, grid.level), full.out_features,
-                                      full.in_features, transpose)
-        self._take("weight", full.weight, "weight", (rows, columns))
-        self._take("bias", full.bias, "bias", (out,))
-        if self.bias is not None and grid.shape.depth > 1:  # each depth rank saw its batch part only
-            self.bias.register_hook(lambda grad: labelled_sum(grad, "gradients", grid.groups["depth"],
-                                                             algorithm))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        block = gather_shards(self.weight, 0, self.grid.groups["depth"], self.algorithm)
-        # the input's gradient sums over the ranks that split the outputs; the output over those
-        # that split the inputs
-        y = g(F.linear(f(x, self.outs, self.algorithm), block), self.ins, self.algorithm)
-        return y if self.bias is None else y + self.bias
+        super().__init__(full, outputs=(grid.groups[outs],), inputs=(grid.groups[ins],),
+                         depth=grid.groups["depth"], algorithm=algorithm)
+        self.grid = grid
 
 
 def grid_bytes(batch: int, in_features: int, out_features: int, shape: GridShape, transpose: bool = False,

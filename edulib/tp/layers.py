@@ -11,58 +11,22 @@ With `sequence_parallel`, the activations between the blocks stay split along th
 reduce-scatters its output, and the LayerNorms and biases in between run on this rank's part only.
 Those replicated weights then see only part of the sequence: `replicated()` names them, and their
 gradients must be summed over the group (`sync_gradients`).
+
+Both Linears are the one tensor-parallel Linear (`edulib.tp.linear`) with a single group, with
+Megatron's ways in and out around it: the output gathered or not, the input split or not, and the
+sequence gathered or scattered instead under sequence parallelism.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
 from edulib.models import Block, SelfAttention, attend
 from edulib.split_backward import LinearParts, record
-from edulib.tp.ops import f, g, gather, gather_again, gathered_linear, reduce_scatter_sequence, split
-
-Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices
-
-
-def even_share(size: int, group, what: str) -> range:
-    """This rank's equal, contiguous part of `size`, or an error if it does not divide."""
-    parts, rank = dist.get_world_size(group), dist.get_rank(group)
-    if size % parts:
-        raise ValueError(f"{what} ({size}) must divide evenly among {parts} ranks; "
-                         f"use a multiple of {parts}")
-    step = size // parts
-    return range(rank * step, (rank + 1) * step)
-
-
-class ParallelModule(nn.Module):
-    """A module made of slices of a full one; `sources()` says which slice each parameter is."""
-
-    def _take(self, name: str, full: torch.Tensor | None, full_name: str, index: Index) -> None:
-        """Register `full[index]` as this module's parameter `name`, remembering where it came from."""
-        if not hasattr(self, "_sources"):
-            self._sources: dict[str, tuple[str, Index]] = {}
-        if full is None:
-            self.register_parameter(name, None)
-            return
-        self.register_parameter(name, nn.Parameter(full.detach()[index].clone()))
-        self._sources[name] = (full_name, index)
-
-    def sources(self) -> dict[str, tuple[str, Index]]:
-        """For every parameter (by name): the full module's parameter name and the index taken."""
-        found = dict(getattr(self, "_sources", {}))
-        for child_name, child in self.named_children():
-            if isinstance(child, ParallelModule):
-                found.update({f"{child_name}.{name}": source
-                              for name, source in child.sources().items()})
-        return found
-
-    def replicated(self) -> list[nn.Parameter]:
-        """The parameters that are the whole of their full one (LayerNorms, a row layer's bias)."""
-        whole = {name for name, (_, index) in self.sources().items() if index == (slice(None),)}
-        return [p for name, p in self.named_parameters() if name in whole]
+from edulib.tp.linear import Index, ParallelModule, TensorParallelLinear, even_share
+from edulib.tp.ops import gather, gather_again, gathered_linear, reduce_scatter_sequence, split
 
 
 def _no_gather(sequence_parallel: bool, gathered: bool, what: str) -> None:
@@ -72,30 +36,23 @@ def _no_gather(sequence_parallel: bool, gathered: bool, what: str) -> None:
                          "(the sequence is what is gathered)")
 
 
-class ColumnParallelLinear(ParallelModule):
-    """Output features split across ranks: y_i = x W_i^T, optionally all-gathered into y."""
+class ColumnParallelLinear(TensorParallelLinear):
+    """Output features split across ranks: y_i = x W_i^T, optionally all-gathered into y. `rows`
+    orders the output features before the split (the fused QKV projection's, head by head)."""
 
     def __init__(self, full: nn.Linear, gather_output: bool = True, group=None,
                  rows: list[int] | None = None, name: str = "", algorithm: str = "builtin",
                  sequence_parallel: bool = False) -> None:
-        super().__init__()
         _no_gather(sequence_parallel, gather_output, "column-parallel layer's output")
-        rows = list(even_share(full.out_features, group, "the output features")) if rows is None else rows
-        self.group, self.gather_output, self.algorithm = group, gather_output, algorithm
-        self.sequence_parallel = sequence_parallel
-        self._take("weight", full.weight, name + "weight", (rows,))
-        self._take("bias", full.bias, name + "bias", (rows,))
-
-    records_itself = True  # its local matmul, for a split backward: W then runs no collective
+        super().__init__(full, outputs=(group,), rows=rows, name=name, algorithm=algorithm)
+        self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x is this rank's part of the sequence
             y = gathered_linear(x, self.weight, self.bias, self.group, self.algorithm)
             record(LinearParts(self.weight, self.bias, self._gather_again), x, y)
             return y
-        x = f(x, self.group, self.algorithm)
-        y = F.linear(x, self.weight, self.bias)
-        record(LinearParts(self.weight, self.bias), x, y)
+        y = super().forward(x)
         return gather(y, -1, self.group, self.algorithm) if self.gather_output else y
 
     def _gather_again(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,33 +60,19 @@ class ColumnParallelLinear(ParallelModule):
         return gather_again(x, self.group, self.algorithm)
 
 
-class RowParallelLinear(ParallelModule):
+class RowParallelLinear(TensorParallelLinear):
     """Input features split across ranks: y = sum_i x_i W_i^T, then the bias once."""
 
-    records_itself = True  # its local matmul and its bias, for a split backward
     def __init__(self, full: nn.Linear, input_is_split: bool = False, group=None,
                  name: str = "", algorithm: str = "builtin", sequence_parallel: bool = False) -> None:
-        super().__init__()
         _no_gather(sequence_parallel, not input_is_split, "row-parallel layer's input")
-        columns = even_share(full.in_features, group, "the input features")
-        self.group, self.input_is_split, self.algorithm = group, input_is_split, algorithm
-        self.sequence_parallel = sequence_parallel
-        self._take("weight", full.weight, name + "weight",
-                   (slice(None), slice(columns.start, columns.stop)))
-        self._take("bias", full.bias, name + "bias", (slice(None),))
+        super().__init__(full, inputs=(group,), name=name, algorithm=algorithm)
+        self.group, self.input_is_split, self.sequence_parallel = group, input_is_split, sequence_parallel
+        if sequence_parallel:  # the sum leaves each rank its part of the sequence
+            self.combine = reduce_scatter_sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.input_is_split:
-            x = split(x, -1, self.group, self.algorithm)
-        combine = reduce_scatter_sequence if self.sequence_parallel else g
-        local = F.linear(x, self.weight)  # this rank's partial sum
-        record(LinearParts(self.weight, None), x, local)
-        y = combine(local, self.group, self.algorithm)
-        if self.bias is None:
-            return y
-        y = y + self.bias
-        record(LinearParts(None, self.bias), None, y)
-        return y
+        return super().forward(x if self.input_is_split else split(x, -1, self.group, self.algorithm))
 
 
 class ParallelMLP(ParallelModule):
@@ -160,6 +103,14 @@ def head_slices(hidden: int, heads: int, mine: range) -> tuple[range, list[int]]
     return columns, [part * hidden + column for part in range(3) for column in columns]
 
 
+def qkv_rows(hidden: int, heads: int, parts: int) -> list[int]:
+    """The fused QKV weight's rows in the order `parts` ranks split them: each part's heads' rows
+    of Q, then of K, then of V (`parts` = `heads`: [q, k, v] of head 0, then of head 1, ...)."""
+    share = heads // parts
+    return [row for part in range(parts)
+            for row in head_slices(hidden, heads, range(part * share, (part + 1) * share))[1]]
+
+
 class ParallelSelfAttention(ParallelModule):
     """Heads split across ranks: the fused QKV projection column-parallel (each rank's heads'
     rows of Q, K and V), attention local to each rank, the output projection row-parallel."""
@@ -168,7 +119,7 @@ class ParallelSelfAttention(ParallelModule):
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         heads = even_share(full.heads, group, "the attention heads")
-        _, rows = head_slices(full.out.in_features, full.heads, heads)
+        rows = qkv_rows(full.out.in_features, full.heads, full.heads // len(heads))
         self.heads, self.causal, self.context = len(heads), full.causal, full.context
         self.qkv = ColumnParallelLinear(full.qkv, gather_output=False, group=group, rows=rows,
                                         name="qkv.", algorithm=algorithm, sequence_parallel=sequence_parallel)

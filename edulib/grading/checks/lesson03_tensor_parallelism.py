@@ -170,6 +170,7 @@ exercise("lesson03_tensor_parallelism", [
         *((f"edulib.tp.ops.{name}", "f and g") for name in ("f", "g", "gather", "split", "gathered_linear")),
         *((f"edulib.tp.layers.{name}", "the tensor-parallel block")
           for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
-                       "ParallelBlock", "head_slices")),
+                       "ParallelBlock", "head_slices", "qkv_rows")),
+        ("edulib.tp.linear.TensorParallelLinear", "the tensor-parallel block"),
         *((f"torch.distributed.nn.functional.{name}", "f and g")
           for name in ("all_reduce", "reduce_scatter", "all_gather", "_AllGather", "_Reduce_Scatter"))])
