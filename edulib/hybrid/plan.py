@@ -188,10 +188,10 @@ def _operator(name: str, model: nn.Sequential, loops: Loops, groups) -> nn.Modul
     if name.endswith(".attention"):
         return PlanAttention(full.out.in_features // full.heads)
     if isinstance(full, nn.Linear):
-        qkv = name.endswith(".qkv")
+        if not name.endswith(".qkv"):
+            return PlanLinear(full, loops, groups)
         heads = model[int(name.split(".")[0])].attention.heads
-        rows = qkv_rows(full.in_features, heads, heads) if qkv else None
-        return PlanLinear(full, loops, groups, rows)
+        return PlanLinear(full, loops, groups, qkv_rows(full.in_features, heads, heads))
     return full
 
 
