@@ -4,6 +4,7 @@ each the best of several runs, never a time against a clock: noise slows both si
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 
@@ -17,12 +18,19 @@ DEVICES, SMALL, LARGE = 8, 64, 256  # micro-batches: 4x the actions
 
 
 def _best(work: Callable[[], object], repeats: int = 5) -> float:
-    """The fastest of a few runs, in seconds (the least disturbed by whatever else runs)."""
+    """The fastest of a few runs, in seconds (the least disturbed by whatever else runs), with the
+    garbage collector off, as `timeit` times: a collection walks every object the whole test run
+    holds, and more work triggers more of them, which would read as the work growing faster."""
     times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - began)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            began = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - began)
+    finally:
+        gc.enable()
     return min(times)
 
 

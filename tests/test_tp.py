@@ -167,7 +167,7 @@ def test_the_split_cross_entropy_refuses_scores_that_miss_a_target(pools):
 
 # The one tensor-parallel Linear under every layout of a 2 x 2 mesh: per axis, its group splits the
 # output features ("o"), the input features ("i"), the rows once more with the batch ("d", the
-# depth), or nothing ("-").
+# depth), or nothing ("-"); with and without a bias, the output features in order or reordered.
 LAYOUTS = [(a, b) for a in "oid-" for b in "oid-" if (a, b) != ("d", "d")]
 LAYOUT = {"batch": 4, "in_features": 8, "out_features": 12}
 
@@ -194,7 +194,10 @@ def _layout_parts(rank: int, loops: tuple[str, str]) -> dict[str, slice]:
             "out": part(LAYOUT["out_features"], "o"), "rows": part(LAYOUT["out_features"], "od")}
 
 
-def _layout_step(loops: tuple[str, str], bias: bool) -> dict[str, torch.Tensor]:
+ORDERS = {"in order": None, "reordered": [5, 0, 11, 3, 8, 1, 10, 6, 2, 9, 4, 7]}
+
+
+def _layout_step(loops: tuple[str, str], bias: bool, order: str) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     from edulib import comm
@@ -205,7 +208,8 @@ def _layout_step(loops: tuple[str, str], bias: bool) -> dict[str, torch.Tensor]:
     groups = (comm.members_group([b, 2 + b], "layout"), comm.members_group([2 * a, 2 * a + 1], "layout"))
     full, x, probe = _layout_full(bias)
     picked = {kind: [groups[axis] for axis in (0, 1) if loops[axis] == kind] for kind in "oid"}
-    layer = TensorParallelLinear(full, picked["o"], picked["i"], depth=(picked["d"] or [None])[0])
+    layer = TensorParallelLinear(full, picked["o"], picked["i"], depth=(picked["d"] or [None])[0],
+                                 rows=ORDERS[order])
     parts = _layout_parts(rank, loops)
     mine = x[parts["batch"], parts["in"]].clone().requires_grad_()
     y = layer(mine)
@@ -214,17 +218,22 @@ def _layout_step(loops: tuple[str, str], bias: bool) -> dict[str, torch.Tensor]:
             "bias": None if layer.bias is None else layer.bias.grad}
 
 
-@pytest.mark.parametrize("loops", LAYOUTS, ids="".join)
-@pytest.mark.parametrize("bias", (False, True))
-def test_the_one_tensor_parallel_linear_equals_the_full_one_under_every_layout(loops, bias, pool4):
+# every pair of option values: each layout with and without a bias, and in each order
+PAIRS = [(loops, bias, list(ORDERS)[(n + bias) % 2])
+         for n, loops in enumerate(LAYOUTS) for bias in (False, True)]
+
+
+@pytest.mark.parametrize("loops, bias, order", PAIRS, ids=str)
+def test_the_one_tensor_parallel_linear_equals_the_full_one_under_every_layout(loops, bias, order, pool4):
     full, x, probe = _layout_full(bias)
+    rows = list(range(LAYOUT["out_features"])) if ORDERS[order] is None else ORDERS[order]
     x.requires_grad_()
     y = full(x)
-    (y * probe).sum().backward()
-    for rank, got in enumerate(pool4.run(_layout_step, loops, bias)):
+    (y[:, rows] * probe).sum().backward()  # (the layer's output features come in the order `rows`)
+    for rank, got in enumerate(pool4.run(_layout_step, loops, bias, order)):
         parts = _layout_parts(rank, loops)
-        torch.testing.assert_close(got["y"], y.detach()[parts["batch"], parts["out"]])
+        torch.testing.assert_close(got["y"], y.detach()[:, rows][parts["batch"], parts["out"]])
         torch.testing.assert_close(got["x"], x.grad[parts["batch"], parts["in"]])
-        torch.testing.assert_close(got["weight"], full.weight.grad[parts["rows"], parts["in"]])
+        torch.testing.assert_close(got["weight"], full.weight.grad[rows][parts["rows"], parts["in"]])
         if bias:
-            torch.testing.assert_close(got["bias"], full.bias.grad[parts["out"]])
+            torch.testing.assert_close(got["bias"], full.bias.grad[rows][parts["out"]])

@@ -83,8 +83,9 @@ def _cut(size: int, groups: Sequence, order: Sequence[int] | None, what: str) ->
 class TensorParallelLinear(ParallelModule):
     """A Linear cut from `full`: its output features (in the order `rows`, if given) split over
     the `outputs` groups, its input features over the `inputs` groups, its rows once more over
-    `depth`. It reads its input part (the input features of its `inputs` part; whole features
-    where none) and returns its output part (the output features of its `outputs` part)."""
+    `depth`. It reads its input part (its batch part over `depth`, if given; the input features
+    of its part over `inputs`, all of them where none) and returns its output part (that batch
+    part; the output features of its part over `outputs`, in the order `rows`)."""
 
     def __init__(self, full: nn.Linear, outputs: Sequence = (), inputs: Sequence = (), depth=None,
                  rows: Sequence[int] | None = None, name: str = "", algorithm: str = "builtin") -> None:
