@@ -5,6 +5,7 @@ each the best of several runs, never a time against a clock: noise slows both si
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable
 
@@ -17,27 +18,33 @@ from edulib.pp.schedules import SCHEDULES, build_schedule
 DEVICES, SMALL, LARGE = 8, 64, 256  # micro-batches: 4x the actions
 
 
-def _best(work: Callable[[], object], repeats: int = 5) -> float:
-    """The fastest of a few runs, in seconds (the least disturbed by whatever else runs), with the
-    garbage collector off, as `timeit` times: a collection walks every object the whole test run
-    holds, and more work triggers more of them, which would read as the work growing faster."""
-    times = []
+SAMPLE = 0.03  # seconds a timed sample lasts at least: long enough that time slices other work
+# takes (a few ms each) weigh on every sample alike, instead of sparing a short one
+
+
+def _growth(make: Callable[[int], object], run: Callable[[object], object], rounds: int = 7) -> float:
+    """How many times longer `run` takes on the large input than on the small one. A sample runs
+    the large input enough times to last `SAMPLE`, and the small one LARGE / SMALL times as often,
+    so both last about as long; each size's time is its fastest of `rounds` samples, the two taking
+    turns. The garbage collector is off, as `timeit` times: a collection walks every object the
+    whole test run holds, and more work triggers more of them."""
+    small, large = make(SMALL), make(LARGE)
+    began = time.perf_counter()
+    run(large)
+    repeats = max(1, math.ceil(SAMPLE / (time.perf_counter() - began)))
+    times = {"small": float("inf"), "large": float("inf")}
     gc.collect()
     gc.disable()
     try:
-        for _ in range(repeats):
-            began = time.perf_counter()
-            work()
-            times.append(time.perf_counter() - began)
+        for _ in range(rounds):
+            for size, given, count in (("small", small, repeats * LARGE // SMALL), ("large", large, repeats)):
+                began = time.perf_counter()
+                for _ in range(count):
+                    run(given)
+                times[size] = min(times[size], (time.perf_counter() - began) / count)
     finally:
         gc.enable()
-    return min(times)
-
-
-def _growth(make: Callable[[int], object], run: Callable[[object], object]) -> float:
-    """How many times longer `run` takes on the large input than on the small one."""
-    small, large = make(SMALL), make(LARGE)
-    return _best(lambda: run(large)) / _best(lambda: run(small))
+    return times["large"] / times["small"]
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
