@@ -31,8 +31,8 @@ def disagreements(reports: Sequence[dict], reference: dict[str, torch.Tensor], r
                 shape = None if got is None else tuple(got.shape)
                 problems.append(f"rank {where}: {label} has shape {shape}, "
                                 f"expected {tuple(want.shape)} ({name}{_show(index)})")
-            elif not torch.allclose(got.cpu(), want, rtol=rtol, atol=atol):
-                worst = (got.cpu() - want).abs().max().item()
+            elif not torch.allclose(got, want, rtol=rtol, atol=atol):
+                worst = (got - want).abs().max().item()
                 problems.append(f"rank {where}: {label} differs from {name}{_show(index)} "
                                 f"(largest difference {worst:.2e})")
     missing = sorted(set(reference) - covered) if complete else []

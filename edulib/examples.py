@@ -28,7 +28,7 @@ def builtin_all_reduce(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.
     tensor = rank_tensor(length, "float32", seed)
     result = tensor.clone()
     dist.all_reduce(result)
-    return tensor.cpu(), result.cpu()
+    return tensor, result
 
 
 def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +36,7 @@ def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.T
     tensor = rank_tensor(length, "float32", seed)
     result = tensor.clone()
     dist.broadcast(result, src=src)
-    return tensor.cpu(), result.cpu()
+    return tensor, result
 
 
 def greet() -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -26,10 +26,18 @@ def built_on_host(build: Callable[..., Built]) -> Callable[..., Built]:
         target = torch.get_default_device()
         with torch.device(HOST):
             made = build(*args, **kwargs)
-        if target == HOST:
-            return made
-        return tuple(t.to(target) for t in made) if isinstance(made, tuple) else made.to(target)
+        return made if target == HOST else _moved(made, target)
     return wrapper
+
+
+def _moved(made: Any, target: torch.device) -> Any:
+    """What a builder made, on `target`: its tensors and modules, and anything else with `.to`,
+    also inside tuples, lists and dicts."""
+    if isinstance(made, (tuple, list)):
+        return type(made)(_moved(part, target) for part in made)
+    if isinstance(made, dict):
+        return {key: _moved(part, target) for key, part in made.items()}
+    return made.to(target)
 
 
 @built_on_host
@@ -203,7 +211,7 @@ class Block(nn.Module):
             self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
             with torch.no_grad():  # not the default 1 and 0, so a gradient bug cannot hide
                 for p in (*self.norm1.parameters(), *self.norm2.parameters()):
-                    p.add_(torch.randn(p.shape, generator=generator) * 0.1)
+                    p.add_(torch.randn(p.shape, generator=generator, device=HOST).to(p.device) * 0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x) if self.normalized else x)

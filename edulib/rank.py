@@ -50,6 +50,37 @@ def device() -> Any:
     return torch.device("cpu")
 
 
+def finish_queued_work() -> None:
+    """Wait until this rank's GPU has run every kernel queued so far (CUDA runs them after the
+    call returns), so a clock read next times the work itself; the CPU has nothing queued."""
+    import torch
+
+    if device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+class _HostPickler(pickle.Pickler):
+    """Pickles each tensor from the host's memory: what a rank returns to its parent then needs no
+    GPU to read (nor a CUDA context in the notebook's kernel), and compares with host references."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        import torch
+
+        if not isinstance(obj, torch.Tensor) or obj.device.type == "cpu":
+            return NotImplemented
+        host = obj.detach().cpu().requires_grad_(obj.requires_grad)
+        if isinstance(obj, torch.nn.Parameter):
+            host = torch.nn.Parameter(host, obj.requires_grad)
+        return host.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+def on_host(value: Any) -> bytes:
+    """`value` pickled with its tensors in the host's memory (what leaves a rank for its parent)."""
+    buffer = io.BytesIO()
+    _HostPickler(buffer, pickle.DEFAULT_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
 class _Forward(io.TextIOBase):
     """A text stream that sends whole lines to the parent as ("out", stream, text) messages."""
 
@@ -167,7 +198,7 @@ def serve(argv: list[str]) -> None:
     while True:
         fn, args, kwargs = tasks.get()
         try:
-            reply = pickle.dumps(("done", fn(*args, **kwargs)))
+            reply = on_host(("done", fn(*args, **kwargs)))
         except BaseException as error:  # noqa: BLE001 - a student's error goes back to the caller
             reply = pickle.dumps(failure(error))
         sys.stdout.flush()

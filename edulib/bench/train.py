@@ -19,7 +19,7 @@ from edulib.bench.timing import peak_resident
 from edulib.dp.zero import optimizer_state, tensor_bytes
 from edulib.launch import Pool
 from edulib.models import cut_into_stages
-from edulib.rank import device
+from edulib.rank import device, finish_queued_work
 from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
 from edulib.train.data import text_batch
@@ -70,6 +70,7 @@ def torch_train(config: TrainConfig, kind: str) -> dict:
         held = max(held, tensor_bytes(_local(w.grad) for w in weights.parameters()))
         optimizer.step()
         optimizer.zero_grad()
+        finish_queued_work()
         seconds.append(time.perf_counter() - began)
         losses.append(loss)
     return {"seconds": seconds, "losses": losses,

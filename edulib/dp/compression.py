@@ -198,8 +198,8 @@ class PowerSGD:
             whole = [v for v, m in zip(views, matrices, strict=True) if not self._compressed(*m.shape)]
             if self.qs is None:
                 generator = torch.Generator().manual_seed(int(self.seeds.randint(1_000_000_000)))
-                self.qs = [torch.randn(m.shape[1], min(*m.shape, self.rank), generator=generator)
-                           for m in kept]
+                self.qs = [torch.randn(m.shape[1], min(*m.shape, self.rank), generator=generator,
+                                       device=generator.device).to(m.device) for m in kept]
             qs = [orthogonalize(q) for q in self.qs]
             rest = torch.cat([v.reshape(-1) for v in whole]) if whole else flat.new_empty(0)
             comm.all_reduce(rest, group=group)

@@ -45,8 +45,8 @@ def collective_step(name: str, length: int, dtype: str = "float32", seed: int = 
     sent = run_schedule(schedule, output, segment=segment)
     builtin = None
     if schedule.collective == "all_reduce":
-        builtin = all_reduce(tensor.clone(), "builtin").cpu()
-    return {"input": tensor.cpu(), "output": output.cpu(), "builtin": builtin, "sent": sent}
+        builtin = all_reduce(tensor.clone(), "builtin")
+    return {"input": tensor, "output": output, "builtin": builtin, "sent": sent}
 
 
 def run_many(names: list[str], lengths: list[int], dtypes: list[str],

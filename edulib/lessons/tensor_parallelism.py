@@ -13,8 +13,8 @@ way on every rank and in the caller from a seed, so the caller can compute the r
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -235,6 +235,7 @@ def vocab_reference(batch: int, tokens: int, hidden: int, vocab: int, seed: int 
     return {"loss": loss.item(), "embedding": embedding.weight.grad, "head": head.weight.grad}
 
 
+@built_on_host
 def grid_case(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
               ) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
     """A full Linear, its input and the probe (the loss is sum(output x probe))."""
@@ -298,29 +299,45 @@ def grid_reference(batch: int, in_features: int, out_features: int, bias: bool =
 AUTO_MODELS = ("mlp", "gpt", "tied_gpt", "torch_layer")
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchLoss:
+    """A model's loss on one batch: sum(model(x) x probe), or with `language` the language model's
+    loss of x's next tokens (probe); `to` moves the batch, as a module's moves its weights."""
+
+    x: torch.Tensor
+    probe: torch.Tensor
+    language: bool = False
+
+    def __call__(self, model: nn.Module) -> torch.Tensor:
+        from edulib.train.model import lm_loss
+
+        out = model(self.x)
+        return lm_loss(out, self.probe) if self.language else (out * self.probe).sum()
+
+    def to(self, device: torch.device) -> BatchLoss:
+        return dataclasses.replace(self, x=self.x.to(device), probe=self.probe.to(device))
+
+
 @built_on_host
-def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, BatchLoss]:
     """A model written for one process (an MLP with a layer that cannot split; the trainer's
     language model, its head tied or not; torch's TransformerEncoderLayer and a head) and what
     computes its loss."""
     from edulib.train.data import text_batch
-    from edulib.train.model import gpt, lm_loss
+    from edulib.train.model import gpt
 
     check_choice(kind, AUTO_MODELS, "model")
     torch.manual_seed(seed)
     if kind == "mlp":
         model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8), nn.Linear(8, 12),
                               nn.Linear(12, 5))  # a pair, one that splits on any grid, one that cannot
-        x, probe = torch.randn(8, 8), torch.randn(8, 5)
-        return model, lambda m: (m(x) * probe).sum()
+        return model, BatchLoss(torch.randn(8, 8), torch.randn(8, 5))
     if kind == "torch_layer":
         layer = nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, batch_first=True)
         model = nn.Sequential(layer, nn.Linear(8, 4))
-        x, probe = torch.randn(4, 6, 8), torch.randn(4, 6, 4)
-        return model, lambda m: (m(x) * probe).sum()
+        return model, BatchLoss(torch.randn(4, 6, 8), torch.randn(4, 6, 4))
     model = gpt(256, 16, 2, 2, 8, tie=kind == "tied_gpt", seed=seed)
-    inputs, targets = text_batch(0, 4, 8, seed)
-    return model, lambda m: lm_loss(m(inputs), targets)
+    return model, BatchLoss(*text_batch(0, 4, 8, seed), language=True)
 
 
 def auto_parallel_step(kind: str, shape: GridShape | None = None, seed: int = 0, algorithm: str = "builtin"

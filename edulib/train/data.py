@@ -44,6 +44,7 @@ def text_batch(step: int, size: int, tokens: int, seed: int = 0, split: str = "t
     check_count(tokens, "tokens")
     source = part(split)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(0, len(source) - tokens - 1, (size,), generator=generator)
+    starts = torch.randint(0, len(source) - tokens - 1, (size,), generator=generator,
+                           device=generator.device)  # the host's numbers, whatever the default device
     rows = torch.stack([source[start:start + tokens + 1] for start in starts.tolist()])
     return rows[:, :-1].to(torch.get_default_device()), rows[:, 1:].to(torch.get_default_device())

@@ -42,6 +42,7 @@ from edulib.models import Block, cut_into_stages
 from edulib.pp.executor import Links, execute
 from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
+from edulib.rank import finish_queued_work
 from edulib.recompute import Recomputed
 from edulib.tp.layers import ColumnParallelLinear, Index, ParallelBlock, ParallelModule
 from edulib.tp.sequence import SequenceSplit
@@ -607,6 +608,7 @@ class _Run:
             context.trace = []
         self.losses.append(self.batch(self.schedule, "train", step, self.activations if first else None))
         self.averaging.step(config.lr_at(step), keep_gradients=self.weights and first)
+        finish_queued_work()
         self.report["seconds"].append(time.perf_counter() - began)
         self.report["sent_by_step"].append(by_axis(sent[before:], self.pipeline, self.context_ranks))
         if first and context is not None:  # query-key pairs it scored, per sequence and head
@@ -656,7 +658,7 @@ class _Run:
         if config.experts:  # the last step's tokens per expert, each routed token counted once
             load = torch.zeros(config.layers, config.experts)
             for layer in self.moe:  # (the tp ranks route parts of the tokens)
-                load[layer.layer - 1] += layer.load.cpu()
+                load[layer.layer - 1] += layer.load
             report["routed"] = int(load.sum())  # the expert assignments this rank made
             report["expert_load"] = comm.all_reduce(load).long().tolist()
         if not self.weights:
