@@ -358,10 +358,11 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
 def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microbatches: int = 1,
                            steps: int = 4, halve_lr: bool = False, halves: bool = False) -> dict:
     """Train TiedModel, built from a different seed on every rank, with edulib's wrapper and with
-    torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1": a
-    sharded one), on the same batches, each in `microbatches` backward passes of which all but
-    the last run inside no_sync(), with `halve_lr` a scheduler halving the learning rate every
-    step, with `halves` each half of the ranks on its own; return both models' final state."""
+    torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1" or
+    "zero1_chunks": a sharded one, by whole parameters or by chunks), on the same batches, each
+    in `microbatches` backward passes of which all but the last run inside no_sync(), with
+    `halve_lr` a scheduler halving the learning rate every step, with `halves` each half of the
+    ranks on its own; return both models' final state and the elements of edulib's optimizer state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from edulib.dp import DistributedDataParallel, ShardedOptimizer
@@ -376,7 +377,8 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
     if wrapper == "ddp":
         optimizers = [kind(model.parameters(), **options) for model in models]
     else:
-        optimizers = [ShardedOptimizer(models[0].parameters(), kind, group, algorithm, **options),
+        partition = "chunks" if wrapper == "zero1_chunks" else "parameters"
+        optimizers = [ShardedOptimizer(models[0].parameters(), kind, group, algorithm, partition, **options),
                       ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind,
                                               process_group=group, **options)]
     schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in optimizers] if halve_lr else []
@@ -394,7 +396,11 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
             opt.step()
         for scheduler in schedulers:
             scheduler.step()
-    return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict()}
+    from edulib.dp.zero import optimizer_state
+
+    inner = getattr(optimizers[0], "optimizer", optimizers[0])  # a sharded one's state: this rank's share
+    return {"edulib": models[0].module.state_dict(), "torch": models[1].module.state_dict(),
+            "state": sum(t.numel() for t in optimizer_state(inner)) if inner is not None else 0}
 
 
 def fsdp_against_torch(optimizer: str, compute: str, algorithm: str, prefetch: bool = False,

@@ -141,9 +141,11 @@ def test_the_lectures_resnet50_example_needs_73_gb_per_second_at_the_server():
 
 WRAPPER_PAIRS = [("ddp", "sgd", "builtin", 1, False), ("ddp", "adamw", "ring", 2, False),
                  ("zero1", "sgd", "ring", 2, False), ("zero1", "adamw", "builtin", 1, True),
-                 ("ddp", "sgd", "ring", 1, True), ("zero1", "sgd", "builtin", 2, True)]
-# every pair of wrapper, optimizer, all-reduce, micro-batches (those after the first in no_sync)
-# and a group of half the ranks
+                 ("ddp", "sgd", "ring", 1, True), ("zero1", "sgd", "builtin", 2, True),
+                 ("zero1_chunks", "adamw", "ring", 1, False), ("zero1_chunks", "sgd", "builtin", 2, True),
+                 ("zero1_chunks", "adamw", "builtin", 2, False), ("zero1_chunks", "sgd", "ring", 1, True)]
+# every pair of wrapper (ZeRO-1 by whole parameters or by chunks), optimizer, all-reduce,
+# micro-batches (those after the first in no_sync) and a group of half the ranks
 
 
 @pytest.mark.parametrize("wrapper, optimizer, algorithm, microbatches, halves", WRAPPER_PAIRS)
@@ -162,6 +164,16 @@ def test_the_drop_in_wrappers_train_like_pytorchs_own(wrapper, optimizer, algori
             assert torch.allclose(tensor, report["torch"][name], atol=1e-5), (name, wrapper, optimizer)
             assert torch.equal(tensor, first[name]), name  # every rank holds the same model
         assert torch.equal(report["edulib"]["out.weight"], report["edulib"]["embed.weight"])  # still tied
+    trainable = sum(p.numel() for p in ranks.TiedModel().parameters() if p.requires_grad)
+    moments = trainable * (2 if optimizer == "adamw" else 1)  # Adam's two moments, SGD's momentum
+    held = [report["state"] for report in reports]
+    if wrapper == "ddp":
+        assert held == [moments] * 4
+    else:  # each element's state on one rank of its group
+        groups = [held[:2], held[2:]] if halves else [held]
+        assert [sum(group) for group in groups] == [moments] * len(groups)
+        if wrapper == "zero1_chunks":  # ZeRO's chunks: equal shares, to the element
+            assert all(max(group) - min(group) <= 2 for group in groups), held
 
 
 PLAIN_LOOPS = [("ddp", True, False, "builtin"), ("ddp", False, True, "ring"), ("ddp", True, True, "ring"),
@@ -203,9 +215,10 @@ def test_a_pass_that_leaves_parameters_waiting_is_named_not_a_crash(pool4):
         pool4.run(_two_passes_without_find_unused)
 
 
-def test_a_learning_rate_schedule_reaches_the_sharded_optimizer(pool4):
+@pytest.mark.parametrize("wrapper", ["zero1", "zero1_chunks"])
+def test_a_learning_rate_schedule_reaches_the_sharded_optimizer(wrapper, pool4):
     # the scheduler sets the wrapper's param_groups; each rank's own optimizer must follow them
-    for report in pool4.run(ranks.wrappers_against_torch, "zero1", "sgd", "ring", halve_lr=True):
+    for report in pool4.run(ranks.wrappers_against_torch, wrapper, "sgd", "ring", halve_lr=True):
         for name, tensor in report["edulib"].items():
             assert torch.allclose(tensor, report["torch"][name], atol=1e-5), name
 
@@ -227,6 +240,10 @@ def _bad_wrapper(kind: str) -> None:
     elif kind == "group added":
         sharded = ShardedOptimizer([model.hidden.weight], torch.optim.SGD, lr=0.1)
         sharded.add_param_group({"params": [model.out.weight]})
+    elif kind == "partition":
+        ShardedOptimizer(model.parameters(), torch.optim.SGD, partition="rows", lr=0.1)
+    elif kind == "unreached":  # a step with no backward before it: no gradient to cut into chunks
+        ShardedOptimizer(model.parameters(), torch.optim.SGD, partition="chunks", lr=0.1).step()
     elif kind == "saved":
         ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.1).state_dict()
     else:
@@ -238,6 +255,8 @@ def _bad_wrapper(kind: str) -> None:
     ("bucket", "bucket_bytes must be a positive whole number"), ("algorithm", "no_such"),
     ("dtypes", "the parameters must share one dtype"),
     ("group added", "pass every parameter group to the constructor"),
+    ("partition", "unknown partition 'rows'; choose one of parameters, chunks"),
+    ("unreached", "every trainable parameter needs a gradient at each step"),
     ("saved", "save `optimizer.optimizer.state_dict\\(\\)` on every rank"),
     ("tied", r"parameter embed.weight is in two units \(Embedding and Linear\)"),
     ("stranger", "a unit must be one of the model's own submodules; \\['Linear'\\]"),

@@ -289,6 +289,18 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
             TensorParallelLinear(nn.Linear(2, 2))  # the one tensor-parallel Linear would answer it
             return x
      """, "tensor-parallel block", "the tensor-parallel block"),
+    ("lesson05_sharding", """
+        import torch
+
+        from edulib.dp.sharded_optimizer import Masters
+
+        class ShardedAdamW:
+            def __init__(self, parameters, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+                Masters([], list, torch.float32, keep=True)  # ZeRO-1's own state would answer it
+
+            def step(self, gradient):
+                return gradient
+     """, "ZeRO with AdamW", "ZeRO's sharded optimizer"),
     ("lesson04_pipeline", """
         from edulib.pp.executor import execute
 

@@ -37,9 +37,10 @@ from edulib.hooks import weakly
 
 class Unit:
     """One unit's parameters as a flat vector cut into N chunks, of which this rank owns chunk
-    `rank` (all of it when not `shard`). The parameters are the module's trainable ones unless given."""
+    `rank` (all of it when not `shard`). The parameters are the module's trainable ones unless given
+    (a unit that no hook needs, ShardedOptimizer's, has no module)."""
 
-    def __init__(self, module: nn.Module, ranks: int, rank: int, shard: bool,
+    def __init__(self, module: nn.Module | None, ranks: int, rank: int, shard: bool,
                  parameters: list[nn.Parameter] | None = None) -> None:
         self.module = module
         self.parameters = parameters if parameters is not None else [

@@ -15,7 +15,9 @@ K = 12 bytes of fp32 master weights and Adam moments per parameter):
   and frees them after: (2 + 2 + K)Ψ/N, plus the unit being gathered.
 
 The parameters are cut per unit into N nearly equal chunks (`chunk_bounds`), so any count works
-and a rank may own nothing. Every message goes through `edulib.comm`, on any `algorithm=`.
+and a rank may own nothing; the master weights and the optimizer over them are ZeRO-1's own
+(`Masters`, which ShardedOptimizer's "chunks" partition keeps too). Every message goes through
+`edulib.comm`, on any `algorithm=`.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from torch import nn
 from edulib import comm
 from edulib.checks import check_choice
 from edulib.dp.data_parallel import check_replicas
+from edulib.dp.sharded_optimizer import Masters, Optimizer
 from edulib.dp.sharding import Sharding, Unit, group_units
 from edulib.footprint import ZERO_STAGES
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-Optimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -85,21 +87,12 @@ class ZeroDataParallel(Sharding):
         units_ = [Unit(unit, self.ranks, rank, shard=stage >= 1, parameters=parameters)
                   for unit, parameters in group_units(model, units, ignored_params)]
         self.loss_scale = loss_scale if loss_scale is not None else (2.0**10 if precision == "fp16" else 1.0)
-        # fp32 master weights: this rank's chunk of each unit (all of it at stage 0); computing in
-        # fp32 below stage 3, that chunk of the full weights themselves (a copy would only cost memory)
-        alias = self.dtype == torch.float32 and stage < 3
-        self.master: list[nn.Parameter] = []
+        # fp32 master weights: this rank's chunk of each unit (all of it at stage 0), as ZeRO-1 keeps
+        # them (`Masters`); computing in fp32 below stage 3, that chunk of the full weights themselves
         self.shards: list[torch.Tensor] = []  # stage 3: this rank's 16-bit chunk of each unit
-        for unit in units_:  # a unit at a time: one unit's weights held twice at most
-            flat = unit.flat().detach()
-            chunk = flat[unit.lo:unit.hi]
-            self.master.append(nn.Parameter(chunk if alias else chunk.clone()))
-            unit.load(flat.to(self.dtype))
-            if stage == 3:  # (in fp32 a shard is its master weight itself, as after every step)
-                self.shards.append(self.master[-1].detach().to(self.dtype))
-                unit.release()
-        make = optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
-        self.optimizer = make(self.master)
+        masters = Masters(units_, optimizer or (lambda parameters: torch.optim.AdamW(parameters, lr=1e-3)),
+                          self.dtype, keep=stage < 3, each=self._shard_and_release if stage == 3 else None)
+        self.master, self.optimizer = masters.weights, masters.optimizer
         # stages 2 and 3 keep only this rank's shard of the gradients, summed over micro-batches
         self.grad_shards = [torch.zeros(unit.hi - unit.lo, dtype=self.dtype) if stage >= 2 else None
                             for unit in units_]
@@ -107,6 +100,12 @@ class ZeroDataParallel(Sharding):
         self.peaks = {"parameters": 0, "gradients": 0, "optimizer": 0}
         self._shard_units(units_, algorithm, group, gather=stage == 3, reduce=stage >= 2, prefetch=prefetch)
         self._measure()
+
+    def _shard_and_release(self, unit: Unit, master: nn.Parameter) -> None:
+        """Stage 3: keep this rank's 16-bit chunk of a unit (in fp32, its master weight itself, as
+        after every step) and free the unit's full weights."""
+        self.shards.append(master.detach().to(self.dtype))
+        unit.release()
 
     def _chunk(self, index: int) -> torch.Tensor:
         """This rank's 16-bit shard of the unit (stage 3)."""

@@ -198,6 +198,7 @@ exercise("lesson05_sharding", [
          [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
                           ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
                           ("edulib.dp.sharded_optimizer.ShardedOptimizer", "ZeRO's sharded optimizer"),
+                          ("edulib.dp.sharded_optimizer.Masters", "ZeRO's sharded optimizer"),
                           ("edulib.dp.fsdp.FullyShardedDataParallel", "the ZeRO-3 unit"),
                           ("edulib.dp.sharding.Sharding", "the ZeRO-3 unit"),
                           ("edulib.dp.sharding.Unit", "the ZeRO-3 unit"),
