@@ -113,6 +113,11 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     assert _neighbours(controls, {"ranks": 4, "gb": 8.0, "kind": "a"}) == [
         {"ranks": 8, "gb": 8.0, "kind": "a"}, {"ranks": 4, "gb": 16.0, "kind": "a"},
         {"ranks": 2, "gb": 8.0, "kind": "a"}]  # gb 0 is below its minimum; a choice is not guessed
+    three = {**controls, "tb": Slider(2, 1, 3, 1)}
+    assert _neighbours(three, {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 2}, moved=("gb", -1)) == [
+        {"ranks": 4, "gb": 8.0, "kind": "a", "tb": 2}, {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 1},
+        {"ranks": 2, "gb": 16.0, "kind": "a", "tb": 2},  # gb again, then the controls after it, down
+        {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 3}, {"ranks": 8, "gb": 16.0, "kind": "a", "tb": 2}]
     calls = []
     renders = _Renders(lambda **values: calls.append(values) or "drawn")  # a lambda: a thread renders ahead
     assert renders.process is None
@@ -129,6 +134,26 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     while ("x", 4) not in {key[0] for key in described.done} and time.monotonic() < deadline:
         time.sleep(0.01)
     assert described.get({"x": 4}) == (None, "drawn", "x is 4")
+
+
+def test_a_moved_slider_is_rendered_ahead_the_way_it_went_first(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    from edulib.widgets import explorer
+
+    asked = []
+    monkeypatch.setattr(explorer._Renders, "prepare", lambda self, upcoming: asked.append(upcoming))
+    box = explore(lambda a, b: "drawn", {"a": Slider(2, 0, 5), "b": Slider(2, 0, 5)}, static=False)
+    a, b = box.children[0].children
+    b.value = 1
+    assert asked[-1][:2] == [{"a": 2, "b": 0}, {"a": 1, "b": 1}]  # b down again, then a (after b) down
+    a.value = 3
+    assert asked[-1][:2] == [{"a": 4, "b": 1}, {"a": 3, "b": 2}]
+    box = explore(lambda kind, size: "drawn", {"kind": Choice("plain", ("plain", "chunked")),
+                                               "size": Slider(2, 1, 4, 1, integer=True)}, static=False,
+                  applies={"size": lambda kind, **_: None if kind == "chunked" else "only for chunked"})
+    assert asked[-1] == []  # a disabled slider cannot be pressed: nothing to render for it
+    box.children[0].children[0].value = "chunked"
+    assert asked[-1] == [{"kind": "chunked", "size": 3}, {"kind": "chunked", "size": 1}]
 
 
 def test_pictures_rendered_ahead_come_from_processes_that_yield_to_the_kernel():

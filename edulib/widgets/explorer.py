@@ -111,11 +111,20 @@ def _widget(name: str, control: Slider | Choice) -> Any:
                                readout_format=".3g")
 
 
-def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) -> list[dict[str, Any]]:
-    """The values one key press away: each slider one stop up, then each one stop down."""
+def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any],
+                moved: tuple[str, int] | None = None) -> list[dict[str, Any]]:
+    """The values one key press away, likeliest first: after `moved` (a control and the way it
+    went, +1 or -1), that slider again the same way, then the controls after it (where Tab takes
+    the keyboard's focus) the same way, then each the other way; else each slider one stop up,
+    then each one stop down."""
+    if not controls:
+        return []
+    names, (start, way) = list(controls), moved or (next(iter(controls)), 1)
+    turn = names.index(start)
     found = []
-    for direction in (1, -1):
-        for name, control in controls.items():
+    for direction in (way, -way):
+        for name in names[turn:] + names[:turn]:
+            control = controls[name]
             if isinstance(control, Choice):
                 continue
             if control.log:
@@ -124,9 +133,9 @@ def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any]) ->
                 if 0 <= index < len(stops):
                     found.append({**values, name: stops[index]})
             else:
-                moved = values[name] + direction * control.step
-                if control.min <= moved <= control.max:
-                    found.append({**values, name: type(values[name])(moved)})
+                moved_to = values[name] + direction * control.step
+                if control.min <= moved_to <= control.max:
+                    found.append({**values, name: type(values[name])(moved_to)})
     return found
 
 
@@ -256,8 +265,13 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
 
     renders = _Renders(draw, describe)
 
-    def redraw(_: object = None) -> None:
+    def redraw(change: dict | None = None) -> None:
         values = {name: widget.value for name, widget in inputs.items()}
+        moved = None
+        if change is not None:  # which control moved, and which way
+            name = next(name for name, widget in inputs.items() if widget is change["owner"])
+            numbers = isinstance(change["new"], (int, float)) and isinstance(change["old"], (int, float))
+            moved = (name, -1 if numbers and change["new"] < change["old"] else 1)
         for name, rule in (applies or {}).items():
             reason = rule(**values)
             inputs[name].disabled, inputs[name].tooltip = reason is not None, reason or ""
@@ -271,7 +285,8 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
         image.layout.display, output.layout.display = ("", "none") if picture is not None else ("none", "")
         if words is not None:
             text.value = f"<pre>{html.escape(words)}</pre>"
-        renders.prepare(_neighbours(controls, values))
+        usable = {name: control for name, control in controls.items() if not inputs[name].disabled}
+        renders.prepare(_neighbours(usable, values, moved if moved and moved[0] in usable else None))
 
     for widget in inputs.values():
         widget.observe(redraw, names="value")
