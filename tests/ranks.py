@@ -356,13 +356,16 @@ OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
 
 
 def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microbatches: int = 1,
-                           steps: int = 4, halve_lr: bool = False, halves: bool = False) -> dict:
+                           steps: int = 4, halve_lr: bool = False, halves: bool = False,
+                           groups: bool = False) -> dict:
     """Train TiedModel, built from a different seed on every rank, with edulib's wrapper and with
     torch's own (DistributedDataParallel, then `wrapper` "ddp": the optimizer, or "zero1" or
     "zero1_chunks": a sharded one, by whole parameters or by chunks), on the same batches, each
     in `microbatches` backward passes of which all but the last run inside no_sync(), with
     `halve_lr` a scheduler halving the learning rate every step, with `halves` each half of the
-    ranks on its own; return both models' final state and the elements of edulib's optimizer state."""
+    ranks on its own, with `groups` two param groups (the matrices with weight decay 0.1 and a
+    learning rate of twice the rest's); return both models' final state and the elements of
+    edulib's optimizer state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from edulib.dp import DistributedDataParallel, ShardedOptimizer
@@ -374,12 +377,20 @@ def wrappers_against_torch(wrapper: str, optimizer: str, algorithm: str, microba
         torch.manual_seed(100 + rank)  # each rank starts elsewhere: the wrapper gives it rank 0's
         models.append(build(TiedModel()))
     kind, options = OPTIMIZERS[optimizer]
+
+    def weights(model: torch.nn.Module) -> list:
+        if not groups:
+            return list(model.parameters())
+        matrices = [p for p in model.parameters() if p.dim() > 1]
+        return [{"params": matrices, "weight_decay": 0.1, "lr": 2 * options["lr"]},
+                {"params": [p for p in model.parameters() if p.dim() == 1], "weight_decay": 0.0}]
+
     if wrapper == "ddp":
-        optimizers = [kind(model.parameters(), **options) for model in models]
+        optimizers = [kind(weights(model), **options) for model in models]
     else:
         partition = "chunks" if wrapper == "zero1_chunks" else "parameters"
-        optimizers = [ShardedOptimizer(models[0].parameters(), kind, group, algorithm, partition, **options),
-                      ZeroRedundancyOptimizer(models[1].parameters(), optimizer_class=kind,
+        optimizers = [ShardedOptimizer(weights(models[0]), kind, group, algorithm, partition, **options),
+                      ZeroRedundancyOptimizer(weights(models[1]), optimizer_class=kind,
                                               process_group=group, **options)]
     schedulers = [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5) for opt in optimizers] if halve_lr else []
     for step in range(steps):

@@ -215,6 +215,17 @@ def test_a_pass_that_leaves_parameters_waiting_is_named_not_a_crash(pool4):
         pool4.run(_two_passes_without_find_unused)
 
 
+@pytest.mark.parametrize("wrapper", ["ddp", "zero1", "zero1_chunks"])
+def test_param_groups_keep_their_own_options_under_each_partition(wrapper, pool4):
+    # the matrices decay and step twice as fast: each chunk or share must take its group's options
+    reports = pool4.run(ranks.wrappers_against_torch, wrapper, "adamw", "ring", groups=True)
+    plain = pool4.run(ranks.wrappers_against_torch, wrapper, "adamw", "ring")[0]["edulib"]
+    assert not torch.allclose(reports[0]["edulib"]["hidden.weight"], plain["hidden.weight"], atol=1e-3)
+    for report in reports:
+        for name, tensor in report["edulib"].items():
+            assert torch.allclose(tensor, report["torch"][name], atol=1e-5), name
+
+
 @pytest.mark.parametrize("wrapper", ["zero1", "zero1_chunks"])
 def test_a_learning_rate_schedule_reaches_the_sharded_optimizer(wrapper, pool4):
     # the scheduler sets the wrapper's param_groups; each rank's own optimizer must follow them
