@@ -215,6 +215,22 @@ def test_a_pass_that_leaves_parameters_waiting_is_named_not_a_crash(pool4):
         pool4.run(_two_passes_without_find_unused)
 
 
+def test_both_partitions_train_the_language_model_like_one_process(pool4):
+    from edulib.lessons.data_parallelism import sharded_optimizer_reference, sharded_optimizer_train
+
+    reference = sharded_optimizer_reference(4)
+    held = {}
+    for partition in ("parameters", "chunks"):
+        reports = pool4.run(sharded_optimizer_train, partition)
+        held[partition] = [report["state"] for report in reports]
+        assert sum(held[partition]) == reference["state"]  # each element's moments on one rank
+        for report in reports:
+            assert torch.allclose(report["weights"], reference["weights"], atol=1e-5)
+    even = reference["state"] / 4
+    assert max(held["parameters"]) > 1.3 * even  # whole tensors: the embedding and head dominate
+    assert max(held["chunks"]) - min(held["chunks"]) <= 2  # chunks: even to the element
+
+
 @pytest.mark.parametrize("wrapper", ["ddp", "zero1", "zero1_chunks"])
 def test_param_groups_keep_their_own_options_under_each_partition(wrapper, pool4):
     # the matrices decay and step twice as fast: each chunk or share must take its group's options

@@ -5,6 +5,8 @@ for many steps on every rank of a pool, `<what>_reference` is the one-process ru
   `torch_ddp_train`, the same with PyTorch's DistributedDataParallel; `data_parallel_reference`.
 - `parameter_server_train`: servers and workers, sharded, with a staleness bound.
 - `zero_train`: ZeRO stages 0-3 in mixed precision; `zero_reference` (one process's AdamW).
+- `sharded_optimizer_train`: ZeRO-1 after DistributedDataParallel, shared out by whole parameters
+  or by chunks; `sharded_optimizer_reference`.
 - `compressed_train`: top-k, int8 and PowerSGD with error feedback; `compressed_reference`;
   `torch_powersgd_train`, torch's PowerSGD communication hook.
 """
@@ -25,8 +27,11 @@ from edulib.comm.schedule import chunk_bounds
 from edulib.dp.compression import PowerSGD, compressed_average, compressor, descend, local_gradient
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.server import check_setup, worker_batch
-from edulib.dp.zero import PRECISION_DTYPES, ZeroDataParallel
+from edulib.dp.sharded_optimizer import ShardedOptimizer
+from edulib.dp.zero import PRECISION_DTYPES, ZeroDataParallel, optimizer_state
 from edulib.models import mlp
+from edulib.train.data import text_batch
+from edulib.train.model import gpt, lm_loss
 
 
 def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,
@@ -194,6 +199,40 @@ def zero_reference(steps: int, lr: float = 1e-3, precision: str = "fp32", width:
             for weights, parameter in zip(master, model.parameters(), strict=True):
                 parameter.copy_(weights)
     return torch.cat([m.detach().reshape(-1) for m in master]), losses
+
+
+def sharded_optimizer_train(partition: str, steps: int = 2, hidden: int = 64, layers: int = 1,
+                            lr: float = 1e-3) -> dict:
+    """Train the language model (hidden `hidden`, `layers` blocks, 256 tokens of vocabulary) under
+    DistributedDataParallel with AdamW in a ShardedOptimizer by `partition`, each rank on its share
+    of every batch: the elements of optimizer state this rank keeps, and the weights."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = DistributedDataParallel(gpt(hidden=hidden, heads=4, layers=layers))
+    optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, partition=partition, lr=lr)
+    for step in range(steps):
+        inputs, targets = (x.chunk(ranks)[rank] for x in text_batch(step, 4 * ranks, 16))
+        optimizer.zero_grad()
+        lm_loss(model(inputs), targets).backward()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+    held = optimizer_state(optimizer.optimizer) if optimizer.optimizer is not None else []
+    return {"state": sum(t.numel() for t in held),
+            "weights": parameters_to_vector(model.parameters()).detach()}
+
+
+def sharded_optimizer_reference(ranks: int, steps: int = 2, hidden: int = 64, layers: int = 1,
+                                lr: float = 1e-3) -> dict:
+    """One process and one AdamW over the whole model and the whole batch: its optimizer state's
+    elements and the weights that `sharded_optimizer_train` must equal."""
+    model = gpt(hidden=hidden, heads=4, layers=layers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(steps):
+        inputs, targets = text_batch(step, 4 * ranks, 16)
+        optimizer.zero_grad()
+        lm_loss(model(inputs), targets).backward()
+        optimizer.step()
+    return {"state": sum(t.numel() for t in optimizer_state(optimizer)),
+            "weights": parameters_to_vector(model.parameters()).detach()}
 
 
 def compressed_train(steps: int, method: str = "topk", ratio: float = 0.01,
