@@ -112,27 +112,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.partition == "chunks":
+        chunks = self.partition == "chunks"
+        if chunks:
+            if any(p.grad is None for unit in self.units for p in unit.parameters):  # before any update
+                raise ValueError("ShardedOptimizer(partition='chunks') updates each param group as one "
+                                 "flat vector, so every trainable parameter needs a gradient at each "
+                                 "step; one has none (no backward reached it): use "
+                                 "partition='parameters', which skips it as torch's optimizers do")
             for unit, master in zip(self.units, self.masters.weights, strict=True):
-                if any(p.grad is None for p in unit.parameters):
-                    raise ValueError("ShardedOptimizer(partition='chunks') updates each param group as one "
-                                     "flat vector, so every trainable parameter needs a gradient at each "
-                                     "step; one has none (no backward reached it): use "
-                                     "partition='parameters', which skips it as torch's optimizers do")
                 master.grad = unit.flat_grad()[unit.lo:unit.hi]
         if self.optimizer is not None:
             for inner, outer in zip(self.optimizer.param_groups, self.shared, strict=True):
                 inner.update(self._options(outer))
             self.optimizer.step()  # with the options as set now (a learning-rate scheduler's)
-        if self.partition == "chunks":
-            for unit, master in zip(self.units, self.masters.weights, strict=True):
-                master.grad = None
-                with comm.labelled("parameters"):
-                    unit.load(comm.all_gather_chunks(master.detach(), unit.length, self.algorithm, self.group,
-                                                     unit.filled(master)))
-            return loss
-        self._gather_owned()
+        if chunks:
+            self._gather_chunks()
+        else:
+            self._gather_owned()
         return loss
+
+    def _gather_chunks(self) -> None:
+        """Every rank's updated chunks into each param group's flat weights (the "chunks" partition)."""
+        for unit, master in zip(self.units, self.masters.weights, strict=True):
+            master.grad = None
+            with comm.labelled("parameters"):
+                unit.load(comm.all_gather_chunks(master.detach(), unit.length, self.algorithm, self.group,
+                                                 unit.filled(master)))
 
     def _gather_owned(self) -> None:
         """Every rank's updated parameters from their owners (the "parameters" partition)."""
