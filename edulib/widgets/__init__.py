@@ -1,17 +1,23 @@
-"""Interactive explorers (ipywidgets) built on edulib's models, with a static figure as fallback."""
+"""Interactive explorers (ipywidgets) built on edulib's models, with a static figure as fallback.
 
-from edulib.widgets.comm import comm_cost_explorer
-from edulib.widgets.dp import bandwidth_explorer
-from edulib.widgets.energy import frontier_explorer
-from edulib.widgets.explorer import Choice, Slider, explore
-from edulib.widgets.footprint import footprint_explorer
-from edulib.widgets.memory import memory_explorer
-from edulib.widgets.pipeline import bubble_explorer
-from edulib.widgets.planner import plan_explorer
-from edulib.widgets.sequence import sequence_explorer
-from edulib.widgets.serving import serving_explorer
-from edulib.widgets.tp import traffic_explorer
+Each explorer is imported when first asked for (PEP 562): a process that renders one explorer's
+pictures ahead then imports that explorer's models only, not every lesson's (and torch).
+"""
 
-__all__ = ["Choice", "Slider", "bandwidth_explorer", "bubble_explorer", "comm_cost_explorer", "explore",
-           "footprint_explorer", "frontier_explorer", "memory_explorer", "plan_explorer", "sequence_explorer",
-           "serving_explorer", "traffic_explorer"]
+import importlib
+from typing import Any
+
+_HOMES = {"Choice": "explorer", "Slider": "explorer", "explore": "explorer",
+          "bandwidth_explorer": "dp", "bubble_explorer": "pipeline", "comm_cost_explorer": "comm",
+          "footprint_explorer": "footprint", "frontier_explorer": "energy", "memory_explorer": "memory",
+          "plan_explorer": "planner", "sequence_explorer": "sequence", "serving_explorer": "serving",
+          "traffic_explorer": "tp"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """The explorer (or control) called `name`, from its own module."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'edulib.widgets' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"edulib.widgets.{_HOMES[name]}"), name)
