@@ -113,13 +113,15 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     assert _neighbours(controls, {"ranks": 4, "gb": 8.0, "kind": "a"}) == [
         {"ranks": 8, "gb": 8.0, "kind": "a"}, {"ranks": 4, "gb": 16.0, "kind": "a"},
         {"ranks": 2, "gb": 8.0, "kind": "a"}]  # gb 0 is below its minimum; a choice is not guessed
+    fine = {"accuracy": Slider(0.8, 0.7, 0.9, 0.01)}  # where the browser puts 0.81: 0.7 + 11 x 0.01
+    assert _neighbours(fine, {"accuracy": 0.7 + 10 * 0.01}) == [{"accuracy": 0.81}, {"accuracy": 0.79}]
     three = {**controls, "tb": Slider(2, 1, 3, 1)}
     assert _neighbours(three, {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 2}, moved=("gb", -1)) == [
         {"ranks": 4, "gb": 8.0, "kind": "a", "tb": 2}, {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 1},
         {"ranks": 2, "gb": 16.0, "kind": "a", "tb": 2},  # gb again, then the controls after it, down
         {"ranks": 4, "gb": 16.0, "kind": "a", "tb": 3}, {"ranks": 8, "gb": 16.0, "kind": "a", "tb": 2}]
     calls = []
-    renders = _Renders(lambda **values: calls.append(values) or "drawn")  # a lambda: a thread renders ahead
+    renders = _Renders(lambda **values: calls.append(values) or "drawn", None, {"x": 0})  # a lambda: a thread
     assert renders.process is None
     renders.prepare([{"x": 1}, {"x": 2}])
     deadline = time.monotonic() + 5
@@ -128,7 +130,7 @@ def test_the_pictures_one_key_press_away_are_rendered_ahead():
     ready = renders.get({"x": 2})  # ready, not drawn again
     assert ready == (None, "drawn", None) and calls == [{"x": 1}, {"x": 2}]
     assert renders.get({"x": 3}) == (None, "drawn", None) and len(calls) == 3
-    described = _Renders(lambda **values: "drawn", lambda **values: f"x is {values['x']}")
+    described = _Renders(lambda **values: "drawn", lambda **values: f"x is {values['x']}", {"x": 0})
     described.prepare([{"x": 4}])  # the words under the picture are rendered ahead with it
     deadline = time.monotonic() + 5
     while ("x", 4) not in {key[0] for key in described.done} and time.monotonic() < deadline:
@@ -148,6 +150,9 @@ def test_a_moved_slider_is_rendered_ahead_the_way_it_went_first(monkeypatch):
     assert asked[-1][:2] == [{"a": 2, "b": 0}, {"a": 1, "b": 1}]  # b down again, then a (after b) down
     a.value = 3
     assert asked[-1][:2] == [{"a": 4, "b": 1}, {"a": 3, "b": 2}]
+    box = explore(lambda accuracy: "drawn", {"accuracy": Slider(0.8, 0.7, 0.9, 0.01)}, static=False)
+    box.children[0].children[0].value = 0.7 + 11 * 0.01  # 0.81 as the browser sends it
+    assert asked[-1] == [{"accuracy": 0.82}, {"accuracy": 0.8}]
     box = explore(lambda kind, size: "drawn", {"kind": Choice("plain", ("plain", "chunked")),
                                                "size": Slider(2, 1, 4, 1, integer=True)}, static=False,
                   applies={"size": lambda kind, **_: None if kind == "chunked" else "only for chunked"})
@@ -162,13 +167,29 @@ def test_pictures_rendered_ahead_come_from_processes_that_yield_to_the_kernel():
 
     from edulib.widgets.explorer import BACKGROUND, _Renders
 
-    renders = _Renders(partial(os.nice, 0))  # sendable: processes render ahead; it draws their niceness
+    renders = _Renders(partial(os.nice, 0), None, {})  # sendable: processes render ahead, drawing nice
     assert renders.process is not None
+    assert renders.ready.wait(60)
     renders.prepare([{}])
     deadline = time.monotonic() + 60
     while () not in renders.done and time.monotonic() < deadline:
         time.sleep(0.01)
     assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead, in the background
+    renders.process.shutdown()
+
+
+def test_the_kernel_renders_ahead_until_a_process_has_started():
+    import os
+    from functools import partial
+
+    from edulib.widgets.explorer import _Renders
+
+    renders = _Renders(partial(os.nice, 0), None, {})
+    renders.prepare([{}])  # at once: no process has started yet (each imports Python afresh)
+    deadline = time.monotonic() + 5
+    while () not in renders.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert renders.get({}) == (None, os.nice(0), None)  # drawn ahead, by the kernel
     renders.process.shutdown()
 
 

@@ -24,7 +24,7 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,10 +133,16 @@ def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any],
                 if 0 <= index < len(stops):
                     found.append({**values, name: stops[index]})
             else:
-                moved_to = values[name] + direction * control.step
+                moved_to = _tidy(values[name] + direction * control.step)
                 if control.min <= moved_to <= control.max:
                     found.append({**values, name: type(values[name])(moved_to)})
     return found
+
+
+def _tidy(value: Any) -> Any:
+    """A slider's value without the last bits of float arithmetic: the browser sends 0.8 as
+    0.7999999999999999 (0.7 + 10 x 0.01), and both must find the same picture."""
+    return round(value, 12) if isinstance(value, float) else value
 
 
 Rendered = tuple[bytes | None, Any, str | None]  # PNG, or what was drawn instead; the words under it
@@ -161,15 +167,18 @@ class _Renders:
     """Rendered pictures (and the words under them) by control values, and a worker that renders
     the next ones ahead: in a process of its own where `draw` and `describe` can be sent there
     (module-level functions), so that it computes on another core instead of taking turns with
-    the kernel for Python's lock; else in a thread."""
+    the kernel for Python's lock; else in a thread. Each process first draws the `first` values (the
+    picture on screen), which imports what `draw` needs and warms matplotlib and any solver; that
+    takes seconds (torch), so until then the thread renders ahead: a reader who presses at once
+    still finds the next picture ready."""
 
-    def __init__(self, draw: Callable[..., Any], describe: Callable[..., str] | None = None,
-                 size: int = 64) -> None:
+    def __init__(self, draw: Callable[..., Any], describe: Callable[..., str] | None,
+                 first: dict[str, Any], size: int = 64) -> None:
         self.draw, self.describe, self.size = draw, describe, size
         self.done: OrderedDict[tuple, Rendered] = OrderedDict()
         self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
         self.busy: dict[tuple, threading.Event] = {}
-        self.process = None
+        self.process, self.ready, self.drawing = None, threading.Event(), threading.Lock()
         try:
             pickle.dumps((draw, describe))
         except (pickle.PicklingError, AttributeError, TypeError):
@@ -177,6 +186,9 @@ class _Renders:
         else:
             self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
                                                initializer=os.nice, initargs=(BACKGROUND,))
+            firsts = [self.process.submit(_render, draw, describe, first) for _ in range(WORKERS)]  # one each
+            for drawn in firsts:
+                drawn.add_done_callback(lambda _: self._started(firsts))
         for _ in range(WORKERS if self.process else 1):
             threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
@@ -199,6 +211,12 @@ class _Renders:
         for values in upcoming:
             self.ahead.put((self.wanted, values))
 
+    def _started(self, firsts: list[Future]) -> None:
+        """Render ahead in the processes from now on, once each has drawn the first picture: a
+        picture sent to a process still importing, or making its first figure, waits seconds."""
+        if all(drawn.done() and not drawn.cancelled() and drawn.exception() is None for drawn in firsts):
+            self.ready.set()
+
     def _keep(self, key: tuple, result: Rendered) -> Rendered:
         with self.lock:
             self.done[key] = result
@@ -215,8 +233,9 @@ class _Renders:
                     continue
                 finished = self.busy[key] = threading.Event()
             try:
-                if self.process is None:
-                    result = _render(self.draw, self.describe, values)
+                if not self.ready.is_set():
+                    with self.drawing:  # one at a time in the kernel: the likeliest is ready soonest
+                        result = _render(self.draw, self.describe, values)
                 else:
                     result = self.process.submit(_render, self.draw, self.describe, values).result()
                 self._keep(key, result)
@@ -263,10 +282,10 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
     inputs = {name: _widget(name, control) for name, control in controls.items()}
     image, output, text = widgets.Image(format="png"), widgets.Output(), widgets.HTML()
 
-    renders = _Renders(draw, describe)
+    renders = _Renders(draw, describe, defaults)
 
     def redraw(change: dict | None = None) -> None:
-        values = {name: widget.value for name, widget in inputs.items()}
+        values = {name: _tidy(widget.value) for name, widget in inputs.items()}
         moved = None
         if change is not None:  # which control moved, and which way
             name = next(name for name, widget in inputs.items() if widget is change["owner"])
