@@ -150,9 +150,11 @@ def test_a_moved_slider_is_rendered_ahead_the_way_it_went_first(monkeypatch):
     assert asked[-1][:2] == [{"a": 2, "b": 0}, {"a": 1, "b": 1}]  # b down again, then a (after b) down
     a.value = 3
     assert asked[-1][:2] == [{"a": 4, "b": 1}, {"a": 3, "b": 2}]
-    box = explore(lambda accuracy: "drawn", {"accuracy": Slider(0.8, 0.7, 0.9, 0.01)}, static=False)
+    box = explore(lambda accuracy, seconds: "drawn", {"accuracy": Slider(0.8, 0.7, 0.9, 0.01),
+                                                     "seconds": Slider(1 / 3, -1, 0, log=True)}, static=False)
     box.children[0].children[0].value = 0.7 + 11 * 0.01  # 0.81 as the browser sends it
-    assert asked[-1] == [{"accuracy": 0.82}, {"accuracy": 0.8}]
+    assert asked[-1] == [{"accuracy": 0.82, "seconds": 1 / 3}, {"accuracy": 0.81, "seconds": 0.5},
+                         {"accuracy": 0.8, "seconds": 1 / 3}, {"accuracy": 0.81, "seconds": 0.2}]
     box = explore(lambda kind, size: "drawn", {"kind": Choice("plain", ("plain", "chunked")),
                                                "size": Slider(2, 1, 4, 1, integer=True)}, static=False,
                   applies={"size": lambda kind, **_: None if kind == "chunked" else "only for chunked"})
@@ -176,6 +178,35 @@ def test_pictures_rendered_ahead_come_from_processes_that_yield_to_the_kernel():
         time.sleep(0.01)
     assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead, in the background
     renders.process.shutdown()
+
+
+def test_every_explorer_can_send_its_drawing_to_a_render_process(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import pickle
+
+    import edulib.widgets
+    from edulib.widgets import explorer
+
+    sent = []
+
+    class Sent:
+        """In place of the renders: whether `draw` and `describe` survive the trip to a process."""
+
+        def __init__(self, draw, describe, first):
+            pickle.loads(pickle.dumps((draw, describe)))  # a lambda or a closure raises here
+            sent.append(first)
+
+        def get(self, values):
+            return b"", None, None
+
+        def prepare(self, upcoming):
+            pass
+
+    monkeypatch.setattr(explorer, "_Renders", Sent)
+    names = [name for name in edulib.widgets.__all__ if name.endswith("_explorer")]
+    for name in names:
+        getattr(edulib.widgets, name)(static=False)
+    assert len(sent) == len(names) == 10 and all(sent)
 
 
 def test_the_kernel_renders_ahead_until_a_process_has_started():

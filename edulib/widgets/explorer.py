@@ -133,16 +133,19 @@ def _neighbours(controls: dict[str, Slider | Choice], values: dict[str, Any],
                 if 0 <= index < len(stops):
                     found.append({**values, name: stops[index]})
             else:
-                moved_to = _tidy(values[name] + direction * control.step)
+                moved_to = _tidy(control, values[name] + direction * control.step)
                 if control.min <= moved_to <= control.max:
                     found.append({**values, name: type(values[name])(moved_to)})
     return found
 
 
-def _tidy(value: Any) -> Any:
-    """A slider's value without the last bits of float arithmetic: the browser sends 0.8 as
-    0.7999999999999999 (0.7 + 10 x 0.01), and both must find the same picture."""
-    return round(value, 12) if isinstance(value, float) else value
+def _tidy(control: Slider | Choice, value: Any) -> Any:
+    """A linear slider's value without the last bits of float arithmetic: the browser sends 0.8
+    as 0.7999999999999999 (0.7 + 10 x 0.01), and both must find the same picture. (A log slider's
+    values are its stops, exactly.)"""
+    if isinstance(control, Slider) and not control.log and isinstance(value, float):
+        return round(value, 12)
+    return value
 
 
 Rendered = tuple[bytes | None, Any, str | None]  # PNG, or what was drawn instead; the words under it
@@ -285,7 +288,7 @@ def explore(draw: Callable[..., Any], controls: dict[str, Slider | Choice],
     renders = _Renders(draw, describe, defaults)
 
     def redraw(change: dict | None = None) -> None:
-        values = {name: _tidy(widget.value) for name, widget in inputs.items()}
+        values = {name: _tidy(controls[name], widget.value) for name, widget in inputs.items()}
         moved = None
         if change is not None:  # which control moved, and which way
             name = next(name for name, widget in inputs.items() if widget is change["owner"])
