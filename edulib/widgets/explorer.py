@@ -22,6 +22,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -164,6 +165,7 @@ def _render(draw: Callable[..., Any], describe: Callable[..., str] | None,
 
 WORKERS = 2  # processes rendering ahead: the kernel itself mostly waits for the next key press
 BACKGROUND = 10  # their niceness: what the reader waits for (the kernel, the browser) runs first
+YIELD = 0.15  # seconds they wait after a key press: the browser shows the new picture first
 
 
 class _Renders:
@@ -179,7 +181,7 @@ class _Renders:
                  first: dict[str, Any], size: int = 64) -> None:
         self.draw, self.describe, self.size = draw, describe, size
         self.done: OrderedDict[tuple, Rendered] = OrderedDict()
-        self.lock, self.ahead, self.wanted = threading.Lock(), queue.SimpleQueue(), 0
+        self.lock, self.ahead, self.wanted, self.pressed = threading.Lock(), queue.SimpleQueue(), 0, 0.0
         self.busy: dict[tuple, threading.Event] = {}
         self.process, self.ready, self.drawing = None, threading.Event(), threading.Lock()
         try:
@@ -210,7 +212,7 @@ class _Renders:
 
     def prepare(self, upcoming: list[dict[str, Any]]) -> None:
         """Render these in the background, dropping what earlier calls asked for and not yet done."""
-        self.wanted += 1
+        self.wanted, self.pressed = self.wanted + 1, time.monotonic()
         for values in upcoming:
             self.ahead.put((self.wanted, values))
 
@@ -230,6 +232,7 @@ class _Renders:
     def _work(self) -> None:
         while True:
             wanted, values = self.ahead.get()
+            time.sleep(max(0.0, self.pressed + YIELD - time.monotonic()))
             key = tuple(values.items())
             with self.lock:
                 if wanted != self.wanted or key in self.done:
