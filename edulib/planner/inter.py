@@ -201,6 +201,7 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
              trace: bool = False) -> tuple[np.ndarray, list]:
     """F[s, k, d] over a [s - 1, k, i, submesh] table: `combine` is + (latency) or max (memory)."""
     stages, count = values.shape[0], values.shape[1]
+    values = np.where(np.triu(np.ones((count, count), dtype=bool))[None, :, :, None], values, np.inf)  # k <= i
     table = np.full((stages + 1, count + 1, devices + 1), np.inf)
     table[0, count, 0] = 0.0
     choices = []
@@ -212,8 +213,7 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
                 continue
             rest = np.full((count + 1, devices + 1), np.inf)  # rest[j, d] = F(s-1, j, d - size)
             rest[:, size:] = table[s - 1, :, :devices + 1 - size]
-            stage = np.triu(values[s - 1, :, :, m]) + np.tril(np.full((count, count), np.inf), -1)
-            total = combine(stage[:, :, None], rest[None, 1:, :])  # [k, i, d]
+            total = combine(values[s - 1, :, :, m, None], rest[None, 1:, :])  # [k, i, d]
             best = total.min(axis=1)
             better = best < step[:count]
             step[:count][better] = best[better]
