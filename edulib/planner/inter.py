@@ -201,7 +201,8 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
              trace: bool = False) -> tuple[np.ndarray, list]:
     """F[s, k, d] over a [s - 1, k, i, submesh] table: `combine` is + (latency) or max (memory)."""
     stages, count = values.shape[0], values.shape[1]
-    values = np.where(np.triu(np.ones((count, count), dtype=bool))[None, :, :, None], values, np.inf)  # k <= i
+    ordered = np.triu(np.ones((count, count), dtype=bool))  # a stage's clusters k..i need i >= k
+    values = np.where(ordered[None, :, :, None], values, np.inf)
     table = np.full((stages + 1, count + 1, devices + 1), np.inf)
     table[0, count, 0] = 0.0
     choices = []
