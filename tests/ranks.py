@@ -100,6 +100,46 @@ def every_collective(partition: list[list[int]], lengths: list[int]) -> list[dic
     return reports
 
 
+def backend_calls_in_groups_of_one() -> dict:
+    """Each of torch's collectives edulib.comm calls, counted while every builtin collective runs
+    on this rank's group of one (the async all-reduce too), then once on the whole world; and
+    whether each group-of-one result is what one rank holds."""
+    from edulib import comm
+    from edulib.comm import collectives
+
+    calls: list[str] = []
+
+    def counted(name: str, call):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return call(*args, **kwargs)
+        return wrapper
+
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", "reduce",
+                                                        "reduce_scatter")}
+    gather = collectives._gather_into
+    for name, call in originals.items():
+        setattr(dist, name, counted(name, call))
+    collectives._gather_into = counted("all_gather", gather)
+    try:
+        alone = comm.subgroup([[r] for r in range(dist.get_world_size())])
+        x = torch.arange(6.0) + dist.get_rank()
+        right = [torch.equal(comm.all_reduce(x.clone(), group=alone), x),
+                 torch.equal(comm.all_reduce(x.clone(), group=alone, async_op=True).result(timeout=5), x),
+                 torch.equal(comm.broadcast(x.clone(), group=alone), x),
+                 torch.equal(comm.reduce(x.clone(), group=alone), x),
+                 torch.equal(comm.reduce_scatter(x, group=alone), x),
+                 torch.equal(comm.all_gather(x, group=alone), x[None]),
+                 torch.equal(comm.all_gather_chunks(x, 6, group=alone), x)]
+        alone_calls = list(calls)
+        comm.all_reduce(x.clone())
+        return {"right": right, "alone": alone_calls, "world": calls[len(alone_calls):]}
+    finally:
+        for name, call in originals.items():
+            setattr(dist, name, call)
+        collectives._gather_into = gather
+
+
 def uneven_all_to_all(algorithm: str) -> dict:
     """Rank r sends (r + j) % 3 rows of two numbers to rank j (so receives as many from j)."""
     from edulib import comm

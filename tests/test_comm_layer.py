@@ -136,6 +136,14 @@ def test_split_sizes_that_do_not_fit_are_refused(output_splits, input_splits, me
         pool.run(_bad_splits, output_splits, input_splits)
 
 
+def test_a_group_of_one_rank_calls_no_backend_and_keeps_its_tensor(pool4):
+    # one rank's sum, gather or broadcast is its own tensor: a GPU would launch a kernel for nothing
+    for report in pool4.run(ranks.backend_calls_in_groups_of_one):
+        assert report["right"] == [True] * 7
+        assert report["alone"] == []
+        assert report["world"] == ["all_reduce"]  # (the counting sees a call where there is one)
+
+
 def test_calls_on_the_communication_thread_are_counted_where_they_were_launched(pool4):
     for report in pool4.run(ranks.launched_calls_are_counted):
         ring = comm.bytes_sent(comm.build_collective("ring", 4), 32, 4)[0]

@@ -36,12 +36,15 @@ def _run(collective: str, algorithm: str, tensor: torch.Tensor, group: Group, ro
          builtin: Callable[[], object], handed: int | None = None) -> int:
     """Run a collective in place on `tensor` (builtin or schedule); record and return the bytes
     sent. "builtin" is charged what the collective's textbook schedule sends from this rank.
-    `handed` is the size of the caller's tensor when it is not `tensor` (an all-gather's piece)."""
+    `handed` is the size of the caller's tensor when it is not `tensor` (an all-gather's piece).
+    Each caller has put its own part in place, so a group of one rank calls no backend: on a GPU
+    that call costs a kernel launch for nothing, and tp = 1 layers make several a layer."""
     n = dist.get_world_size(group)
     schedule = schedule_for(collective, algorithm, n)
     nbytes, itemsize = _sizes(tensor)
     if algorithm == "builtin":
-        builtin()
+        if n > 1:
+            builtin()
         sent = bytes_sent(schedule, nbytes, itemsize)[(dist.get_rank(group) - root) % n]
     else:
         sent = run_schedule(schedule, tensor, group, root)
@@ -83,6 +86,8 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "builtin", group: Group = 
             done.set_result(tensor)
     _run("all_reduce", algorithm, tensor.view(-1), group, 0,
          lambda: dist.all_reduce(tensor, group=group, async_op=True).get_future().then(settle))
+    if dist.get_world_size(group) == 1:  # (no backend call: the sum of one is done)
+        done.set_result(tensor)
     return done
 
 
