@@ -50,9 +50,9 @@ def torch_train(config: TrainConfig, kind: str) -> dict:
     rows = config.batch // (1 if kind == "1f1b" else ranks)
     seconds, losses, held = [], [], 0
     for step in range(config.steps):
+        began = time.perf_counter()  # (the batch drawn inside the step's time, as the trainer's step does)
         inputs, targets = (x[rank * rows:(rank + 1) * rows] if kind != "1f1b" else x
                            for x in text_batch(step, config.batch, config.tokens, config.seed))
-        began = time.perf_counter()
         if kind == "1f1b":
             parts: list[torch.Tensor] = []
             first, last = rank == 0, rank == ranks - 1
