@@ -212,6 +212,31 @@ def test_every_explorer_can_send_its_drawing_to_a_render_process(monkeypatch):
     assert len(sent) == len(names) == 10 and all(sent)
 
 
+def test_a_render_process_that_dies_is_replaced_and_rendering_ahead_goes_on():
+    import os
+    import signal
+    from functools import partial
+
+    from edulib.widgets.explorer import BACKGROUND, _Renders
+
+    renders = _Renders(partial(os.nice, 0), None, {})
+    assert renders.ready.wait(60)
+    broken = renders.process
+    for pid in list(broken._processes):
+        os.kill(pid, signal.SIGKILL)  # (as the out-of-memory killer would)
+    deadline = time.monotonic() + 60
+    while (renders.process is broken or not renders.ready.is_set()) and time.monotonic() < deadline:
+        renders.done.clear()
+        renders.prepare([{}])  # a worker finds the pool broken and starts a fresh one
+        time.sleep(0.5)
+    assert renders.process is not broken and renders.ready.is_set()
+    renders.prepare([{}])
+    while () not in renders.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead in the fresh pool
+    renders.process.shutdown()
+
+
 def test_the_kernel_renders_ahead_until_a_process_has_started():
     import os
     from functools import partial

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,11 +176,12 @@ class _Renders:
     the kernel for Python's lock; else in a thread. Each process first draws the `first` values (the
     picture on screen), which imports what `draw` needs and warms matplotlib and any solver; that
     takes seconds (torch), so until then the thread renders ahead: a reader who presses at once
-    still finds the next picture ready."""
+    still finds the next picture ready. A render process that dies (killed, out of memory) takes
+    its pool with it: the kernel renders ahead again while a fresh pool starts."""
 
     def __init__(self, draw: Callable[..., Any], describe: Callable[..., str] | None,
                  first: dict[str, Any], size: int = 64) -> None:
-        self.draw, self.describe, self.size = draw, describe, size
+        self.draw, self.describe, self.first, self.size = draw, describe, first, size
         self.done: OrderedDict[tuple, Rendered] = OrderedDict()
         self.lock, self.ahead, self.wanted, self.pressed = threading.Lock(), queue.SimpleQueue(), 0, 0.0
         self.busy: dict[tuple, threading.Event] = {}
@@ -189,11 +191,7 @@ class _Renders:
         except (pickle.PicklingError, AttributeError, TypeError):
             pass  # a lambda or a closure: render ahead in a thread
         else:
-            self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=os.nice, initargs=(BACKGROUND,))
-            firsts = [self.process.submit(_render, draw, describe, first) for _ in range(WORKERS)]  # one each
-            for drawn in firsts:
-                drawn.add_done_callback(lambda _: self._started(firsts))
+            self._start()
         for _ in range(WORKERS if self.process else 1):
             threading.Thread(target=self._work, daemon=True, name="edulib-explorer").start()
 
@@ -215,6 +213,24 @@ class _Renders:
         self.wanted, self.pressed = self.wanted + 1, time.monotonic()
         for values in upcoming:
             self.ahead.put((self.wanted, values))
+
+    def _start(self) -> None:
+        """A pool of render processes, each drawing the first picture (`_started` says when done)."""
+        self.process = ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=os.nice, initargs=(BACKGROUND,))
+        firsts = [self.process.submit(_render, self.draw, self.describe, self.first)
+                  for _ in range(WORKERS)]  # one each
+        for drawn in firsts:
+            drawn.add_done_callback(lambda _: self._started(firsts))
+
+    def _restart(self, broken: ProcessPoolExecutor) -> None:
+        """A fresh pool in place of a broken one (once, whichever worker finds it broken)."""
+        with self.lock:
+            if self.process is not broken:
+                return
+            self.ready.clear()
+            broken.shutdown(wait=False, cancel_futures=True)
+            self._start()
 
     def _started(self, firsts: list[Future]) -> None:
         """Render ahead in the processes from now on, once each has drawn the first picture: a
@@ -243,7 +259,13 @@ class _Renders:
                     with self.drawing:  # one at a time in the kernel: the likeliest is ready soonest
                         result = _render(self.draw, self.describe, values)
                 else:
-                    result = self.process.submit(_render, self.draw, self.describe, values).result()
+                    pool = self.process
+                    try:
+                        result = pool.submit(_render, self.draw, self.describe, values).result()
+                    except BrokenProcessPool:
+                        self._restart(pool)
+                        self.ahead.put((wanted, values))  # (drawn by the kernel until the pool is warm)
+                        continue
                 self._keep(key, result)
             except Exception:  # noqa: BLE001 - a case that cannot be drawn is drawn, and reported, on demand
                 pass
