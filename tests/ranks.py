@@ -72,6 +72,11 @@ def mark_then_sleep(folder: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def niceness(**values: object) -> int:
+    """The niceness of the process that draws: a render process's picture, whatever the values."""
+    return os.nice(0)
+
+
 def every_collective(partition: list[list[int]], lengths: list[int]) -> list[dict]:
     """Run every collective with every algorithm (torch's own too) on this rank's group of
     `partition`, through edulib.comm; report inputs, outputs and the ledger's bytes, on the CPU."""

@@ -215,25 +215,25 @@ def test_every_explorer_can_send_its_drawing_to_a_render_process(monkeypatch):
 def test_a_render_process_that_dies_is_replaced_and_rendering_ahead_goes_on():
     import os
     import signal
-    from functools import partial
 
     from edulib.widgets.explorer import BACKGROUND, _Renders
+    from tests import ranks
 
-    renders = _Renders(partial(os.nice, 0), None, {})
+    renders = _Renders(ranks.niceness, None, {})
     assert renders.ready.wait(60)
     broken = renders.process
     for pid in list(broken._processes):
         os.kill(pid, signal.SIGKILL)  # (as the out-of-memory killer would)
-    deadline = time.monotonic() + 60
+    deadline, asked = time.monotonic() + 60, 0
     while (renders.process is broken or not renders.ready.is_set()) and time.monotonic() < deadline:
-        renders.done.clear()
-        renders.prepare([{}])  # a worker finds the pool broken and starts a fresh one
+        asked += 1
+        renders.prepare([{"x": -asked}])  # a worker finds the pool broken and starts a fresh one
         time.sleep(0.5)
     assert renders.process is not broken and renders.ready.is_set()
-    renders.prepare([{}])
-    while () not in renders.done and time.monotonic() < deadline:
+    renders.prepare([{"x": 1}])  # (values no one asked for before: drawn now, nowhere else)
+    while (("x", 1),) not in renders.done and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead in the fresh pool
+    assert renders.get({"x": 1}) == (None, os.nice(0) + BACKGROUND, None)  # ahead, in the fresh pool
     renders.process.shutdown()
 
 
