@@ -46,6 +46,17 @@ def outcome(call: Callable[[], Any]) -> dict:
     return {"forbidden": forbid.attempts[0]} if forbid.attempts else answer
 
 
+def defined(module: ModuleType, call: Callable[[], Any]) -> Any:
+    """`call()`, where a name the submission does not define counts as not implemented (a file that
+    hands in one function of an exercise is graded on it, its other checks at no cost)."""
+    try:
+        return call()
+    except AttributeError as error:
+        if error.obj is module:
+            raise NotImplementedError(f"{error.name} is not defined in {module.__name__}.py") from None
+        raise
+
+
 def _rank_outcome(error: RankError) -> dict:
     """The outcome of a case whose ranks failed, from the launcher's error."""
     if forbid.Forbidden.__name__ in error.what.split(":")[0]:
@@ -102,7 +113,7 @@ def rank_call(module_name: str, worker: str, forbidden: list, case: dict) -> Any
         forbid.forbid(forbidden)
         _guarded = True
     student = importlib.import_module(module_name)
-    result = RANK_WORKERS[worker](student, case)
+    result = defined(student, lambda: RANK_WORKERS[worker](student, case))
     if forbid.attempts:
         raise forbid.Forbidden(forbid.attempts[0])
     return encode(result)
@@ -449,7 +460,7 @@ def _layout(layout: Any) -> dict | None:
 def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
     """A collector that calls the student's code in this process on one case."""
     def collect(module: ModuleType, case: dict, forbidden: list) -> dict:
-        return outcome(lambda: call(module, case))
+        return outcome(lambda: defined(module, lambda: call(module, case)))
     return collect
 
 

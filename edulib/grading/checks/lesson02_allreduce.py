@@ -26,11 +26,17 @@ _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_ga
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
                 "scatter")
 
-def _ring_sends(length: int, ranks: int, rank: int) -> int:
-    """Bytes a ring all-reduce sends from `rank`: every chunk but one in each phase (float32)."""
+def _ring_sends(sent: list[int], length: int, step: int) -> bool:
+    """Whether bytes `sent` (rank by rank, float32) are a ring's for some assignment of chunks to
+    ranks: in the reduce-scatter a rank sends every chunk but the one it ends up owning, in the
+    all-gather every chunk but the one its neighbour `rank + step` owns (the last to come round).
+    Any order of chunks over the rounds gives this, so every correct ring passes, whichever chunk
+    each rank starts with."""
+    ranks = len(sent)
     bounds = chunk_bounds(length, ranks)
     size = [bounds[c + 1] - bounds[c] for c in range(ranks)]
-    return 4 * (2 * length - size[(rank + 1) % ranks] - size[(rank + 2) % ranks]) if ranks > 1 else 0
+    return any(all(sent[r] == 4 * (2 * length - size[owned[r]] - size[owned[(r + step) % ranks]])
+                   for r in range(ranks)) for owned in itertools.permutations(range(ranks)))
 
 
 def _ring_cases(rng: random.Random) -> list[Case]:
@@ -79,9 +85,11 @@ def _partial_sum(event: dict, rank: int, inputs: list[torch.Tensor]) -> bool:
 
 
 def _ring_watch(case: Case, wire: dict) -> None:
-    """What the relay saw: each rank sends only to one neighbour, with messages and no collective,
-    partial sums of chunks, and a ring's bytes (every chunk but one in each phase)."""
+    """What the relay saw: messages and no collective, every rank sending to the same neighbour
+    (rank + 1 or rank - 1, either way round), partial sums of chunks, and a ring's bytes for some
+    assignment of chunks to ranks (`_ring_sends`)."""
     ranks, length = case.inputs["ranks"], len(case.inputs["inputs"][0])
+    steps, sent = set(), []
     for rank in range(ranks):
         events = rank_events(wire, rank)
         others = sorted({e["op"] for e in events} - {"send", "recv", "mark"})
@@ -93,16 +101,21 @@ def _ring_watch(case: Case, wire: dict) -> None:
         if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
             raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
                         f"neighbour only", "sent to a rank that is not its ring neighbour")
+        steps |= {(peer - rank) % ranks for peer in peers}
         for event in events:
             if event["op"] == "send" and not _partial_sum(event, rank, case.inputs["inputs"]):
                 raise Wrong(f"rank {rank} sent {event['values']}, which is no sum of its own and other "
                             "ranks' inputs over a run of elements: a ring passes partial sums of chunks",
                             "sent values that are not partial sums of the ranks' chunks")
-        sent, want = bytes_moved(events, "sent"), _ring_sends(length, ranks, rank)
-        if sent != want:
-            raise Wrong(f"rank {rank} sent {sent} bytes; a ring sends {want} (every chunk but one, in each "
-                        "phase)", f"rank {rank} sent {'more' if sent > want else 'fewer'} bytes than a ring "
-                        "sends")
+        sent.append(bytes_moved(events, "sent"))
+    if len(steps) > 1:
+        raise Wrong("some ranks sent to rank + 1 and others to rank - 1: a ring goes one way round",
+                    "the ranks did not all send the same way round the ring")
+    if ranks > 1 and not _ring_sends(sent, length, steps.pop() if steps else 1):
+        bounds = chunk_bounds(length, ranks)
+        raise Wrong(f"the ranks sent {sent} bytes; in a ring each sends every chunk but one in each phase "
+                    f"(chunks of {[bounds[c + 1] - bounds[c] for c in range(ranks)]} floats, in some order)",
+                    "the ranks did not send a ring's bytes")
 
 
 def _halving_cases(rng: random.Random) -> list[Case]:
