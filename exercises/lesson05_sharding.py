@@ -5,8 +5,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - shard bounds, 1 + 1 points: every shard where the lesson puts it, empty ones included. Visible
   cases: shard_bounds(10, 3); shard_bounds(2, 4). Hidden cases: empty shards and other sizes.
 - gather and reduce-scatter, 1 + 1 points: every rank gathers the whole vector and receives its
-  shard of the average. Visible cases: length 10 on 3 ranks. Hidden cases: empty shards, 4 ranks,
-  other lengths.
+  shard of the average, and only that. Visible cases: gather_shards, length 10 on 3 ranks;
+  reduce_scatter_mean, length 10 on 3 ranks. Hidden cases: empty shards, 4 ranks, other lengths.
 - ZeRO with AdamW, 3 + 3 points: every step's bf16 weights, and each rank's master weights and
   moments, equal to one process's torch.optim.AdamW; no more than 12 bytes per element of the rank's
   shard. Visible cases: 3 steps, length 10 on 3 ranks; 3 steps, length 7 on 2 ranks. Hidden cases:

@@ -3,9 +3,9 @@
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - log-sum-exp merge, 1 + 1 points: two parts' attention merged into attention over all keys. Visible
   cases: 7 keys split 3 + 4; 7 keys split 7 + 0. Hidden cases: other shapes, an empty part.
-- ring attention, 3 + 3 points: full attention's output on every rank, causal or not. Visible cases:
-  causal attention of 7 tokens on 2 ranks; full attention of 7 tokens on 2 ranks. Hidden cases: 3
-  and 4 ranks, other lengths.
+- ring attention, 3 + 3 points: full attention's output on every rank, causal or not; keys and
+  values passed round the ring, one chunk per message. Visible cases: causal attention of 7 tokens
+  on 2 ranks; full attention of 7 tokens on 3 ranks. Hidden cases: 3 and 4 ranks, other lengths.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - layout choice, 3 + 3 points: a layout that fits the memory limit and trains within 5 % of the best
   that exhaustive search finds on the true cluster, or None when nothing fits, within the budget of
   measurements. Visible cases: case 1: 6 layers of 1024, 32 heads, batch 32 x 512 tokens on 1 x 8
-  devices, 0.2 GiB each, 43 measurements; case 2: 4 layers of 2048, 16 heads, batch 96 x 1024 tokens
-  on 4 x 4 devices, 0.3 GiB each, 60 measurements. Hidden cases: other models, clusters, speeds and
-  memory limits, one where nothing fits.
+  devices, 0.2 GiB each, 43 measurements; case 2: 12 layers of 4096, 16 heads, batch 128 x 2048
+  tokens on 1 x 4 devices, 10.5 GiB each, 30 measurements. Hidden cases: other models, clusters,
+  speeds and memory limits, one where nothing fits.
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     A layout chooses dp, pp, tp, the micro-batches per step, the ZeRO stage (0 to 3) and the
     recomputation ("none", "selective" or "full"); `edulib.layout.layouts` lists every one, and
     check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
-    per node, memory); its speeds are not the machine's, so layout_time cannot time a layout here.
+    per node, memory); its speeds are unknown (NaN when graded), so layout_time cannot time a layout.
     `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,
     at most `budget` times (it raises after that), and the budget is far smaller than the number of
     layouts. Memory needs no measuring: layout_memory is exact. Return the fastest layout that fits,
     or None when no layout fits. Graded: within 5 % of the best layout's throughput, on models,
-    clusters, speeds and memory limits you do not see, with no more measurements than the budget.
+    clusters, speeds (any, not a few known ones) and memory limits you do not see, with at least one
+    measurement where the layouts that fit differ in time, and no more than the budget.
     """
     raise NotImplementedError('which layouts can you rule out without measuring, and which must take the same time as another?')

@@ -6,8 +6,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   0.3; 2 calls on 3 ranks, 7 entries, ratio 0.2. Hidden cases: 4 and other rank counts, k = 1, six
   calls, one entry.
 - training converges, 2 + 2 points: data-parallel training with it gives weights within 1.5x
-  uncompressed training's loss on the grader's held-out data. Visible cases: 150 steps on 2 ranks,
-  top-k 1 %, seed 0. Hidden cases: 4 ranks, another seed.
+  uncompressed training's loss on the grader's held-out data, sending top-k payloads every step.
+  Visible cases: 150 steps on 2 ranks, top-k 1 %, seed 0. Hidden cases: 4 ranks, another seed.
 """
 
 from __future__ import annotations

@@ -36,12 +36,13 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     A layout chooses dp, pp, tp, the micro-batches per step, the ZeRO stage (0 to 3) and the
     recomputation ("none", "selective" or "full"); `edulib.layout.layouts` lists every one, and
     check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
-    per node, memory); its speeds are not the machine's, so layout_time cannot time a layout here.
+    per node, memory); its speeds are unknown (NaN when graded), so layout_time cannot time a layout.
     `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,
     at most `budget` times (it raises after that), and the budget is far smaller than the number of
     layouts. Memory needs no measuring: layout_memory is exact. Return the fastest layout that fits,
     or None when no layout fits. Graded: within 5 % of the best layout's throughput, on models,
-    clusters, speeds and memory limits you do not see, with no more measurements than the budget.
+    clusters, speeds (any, not a few known ones) and memory limits you do not see, with at least one
+    measurement where the layouts that fit differ in time, and no more than the budget.
     """
     # BEGIN SOLUTION
     # HINT: which layouts can you rule out without measuring, and which must take the same time as another?

@@ -420,9 +420,10 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
             continue
         try:
             with _memory_cap(JUDGE_MEMORY):
-                check.judge(case, answer_of(loads(outcome.raw)))
+                answer = answer_of(loads(outcome.raw))
+                check.judge(case, answer)
                 if check.watch is not None:
-                    check.watch(case, outcome.wire)
+                    check.watch(case, outcome.wire, answer)
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case

@@ -198,10 +198,11 @@ def _pipeline(student: ModuleType, case: dict) -> list:
     return [parameter.grad for parameter in stage.parameters()]
 
 
-def _shard_collectives(student: ModuleType, case: dict) -> dict:
-    """The student's gather_shards on this rank's shard and reduce_scatter_mean on its vector."""
-    return {"gathered": outcome(lambda: student.gather_shards(case["shard"].clone(), case["length"])),
-            "scattered": outcome(lambda: student.reduce_scatter_mean(case["full"].clone()))}
+def _shard_collectives(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's gather_shards on this rank's shard, or reduce_scatter_mean on its vector."""
+    if case["function"] == "gather_shards":
+        return student.gather_shards(case["shard"].clone(), case["length"])
+    return student.reduce_scatter_mean(case["full"].clone())
 
 
 def _storages(values: Any, skip: set[int], depth: int = 0) -> dict[int, int]:
@@ -264,12 +265,10 @@ def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
 
 
 def _expert_parallel(student: ModuleType, case: dict) -> torch.Tensor:
-    """The student's expert_parallel on this rank's tokens, with this rank's experts only (a mark
-    before the call lets the relay's count start there)."""
+    """The student's expert_parallel on this rank's tokens, with this rank's experts only."""
     from edulib.models import expert_mlp
 
     experts = torch.nn.ModuleList(expert_mlp(*weights) for weights in case["weights"])
-    relay.mark("call")
     with torch.no_grad():
         return student.expert_parallel(*(case[name].clone() for name in ("x", "expert", "gate")), experts)
 
@@ -288,8 +287,10 @@ def _choose_layout(student: ModuleType, case: dict) -> dict | None:
             raise TypeError(f"measure takes an edulib.layout.Layout, not a {type(layout).__name__}")
         return relay.ask(asdict(layout))
 
-    return _layout(student.choose_layout(_transformer(case["model"]), Cluster(**case["cluster"]),
-                                         case["memory"], case["budget"], measure))
+    unknown = float("nan")  # the speeds: only measure knows them
+    cluster = Cluster(**case["cluster"], flops=unknown, intra=(unknown, unknown), inter=(unknown, unknown))
+    return _layout(student.choose_layout(_transformer(case["model"]), cluster, case["memory"], case["budget"],
+                                         measure))
 
 
 def _weight_stash(student: ModuleType, case: dict) -> dict:
@@ -334,13 +335,11 @@ def _weight_stash(student: ModuleType, case: dict) -> dict:
 
 def _topk(student: ModuleType, case: dict) -> dict:
     """The student's topk_average called `steps` times on this rank's gradients, carrying its
-    error; each call's result and the error after it (a mark before each call lets the relay's
-    count of what it sent be split by call)."""
+    error; each call's result and the error after it."""
     rank = dist.get_rank()
     error = torch.zeros_like(case["gradients"][0][rank])
     results, errors = [], []
     for step in range(len(case["gradients"])):
-        relay.mark("call")
         gradient = case["gradients"][step][rank].clone()
         results.append(student.topk_average(gradient, error, case["ratio"]))
         errors.append(error.clone())
@@ -405,7 +404,8 @@ _SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "parallel_block": _block_part,
     "pipeline": lambda case, rank: {**case, "actions": _mine(case["actions"], rank)},
     "shard_collectives": lambda case, rank: {"ranks": case["ranks"], "length": case["full"].numel(),
-                                             "full": case["fulls"][rank], "shard": case["shards"][rank]},
+                                             "function": case["function"], "full": case["fulls"][rank],
+                                             "shard": case["shards"][rank]},
     "sharded_adamw": lambda case, rank: {**case,
                                          "gradients": [_mine(step, rank) for step in case["gradients"]]},
     "zero3_unit": lambda case, rank: {"ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"],

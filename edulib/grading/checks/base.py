@@ -74,7 +74,7 @@ class Check:
     time_limit: float = 30.0  # CPU seconds for the check's whole process tree
     optional: bool = False  # extra credit: its points count, its maximum does not
     wire: bool = False  # runs on ranks that reach each other only through the grader's relay
-    watch: Callable[[Case, dict], None] | None = None  # judges what the relay saw of one case
+    watch: Callable[[Case, dict, Any], None] | None = None  # judges a case's relay log (and answer)
     oracle: Callable[[Case], Callable[[dict], float]] | None = None  # answers a case's relay.ask
 
 

@@ -84,7 +84,7 @@ def _partial_sum(event: dict, rank: int, inputs: list[torch.Tensor]) -> bool:
     return False
 
 
-def _ring_watch(case: Case, wire: dict) -> None:
+def _ring_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """What the relay saw: messages and no collective, every rank sending to the same neighbour
     (rank + 1 or rank - 1, either way round), partial sums of chunks, and a ring's bytes for some
     assignment of chunks to ranks (`_ring_sends`)."""

@@ -140,7 +140,7 @@ def _block_judge(case: Case, answer: Any) -> None:
             check_tensor(found[name], want, f"rank {rank}: {what}")
 
 
-def _block_watch(case: Case, wire: dict) -> None:
+def _block_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """Each rank sends no more than Megatron's block: four all-reduces of the activation (f's and
     g's, forward and backward), at a ring's 2(N - 1)/N of it each. The bound is exact: on 3 or 4
     ranks any other way to sum (an all-gather, a gather and a broadcast) sends more."""

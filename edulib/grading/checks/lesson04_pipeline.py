@@ -96,7 +96,7 @@ def _pipeline_judge(case: Case, answer: Any) -> None:
             check_tensor(got, parameter.grad, f"rank {rank}: the gradient of stage parameter {name}")
 
 
-def _pipeline_watch(case: Case, wire: dict) -> None:
+def _pipeline_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """What the relay saw: each rank's sends and receives, in the order its row of actions needs."""
     inputs = case.inputs
     ranks, size = inputs["ranks"], inputs["batch"] * inputs["width"]

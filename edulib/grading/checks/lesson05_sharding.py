@@ -14,7 +14,6 @@ from edulib.grading.checks.base import (
     Check,
     Wrong,
     after_mark,
-    answer_of,
     bytes_moved,
     check_number,
     check_tensor,
@@ -39,14 +38,16 @@ def _bounds_judge(case: Case, answer: Any) -> None:
 
 
 def _collectives_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, length: int, hidden: bool) -> Case:
+    """Each size twice: once for gather_shards, once for reduce_scatter_mean (each case its own wire)."""
+    def cases(ranks: int, length: int, hidden: bool) -> list[Case]:
         full, *fulls = seeded_tensors(rng, *[(length,)] * (ranks + 1))
         bounds = chunk_bounds(length, ranks)
-        return Case({"ranks": ranks, "full": full, "fulls": fulls,
-                     "shards": [full[low:high] for low, high in itertools.pairwise(bounds)]},
-                    f"length {length} on {ranks} ranks", hidden)
-    return [case(3, 10, False), case(3, 2, True), case(4, 1, True),
-            case(rng.randint(2, 4), rng.randint(5, 13), True)]
+        inputs = {"ranks": ranks, "full": full, "fulls": fulls,
+                  "shards": [full[low:high] for low, high in itertools.pairwise(bounds)]}
+        return [Case({**inputs, "function": function}, f"{function}, length {length} on {ranks} ranks",
+                     hidden) for function in ("gather_shards", "reduce_scatter_mean")]
+    return [*cases(3, 10, False), *cases(3, 2, True), *cases(4, 1, True),
+            *cases(rng.randint(2, 4), rng.randint(5, 13), True)]
 
 
 def _collectives_judge(case: Case, answer: Any) -> None:
@@ -54,12 +55,28 @@ def _collectives_judge(case: Case, answer: Any) -> None:
     bounds = chunk_bounds(inputs["full"].numel(), ranks)
     mean = torch.stack(inputs["fulls"]).mean(0)
     for rank, found in enumerate(per_rank_answers(answer, ranks)):
-        if type(found) is not dict or set(found) != {"gathered", "scattered"}:
-            raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
-        check_tensor(answer_of(found["gathered"]), inputs["full"], f"rank {rank}: gather_shards' result",
-                     atol=0.0)
-        check_tensor(answer_of(found["scattered"]), mean[bounds[rank]:bounds[rank + 1]],
-                     f"rank {rank}: reduce_scatter_mean's shard", atol=1e-6)
+        if inputs["function"] == "gather_shards":
+            check_tensor(found, inputs["full"], f"rank {rank}: gather_shards' result", atol=0.0)
+        else:
+            check_tensor(found, mean[bounds[rank]:bounds[rank + 1]],
+                         f"rank {rank}: reduce_scatter_mean's shard", atol=1e-6)
+
+
+def _collectives_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """reduce_scatter_mean receives its shard only: at most N - 1 partial sums of a shard's size (a
+    ring's pieces, or a reduce-scatter's), never the whole vector's sums (an all-reduce)."""
+    inputs, ranks = case.inputs, case.inputs["ranks"]
+    if inputs["function"] != "reduce_scatter_mean":
+        return
+    bounds = chunk_bounds(inputs["full"].numel(), ranks)
+    largest = max(high - low for low, high in itertools.pairwise(bounds))
+    for rank in range(ranks):
+        received = bytes_moved(rank_events(wire, rank), "received")
+        if received > 4 * (ranks - 1) * largest:
+            raise Wrong(f"rank {rank} received {received} bytes in reduce_scatter_mean; the sums of a shard "
+                        f"of at most {largest} floats from {ranks - 1} other ranks are "
+                        f"{4 * (ranks - 1) * largest}",
+                        "reduce_scatter_mean received more than its shard's sums (an all-reduce?)")
 
 
 ADAMW = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
@@ -160,7 +177,7 @@ def _zero3_judge(case: Case, answer: Any) -> None:
             check_tensor(found[name], want, f"rank {rank}: {what}")
 
 
-def _zero3_watch(case: Case, wire: dict) -> None:
+def _zero3_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """What the relay saw of the backward: each rank receives the weights it lacks again and the
     other ranks' gradients for its shard (summed on the way or not), and no more than an all-gather
     and a reduce-scatter of the largest shard bring (an all-reduce of the whole gradient brings
@@ -185,8 +202,8 @@ exercise("lesson05_sharding", [
         Check("shard bounds", 1, 1, "shard_bounds", _bounds_cases, _bounds_judge,
               "every shard where the lesson puts it, empty ones included", "empty shards and other sizes"),
         Check("gather and reduce-scatter", 1, 1, "shard_collectives", _collectives_cases, _collectives_judge,
-              "every rank gathers the whole vector and receives its shard of the average",
-              "empty shards, 4 ranks, other lengths", wire=True),
+              "every rank gathers the whole vector and receives its shard of the average, and only that",
+              "empty shards, 4 ranks, other lengths", wire=True, watch=_collectives_watch),
         Check("ZeRO with AdamW", 3, 3, "sharded_adamw", _adamw_cases, _adamw_judge,
               "every step's bf16 weights, and each rank's master weights and moments, equal to one "
               "process's torch.optim.AdamW; no more than 12 bytes per element of the rank's shard",

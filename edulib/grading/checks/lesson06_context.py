@@ -11,9 +11,11 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
+    bytes_moved,
     check_tensor,
     exercise,
     per_rank_answers,
+    rank_events,
     seeded_tensors,
 )
 
@@ -54,7 +56,7 @@ def _attention_cases(rng: random.Random) -> list[Case]:
                      **{name: inputs[name] for name in ("q", "k", "v")}},
                     f"{'causal' if causal else 'full'} attention of {length} tokens on {ranks} ranks", hidden)
     length = rng.randint(4, 15)
-    return [case(2, 7, True, False), case(2, 7, False, False), case(3, 11, True, True),
+    return [case(2, 7, True, False), case(3, 7, False, False), case(3, 11, True, True),
             case(4, length, rng.random() < 0.5, True)]
 
 
@@ -69,10 +71,48 @@ def _attention_judge(case: Case, answer: Any) -> None:
         check_tensor(got, shard_sequence(full, rank, inputs["ranks"]), f"rank {rank}'s output")
 
 
+def _attention_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """What the relay saw: point-to-point messages only, every rank sending to the same neighbour
+    (either way round), no message larger than one chunk's keys and values, and no rank sending
+    more than a ring does: every chunk's keys and values but the one its neighbour started with."""
+    from edulib.cp.layout import shard_sequence
+
+    ranks = case.inputs["ranks"]
+    blocks = [sum(4 * shard_sequence(case.inputs[name], rank, ranks).numel() for name in ("k", "v"))
+              for rank in range(ranks)]
+    steps = set()
+    for rank in range(ranks):
+        events = rank_events(wire, rank)
+        others = sorted({e["op"] for e in events} - {"send", "recv", "mark"})
+        if others:
+            raise Wrong(f"rank {rank} called {', '.join(others)}: in ring attention keys and values travel "
+                        "round the ring in point-to-point messages",
+                        "a collective instead of the ring's messages")
+        peers = {e["peer"] for e in events if e["op"] == "send"}
+        if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
+            raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
+                        "neighbour only", "sent to a rank that is not its ring neighbour")
+        steps |= {(peer - rank) % ranks for peer in peers}
+        largest = max((e["bytes"] for e in events if e["op"] == "send"), default=0)
+        if largest > max(blocks):
+            raise Wrong(f"rank {rank} sent a message of {largest} bytes; one chunk's keys and values are at "
+                        f"most {max(blocks)}", "a message larger than one chunk's keys and values")
+    if len(steps) > 1:
+        raise Wrong("some ranks sent to rank + 1 and others to rank - 1: a ring goes one way round",
+                    "the ranks did not all send the same way round the ring")
+    step = steps.pop() if steps else 1
+    for rank in range(ranks):
+        sent, most = bytes_moved(rank_events(wire, rank), "sent"), sum(blocks) - blocks[(rank + step) % ranks]
+        if sent > most:
+            raise Wrong(f"rank {rank} sent {sent} bytes; passing keys and values round the ring sends at "
+                        f"most {most} (every chunk's but the one that comes round to it last)",
+                        "sent more than a ring passes")
+
+
 exercise("lesson06_context", [
         Check("log-sum-exp merge", 1, 1, "merge", _merge_cases, _merge_judge,
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
-              "full attention's output on every rank, causal or not", "3 and 4 ranks, other lengths",
-              wire=True)],
+              "full attention's output on every rank, causal or not; keys and values passed round the ring, "
+              "one chunk per message", "3 and 4 ranks, other lengths", wire=True, watch=_attention_watch)],
          [("edulib.cp.ring.ring_attention", "ring attention")])

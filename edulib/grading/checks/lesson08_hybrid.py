@@ -83,9 +83,9 @@ def _layout_cases(rng: random.Random) -> list[Case]:
                  "heads": rng.choice((8, 16, 32)), "tokens": rng.choice((512, 1024, 2048)),
                  "batch": rng.choice((16, 32, 64, 96, 128))}
         shape = {"nodes": rng.choice((1, 2, 4)), "devices": rng.choice((2, 4, 8)), "memory": 80 * 2**30}
-        speeds = {"flops": rng.choice((100e12, 312e12, 989e12)),
-                  "intra": (5e-6, 1 / rng.choice((100e9, 300e9))),
-                  "inter": (20e-6, 1 / rng.choice((12.5e9, 25e9)))}
+        speeds = {"flops": 10 ** rng.uniform(14, 15),  # 100 to 1000 TFLOP/s, and links, from a continuum
+                  "intra": (rng.uniform(2e-6, 10e-6), 1 / rng.uniform(50e9, 450e9)),
+                  "inter": (rng.uniform(10e-6, 40e-6), 1 / rng.uniform(10e9, 50e9))}
         built, machine = Transformer(**model), Cluster(**shape, **speeds)
         needs = sorted(layout_memory(built, machine, layout) for layout in layouts(built, machine))
         memory = needs[0] / 2 if share == 0 else needs[int(share * (len(needs) - 1))]
@@ -116,13 +116,23 @@ def _layout_oracle(case: Case) -> Callable[[dict], float]:
     return measure
 
 
-def _layout_watch(case: Case, wire: dict) -> None:
+def _layout_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """No more measurements than the budget (the relay refuses the rest; a search that caught the
-    refusal and answered anyway still loses the case)."""
+    refusal and answered anyway still loses the case), and at least one where the layouts that fit
+    differ in time: the cluster's speeds are known only through measure."""
+    from edulib import layout as costs
+
     asked = sum(event["op"] == "ask" for event in rank_events(wire, 0))
     if asked > case.inputs["budget"]:
         raise Wrong(f"asked for {asked} measurements; the budget was {case.inputs['budget']}",
                     "more measurements than the budget")
+    if asked == 0:
+        model, cluster = _layout_machine(case)
+        times = {costs.layout_time(model, cluster, layout) for layout in costs.layouts(model, cluster)
+                 if costs.layout_memory(model, cluster, layout) <= case.inputs["memory"]}
+        if len(times) > 1:
+            raise Wrong("chose a layout without measuring any: the cluster's speeds are known only through "
+                        "measure", "chose a layout without measuring any")
 
 
 def _layout_judge(case: Case, answer: Any) -> None:

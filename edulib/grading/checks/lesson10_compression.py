@@ -15,7 +15,6 @@ from edulib.grading.checks.base import (
     Wrong,
     bytes_moved,
     check_tensor,
-    cut_at_marks,
     exercise,
     per_rank_answers,
     rank_events,
@@ -63,17 +62,34 @@ def _topk_judge(case: Case, answer: Any) -> None:
                          "the error after it (gradient + error - what was kept)")
 
 
-def _topk_watch(case: Case, wire: dict) -> None:
-    """What the relay saw of each call: k float32 values and k int32 indices to each other rank."""
-    ranks, gradients = case.inputs["ranks"], case.inputs["gradients"]
-    want = (ranks - 1) * TopK(case.inputs["ratio"]).payload_bytes(gradients[0][0].numel())
+def _payloads(ranks: int, ratio: float, numel: int, calls: int, wire: dict) -> None:
+    """What the relay saw of `calls` calls on every rank: k float32 values and k int32 indices to
+    each other rank per call, in all, and no operation larger than one call's share (so no dense
+    all-reduce, however the rest is spread); no mark of the harness is needed to see it."""
+    want = (ranks - 1) * TopK(ratio).payload_bytes(numel)
     for rank in range(ranks):
-        for step, events in enumerate(cut_at_marks(rank_events(wire, rank), "call")):
-            if bytes_moved(events, "sent") != want:
-                sent = bytes_moved(events, "sent")
-                raise Wrong(f"call {step + 1}, rank {rank} sent {sent} bytes; k float32 "
-                            f"values and k int32 indices to each of the {ranks - 1} others is {want}",
-                            "sent a different number of bytes than k values and k int32 indices each")
+        events = rank_events(wire, rank)
+        largest = max((bytes_moved([event], "sent") for event in events), default=0)
+        if largest > want:
+            raise Wrong(f"rank {rank} sent {largest} bytes in one operation; k float32 values and k int32 "
+                        f"indices to each of the {ranks - 1} others are {want} a call",
+                        "sent more in one operation than a call's top-k payloads (a dense all-reduce?)")
+        sent = bytes_moved(events, "sent")
+        if sent != calls * want:
+            raise Wrong(f"rank {rank} sent {sent} bytes in {calls} calls; k float32 values and k int32 "
+                        f"indices to each of the {ranks - 1} others are {want} a call, {calls * want} in all",
+                        "sent a different number of bytes than k values and k int32 indices each, every call")
+
+
+def _topk_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    gradients = case.inputs["gradients"]
+    _payloads(case.inputs["ranks"], case.inputs["ratio"], gradients[0][0].numel(), len(gradients), wire)
+
+
+def _training_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    inputs = case.inputs
+    numel = inputs["depth"] * (inputs["width"] ** 2 + inputs["width"])
+    _payloads(inputs["ranks"], inputs["ratio"], numel, inputs["steps"], wire)
 
 
 def _training_cases(rng: random.Random) -> list[Case]:
@@ -136,8 +152,8 @@ exercise("lesson10_compression", [
               watch=_topk_watch),
         Check("training converges", 2, 2, "topk_training", _training_cases, _training_judge,
               f"data-parallel training with it gives weights within {CONVERGED}x uncompressed training's "
-              "loss on the grader's held-out data",
-              "4 ranks, another seed", time_limit=60.0, wire=True)],
+              "loss on the grader's held-out data, sending top-k payloads every step",
+              "4 ranks, another seed", time_limit=60.0, wire=True, watch=_training_watch)],
          [*((f"edulib.dp.compression.{name}", "top-k with error feedback")
                                for name in ("TopK", "compressed_average")),
                              ("edulib.lessons.data_parallelism.compressed_train",

@@ -1,0 +1,11 @@
+"""Shortcut: choose_layout that never calls measure and prices every layout with
+edulib.layout.layout_time on the cluster it is given (whose speeds are not the machine's)."""
+# expect: layout choice = 0
+
+from edulib.layout import Layout, layout_memory, layout_time, layouts
+from edulib.planner import Cluster
+
+
+def choose_layout(model, cluster: Cluster, memory: float, budget: int, measure) -> Layout | None:
+    fitting = [layout for layout in layouts(model, cluster) if layout_memory(model, cluster, layout) <= memory]
+    return min(fitting, key=lambda layout: layout_time(model, cluster, layout), default=None)
