@@ -346,16 +346,12 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "ShardedAdamW's tensors hold 72 bytes; ZeRO's formula for its shard of 4 elements is K x 4 = 48"),
     ("lesson05_sharding", "value=-self.lr / (1 - beta1 ** self.steps)", "value=-self.lr", "ZeRO with AdamW",
      "rank 0: the weights after step 2 holds"),
-    ("lesson05_sharding", "        ctx.save_for_backward(x, shard)\n",
-     "        ctx.save_for_backward(x, shard)\n"
-     "        ctx.kept = gather_shards(shard, out_features * (in_features + 1))\n",
-     "ZeRO-3 unit", "between the forward and the backward, 60 bytes of the full weights stay alive"),
     ("lesson05_sharding", "return grad @ weight, reduce_scatter_mean(full), None, None",
      "dist.all_reduce(full)\n"
      "        low, high = shard_bounds(full.numel(), dist.get_world_size())[dist.get_rank():][:2]\n"
      "        return grad @ weight, full[low:high] / dist.get_world_size(), None, None", "ZeRO-3 unit",
-     "rank 0 received 92 bytes in the backward; gathering the 7 parameters it lacks and reduce-scattering "
-     "its shard of 8 takes 60 to 64"),
+     "rank 0 received 92 bytes in the backward; gathering the 7 parameters it lacks again and "
+     "reduce-scattering its shard of 8 takes 60 to 64"),
     ("lesson07_experts", "return y * gate[:, None]", "return y", "expert parallelism",
      "rank 0's output holds"),
     ("lesson07_experts", "    dist.all_to_all_single(back, done, send_sizes, receive_sizes)\n",

@@ -107,7 +107,7 @@ def run_child() -> None:
         call = json.loads(line)
         if call["collect"] in ON_RANKS:
             _reply(answers, call["call"], collect_on_ranks(call["collect"], submission.stem, call["case"],
-                                                           request["forbidden"]))
+                                                           request["forbidden"], call.get("phase", 0)))
             continue
         try:
             os.write(to_solo, line.encode())

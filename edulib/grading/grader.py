@@ -173,49 +173,62 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
 
 class _Calls:
     """The calls of one tree, sent one at a time: the next goes out when the last one's answer is in.
-    A stub, a forbidden call or a deadlock is not asked again: its outcome stands for the check's
-    later cases."""
+    A case of a check with several phases is several calls, and the relay's log is cut where each
+    phase's answer came in: the grader, not the ranks, knows where a backward ended. A stub, a
+    forbidden call or a deadlock is not asked again: its outcome stands for the check's later cases."""
 
     def __init__(self, tree: _Tree, checks: list[Check], cases: dict[str, list[Case]],
                  relay: Relay | None = None, slots: dict[int, list[int]] | None = None) -> None:
         self.tree, self.cases, self.relay, self.slots = tree, cases, relay, slots or {}
-        self.order = [(check, index) for check in checks for index in range(len(cases[check.name]))]
-        self.current, self.sent_at, self.outgoing = -1, 0.0, bytearray()
+        self.order = [(check, index, phase) for check in checks for index in range(len(cases[check.name]))
+                      for phase in range(check.phases)]
+        self.current, self.sent_at, self.outgoing, self.cuts = -1, 0.0, bytearray(), []
 
     def advance(self) -> None:
         """Queue the next call that needs asking (none once every case has an outcome)."""
         self.current += 1
         while self.current < len(self.order):
-            check, _ = self.order[self.current]
+            check, _, phase = self.order[self.current]
             found = self.tree.outcomes.setdefault(check.name, [])
-            if not (found and found[-1].kind in STICKY):
+            if phase or not (found and found[-1].kind in STICKY):
                 break
             found.append(found[-1])
-            self.current += 1
+            self.current += check.phases
         if self.current < len(self.order):
-            check, index = self.order[self.current]
-            if self.relay is not None:  # the case's ranks are these slots; nothing else counts
+            check, index, phase = self.order[self.current]
+            if self.relay is not None and phase == 0:  # the case's ranks are these slots; nothing else counts
                 case = self.cases[check.name][index]
                 self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [],
                                  check.oracle(case) if check.oracle else None)
+                self.cuts = []
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
+                              f'"phase": {phase}, '
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
             self.sent_at = time.monotonic()
 
     def answer(self, call: object, kind: object, raw: bytes) -> None:
         """Record the outcome of the call in flight (anything else is ignored); past KEPT bytes of
-        answers from this tree, an answer is kept as too large."""
+        answers from this tree, an answer is kept as too large. A phase before the last that
+        answered is only a cut in the relay's log; one that did not is the case's outcome."""
         if type(call) is not int or call != self.current or self.current >= len(self.order):
             return
-        check, _ = self.order[call]
+        check, _, phase = self.order[call]
+        took = time.monotonic() - self.sent_at
+        self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
+        if phase < check.phases - 1 and kind == "answer":
+            if check.wire and self.relay is not None:
+                self.cuts.append(self.relay.mark())
+            self.advance()
+            return
         if self.tree.kept + len(raw) > KEPT:
             kind, raw = "raised", TOO_LARGE
         self.tree.kept += len(raw)
-        wire = self.relay.log() if self.relay is not None and check.wire else None
+        wire = None
+        if self.relay is not None and check.wire:
+            wire = {**self.relay.log(), "cuts": list(self.cuts)}
         reply = Reply(kind if type(kind) is str else "", raw, wire)
         self.tree.outcomes.setdefault(check.name, []).append(reply)
-        took = time.monotonic() - self.sent_at
-        self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
+        self.current += check.phases - 1 - phase  # the case's later phases are not asked
         self.advance()
 
     @property
@@ -421,6 +434,9 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
         try:
             with _memory_cap(JUDGE_MEMORY):
                 answer = answer_of(loads(outcome.raw))
+                if outcome.wire is not None and outcome.wire.get("overflow"):
+                    raise Wrong(f"the ranks flooded the wire ({outcome.wire['overflow']})",
+                                "the ranks flooded the wire")
                 check.judge(case, answer)
                 if check.watch is not None:
                     check.watch(case, outcome.wire, answer)

@@ -32,7 +32,10 @@ import torch.distributed as dist
 
 HEAD = struct.Struct("<II")
 MAX_FRAME = 64 * 2**20  # bytes of one frame's payload: far more than any graded tensor
-MAX_HELD = 256 * 2**20  # bytes the relay holds for receivers that have not asked yet
+MAX_HELD = 32 * 2**20  # bytes the relay holds for receivers that have not asked yet
+MAX_EVENTS = 20_000  # operations logged in one case: far more than any check's, far fewer than a flood's
+MAX_VALUES = 2**20  # bytes of small messages' values logged in one case (a judge reads them)
+KEPT_VALUES = 4096  # a message up to this many bytes has its values logged
 _DTYPES = {str(t).removeprefix("torch."): t
           for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -267,13 +270,6 @@ def _create(options: Any, _: Any = None) -> RelayGroup:
     return RelayGroup(_joined["wire"], options.group_rank, options.group_size, members)
 
 
-def mark(label: str) -> None:
-    """In a graded rank: tell the relay where the harness is (before a backward, between calls), so a
-    judge can place each operation in its phase; the first mark of a label is the one that counts."""
-    wire = _joined["wire"]
-    wire.submit({"op": "mark", "label": label, "group": [dist.get_rank()]}, [], [], reply=False)
-
-
 def ask(query: dict) -> float:
     """In a graded rank: ask the grader's oracle (a profiling run, say) one question; the relay
     answers from outside the student's processes and logs that it was asked."""
@@ -334,7 +330,7 @@ class Relay:
         self.waiting: dict[int, deque] = {}
         self.collectives: dict[tuple, dict[int, tuple[dict, list, dict]]] = {}
         self.counts: dict[tuple, int] = {}
-        self.held, self.arrivals = 0, itertools.count()
+        self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
 
     def close_rank_ends(self) -> None:
         """Close the ends that the ranks' tree inherited (once it has started)."""
@@ -361,9 +357,16 @@ class Relay:
         self.ranks = {slot: rank for rank, slot in enumerate(slots)}
 
     def log(self) -> dict:
-        """The case's wire so far: every rank's operations in order, and what the relay refused."""
+        """The case's wire so far: every rank's operations in order, what the relay refused, and why
+        it stopped logging, if it did (more than a case's share of operations or values)."""
         self.drain()
-        return {"events": list(self.events), "problems": list(self.problems)}
+        return {"events": list(self.events), "problems": list(self.problems), "overflow": self.overflow}
+
+    def mark(self) -> int:
+        """Where the case's log stands now (its operations so far): the grader cuts it there when a
+        phase's answer comes in, so the cut is the grader's, not a rank's word."""
+        self.drain()
+        return len(self.events)
 
     def drain(self) -> None:
         """Read whatever the ranks have written, without waiting."""
@@ -451,9 +454,7 @@ class Relay:
         try:
             inputs = _tensors(header.get("meta", []), payload)
             outs = header.get("out", [])
-            if op == "mark":
-                self._event(rank, "mark", label=str(header.get("label"))[:40])
-            elif op == "send":
+            if op == "send":
                 self._send(rank, header, inputs, payload)
             elif op == "recv":
                 self._post_receive(rank, header, outs)
@@ -467,9 +468,13 @@ class Relay:
 
     def _event(self, rank: int, op: str, **facts: Any) -> dict:
         """Log one operation of `rank`, in the order it asked; the entry (a collective's bytes are
-        filled in once every member has asked)."""
-        self.events.append({"rank": rank, "op": op, **facts})
-        return self.events[-1]
+        filled in once every member has asked). Past MAX_EVENTS the log stops and says why."""
+        event = {"rank": rank, "op": op, **facts}
+        if len(self.events) >= MAX_EVENTS:
+            self.overflow = self.overflow or f"more than {MAX_EVENTS:,} operations in one case"
+        else:
+            self.events.append(event)
+        return event
 
     def _ask(self, rank: int, header: dict) -> None:
         """Answer a question from the case's oracle (logged, refused if there is none)."""
@@ -483,9 +488,15 @@ class Relay:
         peer = header["peer"]
         if type(peer) is not int or peer == rank or peer not in self.ranks.values():
             raise WireError(f"a send to rank {peer!r}")
+        small = len(payload) <= KEPT_VALUES
+        if small and self.values + len(payload) > MAX_VALUES:
+            self.overflow = self.overflow or f"more than {MAX_VALUES >> 20} MiB of small messages in one case"
+        kept = small and not self.overflow
+        self.values += len(payload) if kept else 0
         self._event(rank, "send", peer=peer, elements=sum(t.numel() for t in inputs), bytes=len(payload),
-                    values=[t.tolist() for t in inputs] if len(payload) <= 4096 else None)
+                    values=[t.tolist() for t in inputs] if kept else None)
         if self.held + len(payload) > MAX_HELD:
+            self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
         self.mail.setdefault((rank, peer), deque()).append((next(self.arrivals), inputs, len(payload)))

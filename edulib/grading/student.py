@@ -9,7 +9,7 @@ its outcome, as plain data: {"answer": ...}, {"missing": hint} for an untouched 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from types import ModuleType
 from typing import Any
 
@@ -66,13 +66,14 @@ def _rank_outcome(error: RankError) -> dict:
     return {"raised": f"rank {error.rank} {error.what}".split("\n")[0]}
 
 
-def on_ranks(module: str, worker: str, case: dict, forbidden: list) -> dict:
-    """Run rank worker `worker` on case["ranks"] ranks, each rank given only its own part of the
-    case and importing the submission `module` itself; the outcome (one answer per rank)."""
+def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int = 0) -> dict:
+    """Run phase `phase` of rank worker `worker` on case["ranks"] ranks, each rank given only its own
+    part of the case and importing the submission `module` itself; the outcome (one answer per
+    rank, None before the last phase)."""
     ranks = case["ranks"]
     split = _SPLITS.get(worker, lambda case, rank: case)
     try:
-        answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank))
+        answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
                                                      for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
@@ -104,16 +105,28 @@ def close_pools() -> None:
 
 
 _guarded = False
+_running: list[Generator] = []  # in a rank: the case whose worker paused between phases
 
 
-def rank_call(module_name: str, worker: str, forbidden: list, case: dict) -> Any:
-    """In a rank: guard the answering functions (once), import the submission, run one case."""
+def rank_call(module_name: str, worker: str, forbidden: list, case: dict, phase: int = 0) -> Any:
+    """In a rank: guard the answering functions (once), import the submission, run one case, or
+    one phase of it: a worker that is a generator runs to its next `yield` (None is the answer of
+    every phase but the last), and the grader cuts the relay's log when all ranks have answered."""
     global _guarded
     if not _guarded:
         forbid.forbid(forbidden)
         _guarded = True
     student = importlib.import_module(module_name)
-    result = defined(student, lambda: RANK_WORKERS[worker](student, case))
+    if phase == 0:
+        _running.clear()
+        _running.append(defined(student, lambda: RANK_WORKERS[worker](student, case)))
+    result = _running[0]
+    if isinstance(result, Generator):
+        try:
+            defined(student, lambda: next(result))
+            result = None
+        except StopIteration as stop:
+            result = stop.value
     if forbid.attempts:
         raise forbid.Forbidden(forbid.attempts[0])
     return encode(result)
@@ -126,23 +139,24 @@ def _ring(student: ModuleType, case: dict) -> torch.Tensor:
     return tensor
 
 
-def _buckets(student: ModuleType, case: dict) -> list:
-    """Two steps of the student's GradientBuckets on a tied-weight model: the averaged gradients of
-    each (the relay sees each all-reduce, and the marks say when the backward runs)."""
+def _buckets(student: ModuleType, case: dict) -> Generator[None, None, list]:
+    """Two steps of the student's GradientBuckets on a tied-weight model, each in three phases
+    (forward, backward, finish; then an empty last one): the averaged gradients of each step (the
+    relay sees each all-reduce, and the grader's cuts say in which phase it came)."""
     from edulib.models import tied_lm
 
     model, grads = tied_lm(case["vocab"], case["hidden"], case["seed"]), []
     buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
     for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
-        relay.mark("step")
         logits = model(tokens[dist.get_rank()]).flatten(0, -2)
         loss = torch.nn.functional.cross_entropy(logits, targets[dist.get_rank()].flatten())
-        relay.mark("backward")
+        yield
         loss.backward()
-        relay.mark("finish")
+        yield
         buckets.finish()
         grads.append([parameter.grad.clone() for parameter in model.parameters()])
         model.zero_grad(set_to_none=False)
+        yield
     return grads
 
 
@@ -233,30 +247,16 @@ def _sharded_adamw(student: ModuleType, case: dict) -> dict:
             "held": sum(_storages(vars(optimizer), set()).values())}
 
 
-def _zero3_unit(student: ModuleType, case: dict) -> dict:
-    """The student's ZeroThreeLinear on this rank's batch: output, gradients, the bytes the module
-    keeps and the bytes of other tensors alive between forward and backward (the relay sees what the
-    backward sends and receives, after the mark)."""
+def _zero3_unit(student: ModuleType, case: dict) -> Generator[None, None, dict]:
+    """The student's ZeroThreeLinear on this rank's batch, in two phases: the forward, then the
+    backward (the grader cuts the relay's log between them); the output and the gradients."""
     unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
     x = case["x"].clone().requires_grad_()
-    saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        y = unit(x)
-    nodes, seen = [y.grad_fn], []
-    while nodes:  # every node of the graph: what a custom Function put on its ctx
-        node = nodes.pop()
-        if node is not None and all(node is not other for other in seen):
-            seen.append(node)
-            nodes += [following for following, _ in getattr(node, "next_functions", ())]
-    shard = getattr(unit, "shard", None)
-    mine = {x.untyped_storage().data_ptr()}
-    if isinstance(shard, torch.Tensor):
-        mine.add(shard.untyped_storage().data_ptr())
-    held = sum(_storages([saved, [getattr(node, "__dict__", {}) for node in seen]], mine).values())
-    kept = sum(_storages(list(unit.state_dict(keep_vars=True).values()) + [vars(unit)], set()).values())
-    relay.mark("backward")
+    y = unit(x)
+    yield
     y.backward(case["grad_y"])
-    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None), "held": held, "kept": kept}
+    shard = getattr(unit, "shard", None)
+    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None)}
 
 
 def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
@@ -467,8 +467,8 @@ def _in_process(call: Callable[[ModuleType, dict], Any]) -> Callable:
 def _on_ranks(worker: str) -> Callable:
     """A collector that runs rank worker `worker` on real ranks on one case (the ranks import the
     submission by its name; the process that dispatches to them never does)."""
-    def collect(module: str, case: dict, forbidden: list) -> dict:
-        return on_ranks(module, worker, case, forbidden)
+    def collect(module: str, case: dict, forbidden: list, phase: int = 0) -> dict:
+        return on_ranks(module, worker, case, forbidden, phase)
     return collect
 
 
@@ -514,6 +514,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
 ON_RANKS = {name for name, collect in COLLECTORS.items() if collect.__qualname__.startswith("_on_ranks")}
 
 
-def collect_on_ranks(collect: str, module: str, case: Any, forbidden: list) -> dict:
-    """One call of a collector that runs on ranks, its case still as it came (encoded)."""
-    return COLLECTORS[collect](module, decode(case), forbidden)
+def collect_on_ranks(collect: str, module: str, case: Any, forbidden: list, phase: int = 0) -> dict:
+    """One call (one phase of one case) of a collector that runs on ranks, its case still as it came
+    (encoded)."""
+    return COLLECTORS[collect](module, decode(case), forbidden, phase)

@@ -10,6 +10,7 @@ with a reference the grader computes itself.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable
@@ -76,6 +77,7 @@ class Check:
     wire: bool = False  # runs on ranks that reach each other only through the grader's relay
     watch: Callable[[Case, dict, Any], None] | None = None  # judges a case's relay log (and answer)
     oracle: Callable[[Case], Callable[[dict], float]] | None = None  # answers a case's relay.ask
+    phases: int = 1  # calls per case: the rank worker yields between them, the grader cuts the log there
 
 
 def seeded_tensors(rng: random.Random, *shapes: tuple[int, ...],
@@ -134,26 +136,16 @@ def same_plain(got: Any, want: Any) -> bool:
 
 
 def rank_events(wire: dict, rank: int) -> list[dict]:
-    """One rank's operations in the order the relay saw them (sends, receives, collectives, marks)."""
+    """One rank's operations in the order the relay saw them (sends, receives, collectives, asks)."""
     return [event for event in wire["events"] if event["rank"] == rank]
 
 
-def cut_at_marks(events: list[dict], label: str) -> list[list[dict]]:
-    """One rank's operations cut at each harness mark `label`: what came after each mark, up to the
-    next (what came before the first is not in any)."""
-    phases: list[list[dict]] = []
-    for event in events:
-        if event["op"] == "mark" and event["label"] == label:
-            phases.append([])
-        elif phases:
-            phases[-1].append(event)
-    return phases
-
-
-def after_mark(events: list[dict], label: str) -> list[dict]:
-    """A rank's operations after the first mark `label` (a later mark of the same name moves nothing)."""
-    marks = [i for i, event in enumerate(events) if event["op"] == "mark" and event["label"] == label]
-    return events[marks[0] + 1:] if marks else []
+def phase_events(wire: dict, rank: int) -> list[list[dict]]:
+    """One rank's operations in each phase of a case (a check with `phases` > 1): the grader cut the
+    relay's log where each phase's answer came in, so no rank can move the cuts."""
+    cuts = [0, *wire.get("cuts", []), len(wire["events"])]
+    return [[event for event in wire["events"][low:high] if event["rank"] == rank]
+            for low, high in itertools.pairwise(cuts)]
 
 
 def bytes_moved(events: list[dict], direction: str) -> int:

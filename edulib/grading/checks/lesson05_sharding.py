@@ -13,12 +13,12 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
-    after_mark,
     bytes_moved,
     check_number,
     check_tensor,
     exercise,
     per_rank_answers,
+    phase_events,
     rank_events,
     same_plain,
     seeded_tensors,
@@ -157,19 +157,10 @@ def _zero3_judge(case: Case, answer: Any) -> None:
                                                                           strict=True)]
     mean = torch.stack(grads).mean(0)
     for rank, found in enumerate(per_rank_answers(answer, ranks)):
-        if type(found) is not dict or set(found) != {"y", "x", "shard", "held", "kept"}:
+        if type(found) is not dict or set(found) != {"y", "x", "shard"}:
             raise Wrong(f"rank {rank} sent no result", "a rank sent no result")
         x, grad_y = inputs["xs"][rank], inputs["grad_ys"][rank]
         check_tensor(found["y"], x @ weight.t() + bias, f"rank {rank}'s output")
-        kept = check_number(found["kept"], f"rank {rank}: the bytes kept", whole=True, least=0)
-        if kept != 4 * (bounds[rank + 1] - bounds[rank]):
-            raise Wrong(f"rank {rank}: the module's tensors hold {found['kept']} bytes; its shard of the "
-                        f"unit's {unit} parameters is {bounds[rank + 1] - bounds[rank]} floats",
-                        "the module keeps more (or less) than its shard")
-        if check_number(found["held"], f"rank {rank}: the bytes held", whole=True, least=0) >= 4 * unit:
-            raise Wrong(f"rank {rank}: between the forward and the backward, {found['held']} bytes of "
-                        f"the full weights stay alive (saved for backward or kept); ZeRO-3 frees them "
-                        "after the forward and gathers them again", "the full weights outlive the forward")
         for name, want in (("x", grad_y @ weight), ("shard", mean[bounds[rank]:bounds[rank + 1]])):
             what = "the input's gradient" if name == "x" else "shard.grad"
             if found[name] is None:
@@ -178,24 +169,29 @@ def _zero3_judge(case: Case, answer: Any) -> None:
 
 
 def _zero3_watch(case: Case, wire: dict, answer: Any = None) -> None:
-    """What the relay saw of the backward: each rank receives the weights it lacks again and the
-    other ranks' gradients for its shard (summed on the way or not), and no more than an all-gather
-    and a reduce-scatter of the largest shard bring (an all-reduce of the whole gradient brings
-    about half as much again)."""
+    """What the relay saw (cut by the grader between the forward and the backward): each rank
+    receives the weights it lacks in the forward, and again in the backward with the other ranks'
+    gradients for its shard (summed on the way or not), and no more than an all-gather and a
+    reduce-scatter of the largest shard bring (an all-reduce of the whole gradient brings about
+    half as much again). A rank that kept the full weights after its forward has nothing to gather
+    again."""
     inputs, ranks = case.inputs, case.inputs["ranks"]
     unit = inputs["weight"].numel() + inputs["bias"].numel()
     bounds = chunk_bounds(unit, ranks)
     largest = max(high - low for low, high in itertools.pairwise(bounds))
     for rank in range(ranks):
         mine = bounds[rank + 1] - bounds[rank]
-        received = bytes_moved(after_mark(rank_events(wire, rank), "backward"), "received")
+        forward, backward = (bytes_moved(events, "received") for events in phase_events(wire, rank))
+        if forward < 4 * (unit - mine):
+            raise Wrong(f"rank {rank} received {forward} bytes in the forward; the {unit - mine} parameters "
+                        f"it lacks are {4 * (unit - mine)}", "the forward did not gather the full weights")
         least, most = 4 * unit, 8 * (ranks - 1) * largest  # its missing weights, its shard's sums at least
-        if not least <= received <= most:
-            raise Wrong(f"rank {rank} received {received} bytes in the backward; gathering the "
-                        f"{unit - mine} parameters it lacks and reduce-scattering its shard of {mine} takes "
-                        f"{least} to {most} (an all-gather and a reduce-scatter of shards of at most "
+        if not least <= backward <= most:
+            raise Wrong(f"rank {rank} received {backward} bytes in the backward; gathering the "
+                        f"{unit - mine} parameters it lacks again and reduce-scattering its shard of {mine} "
+                        f"takes {least} to {most} (an all-gather and a reduce-scatter of shards of at most "
                         f"{largest} floats)",
-                        "not ZeRO-3's traffic in the backward: gather, then reduce-scatter")
+                        "not ZeRO-3's traffic in the backward: gather again, then reduce-scatter")
 
 
 exercise("lesson05_sharding", [
@@ -209,9 +205,9 @@ exercise("lesson05_sharding", [
               "process's torch.optim.AdamW; no more than 12 bytes per element of the rank's shard",
               "empty shards, 4 ranks, other lengths and weight decays", wire=True),
         Check("ZeRO-3 unit", 3, 3, "zero3_unit", _zero3_cases, _zero3_judge,
-              "output and gradients equal to the full layer's; only the shard kept, the full weights "
-              "freed after the forward, gathered again and the gradient reduce-scattered in the backward",
-              "3 and 4 ranks, other layer sizes, empty shards", wire=True, watch=_zero3_watch)],
+              "output and gradients equal to the full layer's; the full weights gathered for the forward, "
+              "gathered again and the gradient reduce-scattered in the backward",
+              "3 and 4 ranks, other layer sizes, empty shards", wire=True, watch=_zero3_watch, phases=2)],
          [("edulib.comm.schedule.chunk_bounds", "the shard bounds"),
                           ("edulib.dp.zero.ZeroDataParallel", "ZeRO's sharded optimizer and unit"),
                           ("edulib.dp.sharded_optimizer.ShardedOptimizer", "ZeRO's sharded optimizer"),
