@@ -6,7 +6,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   projection, by heads. Visible cases: rank 1 of 2, 4 heads, hidden size 12. Hidden cases: other
   ranks, head counts and widths.
 - f and g, 2 + 2 points: an MLP split by the grader on your f and g: output and every gradient equal
-  to the full one's. Visible cases: 2 ranks, x of shape (1, 5), 2 hidden features. Hidden cases: 3
+  to the full one's, with no more traffic than an all-reduce in each. Visible cases: 2 ranks, x of
+  shape (1, 5), 2 hidden features; 3 ranks, x of shape (4, 4), 6 hidden features. Hidden cases: 3
   and 4 ranks, other shapes.
 - tensor-parallel block, 4 + 4 points: output and every gradient equal to the full block's, with no
   more traffic than Megatron's. Visible cases: 2 ranks, 4 heads of width 3, 6 inner features, x of

@@ -11,10 +11,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   moments, equal to one process's torch.optim.AdamW; no more than 12 bytes per element of the rank's
   shard. Visible cases: 3 steps, length 10 on 3 ranks; 3 steps, length 7 on 2 ranks. Hidden cases:
   empty shards, 4 ranks, other lengths and weight decays.
-- ZeRO-3 unit, 3 + 3 points: output and gradients equal to the full layer's; only the shard kept,
-  the full weights freed after the forward, gathered again and the gradient reduce-scattered in the
-  backward. Visible cases: 2 ranks, a 4 -> 3 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks,
-  other layer sizes, empty shards.
+- ZeRO-3 unit, 3 + 3 points: output and gradients equal to the full layer's; the full weights
+  gathered for the forward, gathered again and the gradient reduce-scattered in the backward.
+  Visible cases: 2 ranks, a 4 -> 3 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks, other layer
+  sizes, empty shards.
 """
 
 from __future__ import annotations

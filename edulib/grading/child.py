@@ -6,9 +6,12 @@ reach, forks the solo process, which alone imports the submission here and runs 
 no ranks, and then starts the ranks, forked from this process. It never imports the submission
 itself: it holds the pipes to the ranks, so no student code can sit between them. The grader sends
 one call at a time on the call pipe (a check's collector and the inputs of one case, never a list
-of cases); each is answered on the answer pipe, one line, before the next arrives: nothing the
-submission prints can be taken for an answer, nothing in argv or on disk names the channels, and no
-case is in the tree before its turn. No verdict travels: the grader judges.
+of cases); each is answered, one line, before the next arrives: a call on ranks by this process on
+its answer pipe, a call in the solo process by that process on an answer pipe of its own, so the
+submission cannot answer for the ranks. Nothing the submission prints can be taken for an answer,
+nothing in argv or on disk names the channels, no case is in the tree before its turn, and this
+process is not dumpable: its pipes cannot be opened through /proc. No verdict travels: the grader
+judges.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def _solo(submission: Path, forbidden: list, answers: TextIO, calls: int, done: 
 
 
 def _fork_solo(submission: Path, forbidden: list, answer_fd: int) -> tuple[int, int, int]:
-    """Fork the solo process with nothing open but its own pipes and the answer pipe; its pid, the
-    end to send it calls and the end it says each is done on."""
+    """Fork the solo process with nothing open but its own pipes and its own answer pipe (the
+    grader takes from it only the answers of calls that run in it); its pid, the end to send it
+    calls and the end it says each is done on."""
     to_solo, from_solo = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -85,7 +89,12 @@ def _mirror(pid: int) -> None:
 
 
 def run_child() -> None:
-    """Dispatch the grader's calls until it closes the call pipe, then exit without exit hooks."""
+    """Dispatch the grader's calls until it closes the call pipe, then exit without exit hooks.
+    This process is not dumpable (nor is anything it forks): no process of its user can open its
+    descriptors or its memory through /proc, where every rank's wire and the grader's pipes are."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     request = json.loads(sys.stdin.read())
     answers = os.fdopen(request["answer_fd"], "w", buffering=1)
     calls = os.fdopen(request["call_fd"], "r")
@@ -99,7 +108,8 @@ def run_child() -> None:
     forbid.forbid(request["forbidden"])
     hidden = confine.hide(forbid.sources(request["forbidden"]))
     _send(answers, stage="importing", hidden=hidden, isolated=confine.confinement_available())
-    solo, to_solo, from_solo = _fork_solo(submission, request["forbidden"], request["answer_fd"])
+    solo, to_solo, from_solo = _fork_solo(submission, request["forbidden"], request["solo_fd"])
+    os.close(request["solo_fd"])
     start_pools()  # after the fork: the solo process holds no pool, no pipe to a rank
     if not os.read(from_solo, 1):  # the submission could not be imported: the solo process has said so
         _mirror(solo)

@@ -21,6 +21,7 @@ import random
 import resource
 import secrets
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,10 +36,12 @@ from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wr
 from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
+from edulib.grading.student import ON_RANKS
 from edulib.progress import progress_bar
 
 WARDEN = Path(__file__).with_name("warden.py")
 STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Python, torch, the import
+STARTUP_WALL = 30.0  # wall seconds the same may take, on a machine busy with the rest of the class
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
 JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
 STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
@@ -50,8 +53,8 @@ KEPT = 128 * 2**20  # bytes of answers kept from one tree until they are judged
 HEADER = 8192  # bytes of a line's header (which call, what kind of outcome, or a stage)
 TOO_LARGE = b'{"raised": "an answer larger than the grader reads (16 MiB as JSON)"}'
 
-__all__ = ["Limits", "Reply", "Result", "cases_of", "exercise_of", "find_submissions", "grade",
-           "grade_exercise"]
+__all__ = ["Limits", "Reply", "Result", "cases_of", "exercise_budget", "exercise_of", "find_submissions",
+           "grade", "grade_exercise"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
            scratch: str, relay: Relay, slots: dict[int, list[int]]) -> tuple:
     """Start the warden for one tree; return it and the grader's ends of the answer, status and call
     pipes. The tree inherits the ranks' ends of the relay's wires, and is told which are whose."""
-    answer_read, answer_write = os.pipe()
+    answer_read, answer_write = os.pipe()  # the dispatcher's answers (calls on ranks) and stages
+    solo_read, solo_write = os.pipe()  # the solo process's answers (calls in it) and its import
     status_read, status_write = os.pipe()
     call_read, call_write = os.pipe()
     child = [sys.executable, "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I ignores PYTHON* variables
@@ -150,25 +154,26 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     wires = {count: [relay.rank_ends[slot] for slot in taken] for count, taken in slots.items()}
     wire_fds = [fd for ends in relay.rank_ends for fd in ends]
     request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise],
-               "answer_fd": answer_write, "call_fd": call_read, "wires": wires}
+               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
-              "answer_fd": answer_write, "call_fd": call_read, "status_fd": status_write, "cpu_time": cpu,
-              "wall": 2 * cpu + 30, "memory": limits.memory, "processes": limits.processes,
+              "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read,
+              "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30, "memory": limits.memory,
+              "processes": limits.processes,
               "file_size": limits.file_size, "wire_fds": wire_fds, "tree_memory": limits.tree_memory,
               "tree_tasks": limits.tree_tasks, "own_user": own_user}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
-                                  pass_fds=(answer_write, status_write, call_read, *wire_fds),
+                                  pass_fds=(answer_write, solo_write, status_write, call_read, *wire_fds),
                                   start_new_session=True)
     finally:
-        for fd in (answer_write, status_write, call_read):
+        for fd in (answer_write, solo_write, status_write, call_read):
             os.close(fd)
         relay.close_rank_ends()
     warden.stdin.write(json.dumps(config).encode())
     warden.stdin.close()
     os.set_blocking(call_write, False)
-    return warden, answer_read, status_read, call_write
+    return warden, (answer_read, solo_read), status_read, call_write
 
 
 class _Calls:
@@ -206,13 +211,16 @@ class _Calls:
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
             self.sent_at = time.monotonic()
 
-    def answer(self, call: object, kind: object, raw: bytes) -> None:
-        """Record the outcome of the call in flight (anything else is ignored); past KEPT bytes of
-        answers from this tree, an answer is kept as too large. A phase before the last that
-        answered is only a cut in the relay's log; one that did not is the case's outcome."""
+    def answer(self, call: object, kind: object, raw: bytes, on_ranks: bool) -> None:
+        """Record the outcome of the call in flight, from the process that runs it (the dispatcher
+        for a call on ranks, the solo process for one in it; anything else is ignored); past KEPT
+        bytes of answers from this tree, an answer is kept as too large. A phase before the last
+        that answered is only a cut in the relay's log; one that did not is the case's outcome."""
         if type(call) is not int or call != self.current or self.current >= len(self.order):
             return
         check, _, phase = self.order[call]
+        if (check.collect in ON_RANKS) != on_ranks:
+            return
         took = time.monotonic() - self.sent_at
         self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
         if phase < check.phases - 1 and kind == "answer":
@@ -241,11 +249,12 @@ class _Intake:
     and the last `OUTPUT_KEPT` bytes of output; a line longer than any answer is dropped as it
     streams, and its call is told so."""
 
-    def __init__(self, tree: _Tree, calls: _Calls, answer_read: int, status_read: int,
+    def __init__(self, tree: _Tree, calls: _Calls, answer_reads: tuple[int, int], status_read: int,
                  output_fd: int) -> None:
-        self.tree, self.calls, self.answers, self.output = tree, calls, answer_read, output_fd
-        self.received = {answer_read: bytearray(), status_read: bytearray(), output_fd: bytearray()}
-        self.dropping: list[bytes] = []  # the header of an answer line too long to keep, until its end
+        self.tree, self.calls, self.output = tree, calls, output_fd
+        self.answers = dict(zip(answer_reads, (True, False), strict=True))  # fd -> it is the dispatcher's
+        self.received = {fd: bytearray() for fd in (*answer_reads, status_read, output_fd)}
+        self.dropping: dict[int, bytes] = {}  # the header of an answer line too long to keep, until its end
 
     def take(self, fd: int, chunk: bytes) -> None:
         """Add what one pipe brought."""
@@ -253,21 +262,21 @@ class _Intake:
         if fd == self.output:
             received[:] = (received + chunk)[-OUTPUT_KEPT:]
             return
-        if fd == self.answers and self.dropping:
+        if fd in self.dropping:
             if b"\n" not in chunk:
                 return
             chunk = chunk.partition(b"\n")[2]
-            _take(self.tree, self.calls, self.dropping.pop() + b"\t" + TOO_LARGE)
+            _take(self.tree, self.calls, self.dropping.pop(fd) + b"\t" + TOO_LARGE, self.answers[fd])
         if len(received) + len(chunk) > MAX_TEXT + HEADER and b"\n" not in chunk:
-            if fd == self.answers:  # a line longer than any answer: its call is told so
-                self.dropping.append(bytes(received[:HEADER]).partition(b"\t")[0])
+            if fd in self.answers:  # a line longer than any answer: its call is told so
+                self.dropping[fd] = bytes(received[:HEADER]).partition(b"\t")[0]
             received.clear()
             return
         received += chunk
-        while fd == self.answers and b"\n" in received:
+        while fd in self.answers and b"\n" in received:
             line, _, rest = bytes(received).partition(b"\n")
             received[:] = rest
-            _take(self.tree, self.calls, line)
+            _take(self.tree, self.calls, line, self.answers[fd])
 
     def drain(self, *fds: int) -> None:
         """Read what is left in these pipes without waiting for more."""
@@ -283,20 +292,35 @@ class _Intake:
                 self.take(fd, chunk)
 
 
+def _overdue(calls: _Calls, began: float, walls: dict[str, float], budget: float) -> bool:
+    """Whether the tree has used up its wall time: its whole `budget`, the import's share of it, or
+    the wall seconds `walls` allows the check now being asked (all its cases together)."""
+    now = time.monotonic()
+    if now - began > budget:
+        return True
+    if calls.current < 0:
+        return now - began > STARTUP_WALL
+    if calls.done:
+        return False
+    check = calls.order[calls.current][0]
+    return calls.tree.seconds.get(check.name, 0.0) + now - calls.sent_at > walls[check.name]
+
+
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
-              limits: Limits, cpu: float, jail: _Jail) -> _Tree:
-    """Run the checks in one process tree, one call at a time; drain its output as it comes."""
+              limits: Limits, cpu: float, jail: _Jail, walls: dict[str, float], budget: float) -> _Tree:
+    """Run the checks in one process tree, one call at a time; drain its output as it comes. Past a
+    check's wall seconds (`walls`), or the tree's `budget`, the warden is told to end the tree."""
     tree, slots = _Tree(), _slots(checks, cases)
     relay = Relay(sum(len(taken) for taken in slots.values()))
     calls = _Calls(tree, checks, cases, relay, slots)
     with tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay):
         if jail.etc is None and bubblewrap.drops_privileges():
             os.chown(scratch, bubblewrap.NOBODY, bubblewrap.NOBODY)
-        warden, answer_read, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
+        warden, answer_reads, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
                                                               scratch, relay, slots)
         wire = relay.read_fds()
         output_fd, began = warden.stdout.fileno(), time.monotonic()
-        intake = _Intake(tree, calls, answer_read, status_read, output_fd)
+        intake = _Intake(tree, calls, answer_reads, status_read, output_fd)
         take, received = intake.take, intake.received
         selector = selectors.DefaultSelector()
         for fd in [*received, *wire]:
@@ -310,6 +334,9 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                 os.close(writing.pop())
 
         while status_read in selector.get_map():
+            if not tree.status and _overdue(calls, began, walls, budget):
+                tree.status = {"limit": "deadline"}  # the warden ends the tree; its own status follows
+                warden.send_signal(signal.SIGTERM)
             if writing:
                 if calls.outgoing and call_write not in selector.get_map():
                     selector.register(call_write, selectors.EVENT_WRITE)
@@ -343,22 +370,28 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
         warden.wait()
         # The warden reports only once every process of the tree is gone: what is left in the
         # pipes is read without waiting, so a process that escaped could not hold the grader.
-        intake.drain(answer_read, output_fd)
+        intake.drain(*answer_reads, output_fd)
         warden.stdout.close()
-        os.close(answer_read)
+        for fd in answer_reads:
+            os.close(fd)
         os.close(status_read)
+    deadline = tree.status.get("limit") == "deadline"
     try:
         tree.status = json.loads(bytes(received[status_read]))
     except json.JSONDecodeError:
         tree.status = {"exit": warden.returncode, "limit": "warden"}
+    if deadline:
+        tree.status["limit"] = "deadline"
     tree.output = bytes(received[output_fd])
     tree.status.setdefault("wall", time.monotonic() - began)
     return tree
 
 
-def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
-    """Record one line the submission's process sent: a stage, or a call's header, a tab and its
-    outcome (kept as it came, decoded only by the judge). Anything malformed is ignored."""
+def _take(tree: _Tree, calls: _Calls, line: bytes, dispatcher: bool) -> None:
+    """Record one line the tree sent: a stage, or a call's header, a tab and its outcome (kept as it
+    came, decoded only by the judge), from the dispatcher or (not `dispatcher`) the solo process,
+    which imports the submission. What the sandbox holds comes from the dispatcher alone, whose
+    process runs no student code. Anything malformed is ignored."""
     head, tab, body = line.partition(b"\t")
     if len(head) > HEADER:
         return
@@ -369,11 +402,13 @@ def _take(tree: _Tree, calls: _Calls, line: bytes) -> None:
     if not isinstance(message, dict):
         return
     if tab:
-        calls.answer(message.get("call"), message.get("kind"), body)
-    elif type(message.get("stage")) is str and calls.current == -1:
-        tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
+        calls.answer(message.get("call"), message.get("kind"), body, dispatcher)
+    elif message.get("stage") == "importing" and dispatcher:
+        tree.stage = "importing" if tree.stage == "starting" else tree.stage
         tree.hidden = message.get("hidden", tree.hidden)
         tree.open_ranks = tree.open_ranks or message.get("isolated") is False
+    elif message.get("stage") in ("imported", "import failed") and not dispatcher and calls.current == -1:
+        tree.stage, tree.message = message["stage"], str(message.get("message", ""))[:1000]
         if tree.stage == "imported":
             calls.advance()
 
@@ -398,6 +433,10 @@ def _why(tree: _Tree, cpu: float) -> str:
         return f"no answer within {cpu:g} s of CPU time: an infinite loop?"
     if status.get("limit") == "wall":
         return f"no answer within {status.get('wall', 0):.0f} s: a deadlock?"
+    if status.get("limit") == "deadline" and tree.stage in ("starting", "importing"):
+        return f"no answer within {STARTUP_WALL:g} s of wall time while being imported: a sleep or a hang?"
+    if status.get("limit") == "deadline":
+        return f"no answer within the {cpu:g} s of wall time this check may take: a sleep or a deadlock?"
     if status.get("limit") == "processes":
         return f"started more than {Limits.processes} processes {where}"
     if status.get("out_of_memory"):
@@ -475,6 +514,13 @@ def _rows(student: str, exercise: str, check: Check, feedback: tuple[str, str], 
     return rows
 
 
+def exercise_budget(exercise: str, time_limit: float | None = None) -> float:
+    """The wall seconds one student's exercise may take in all, whatever its code does (sleeps,
+    hangs, crashes that start fresh trees): the import's CPU allowance and every check's limit.
+    A class takes at most its students times the sum of these over the exercises."""
+    return STARTUP_CPU + sum(time_limit or check.time_limit for check in CHECKS[exercise])
+
+
 def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int = 0,
                    time_limit: float | None = None, limits: Limits = Limits(), jail: _Jail,
                    warnings: list[str], original: Path | None = None) -> list[Result]:
@@ -483,10 +529,16 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
     checks = CHECKS[exercise]
     cases = {check.name: cases_of(exercise, check, seed) for check in checks}
     limit = {check.name: time_limit or check.time_limit for check in checks}
+    budget, spent = exercise_budget(exercise, time_limit), 0.0
     pending, verdicts = list(checks), {}
     while pending:
+        if spent >= budget:
+            text = f"not run: this exercise's {budget:g} s of wall time were spent on the checks before it"
+            verdicts.update({check.name: ((text, text), 0.0) for check in pending})
+            break
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
-        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail)
+        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail, limit, budget - spent)
+        spent += tree.status.get("wall", 0.0)
         for said, text in ((tree.hidden is False, UNHIDDEN), (tree.open_ranks, OPEN_RANKS)):
             if said and text not in warnings:
                 warnings.append(text)

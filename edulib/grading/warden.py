@@ -6,8 +6,9 @@ starts, detached or not, stays its descendant; it starts the command under `reso
 (address space, CPU seconds, file size, processes) and, where the system lets it make cgroups
 (v2, or v1's memory and pids controllers), in a cgroup of its own that caps the whole tree's
 memory and its tasks (threads included); and it watches the tree's CPU time, its wall time and its
-size. When the command exits or a limit is reached, it kills every descendant,
-reaps them until none is left, and only then writes its status (JSON) on the status pipe.
+size. When the command exits, a limit is reached or the grader sends SIGTERM (a check's wall time
+is up), it kills every descendant, reaps them until none is left, and only then writes its status
+(JSON) on the status pipe.
 It is not dumpable, so the submission cannot open that pipe through /proc.
 """
 
@@ -164,12 +165,15 @@ def run_warden() -> None:
     folders, uncapped = _cgroups(config)
     if config.get("own_user"):  # RLIMIT_NPROC caps the tree's tasks all the same
         uncapped = [what for what in uncapped if what != "tasks"]
+    asked: list[int] = []  # the grader's SIGTERM: the tree's wall time is up
+    signal.signal(signal.SIGTERM, lambda number, _: asked.append(number))
     began = time.monotonic()
     child = subprocess.Popen(config["argv"], stdin=subprocess.PIPE, cwd=config["cwd"], env=config["env"],
-                             pass_fds=(config["answer_fd"], config["call_fd"], *config["wire_fds"]),
+                             pass_fds=(config["answer_fd"], config["solo_fd"], config["call_fd"],
+                                       *config["wire_fds"]),
                              start_new_session=True,
                              preexec_fn=lambda: _limits(config, folders))
-    for fd in (config["answer_fd"], config["call_fd"], *config["wire_fds"]):
+    for fd in (config["answer_fd"], config["solo_fd"], config["call_fd"], *config["wire_fds"]):
         os.close(fd)
     child.stdin.write(config["request"].encode())
     child.stdin.close()
@@ -190,6 +194,8 @@ def run_warden() -> None:
             status["limit"] = "wall"
         elif len(tree) > config["processes"]:
             status["limit"] = "processes"
+        elif asked:
+            status["limit"] = "deadline"
         if status["limit"]:
             break
         time.sleep(POLL)

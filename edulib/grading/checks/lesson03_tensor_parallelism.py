@@ -28,7 +28,27 @@ def _mlp_cases(rng: random.Random) -> list[Case]:
         names = ("x", "w1", "b1", "w2", "b2", "grad_y")
         return Case({"ranks": ranks, **dict(zip(names, tensors, strict=True))},
                     f"{ranks} ranks, x of shape {(batch, width)}, {inner} hidden features", hidden)
-    return [case(2, False), case(3, True), case(4, True), case(2, True)]
+    return [case(2, False), case(3, False), case(3, True), case(4, True), case(2, True)]
+
+
+def ring_all_reduce_bytes(numel: int, ranks: int) -> int:
+    """The most bytes a rank sends in a ring all-reduce of `numel` floats: every chunk but one in
+    each phase, the chunks as even as they come (2(N - 1)/N of the tensor when N divides it)."""
+    return 8 * (numel - numel // ranks) if ranks > 1 else 0
+
+
+def _mlp_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """Each rank sends no more than Megatron's f and g: one all-reduce of the input's gradient (f's
+    backward) and one of the output (g's forward), by a ring at most; on 3 or more ranks other
+    ways to sum (an all-gather, a gather and a broadcast) send more."""
+    ranks, x = case.inputs["ranks"], case.inputs["x"]
+    bound = 2 * ring_all_reduce_bytes(x.numel(), ranks)  # x and y have the same shape
+    for rank in range(ranks):
+        sent = bytes_moved(rank_events(wire, rank), "sent")
+        if sent > bound:
+            raise Wrong(f"rank {rank} sent {sent} bytes; f's backward and g's forward are one all-reduce "
+                        f"each of a {x.numel() * 4}-byte activation, {bound} bytes by a ring",
+                        "a rank sent more than f's and g's all-reduces")
 
 
 def _mlp_judge(case: Case, answer: Any) -> None:
@@ -142,11 +162,11 @@ def _block_judge(case: Case, answer: Any) -> None:
 
 def _block_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """Each rank sends no more than Megatron's block: four all-reduces of the activation (f's and
-    g's, forward and backward), at a ring's 2(N - 1)/N of it each. The bound is exact: on 3 or 4
-    ranks any other way to sum (an all-gather, a gather and a broadcast) sends more."""
+    g's, forward and backward), by a ring at most (`ring_all_reduce_bytes`): on 3 or 4 ranks any
+    other way to sum (an all-gather, a gather and a broadcast) sends more."""
     ranks = case.inputs["ranks"]
     activation = case.inputs["x"].numel() * 4
-    bound = 4 * (2 * (ranks - 1) * activation // ranks)
+    bound = 4 * ring_all_reduce_bytes(case.inputs["x"].numel(), ranks)
     for rank in range(ranks):
         sent = bytes_moved(rank_events(wire, rank), "sent")
         if sent > bound:
@@ -160,8 +180,9 @@ exercise("lesson03_tensor_parallelism", [
               "each rank's rows of Q, K and V and columns of the output projection, by heads",
               "other ranks, head counts and widths"),
         Check("f and g", 2, 2, "parallel_mlp", _mlp_cases, _mlp_judge,
-              "an MLP split by the grader on your f and g: output and every gradient equal to the full one's",
-              "3 and 4 ranks, other shapes", wire=True),
+              "an MLP split by the grader on your f and g: output and every gradient equal to the full "
+              "one's, with no more traffic than an all-reduce in each",
+              "3 and 4 ranks, other shapes", wire=True, watch=_mlp_watch),
         Check("tensor-parallel block", 4, 4, "parallel_block", _block_cases, _block_judge,
               "output and every gradient equal to the full block's, with no more traffic than Megatron's",
               "3 and 4 ranks, head counts, sequence lengths and widths you do not see", wire=True,
