@@ -8,9 +8,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   shard of the average, and only that. Visible cases: gather_shards, length 10 on 3 ranks;
   reduce_scatter_mean, length 10 on 3 ranks. Hidden cases: empty shards, 4 ranks, other lengths.
 - ZeRO with AdamW, 3 + 3 points: every step's bf16 weights, and each rank's master weights and
-  moments, equal to one process's torch.optim.AdamW; no more than 12 bytes per element of the rank's
-  shard. Visible cases: 3 steps, length 10 on 3 ranks; 3 steps, length 7 on 2 ranks. Hidden cases:
-  empty shards, 4 ranks, other lengths and weight decays.
+  moments, equal to one process's torch.optim.AdamW; each rank's memory (weighed by the kernel)
+  holding its shard of the state, not all of it. Visible cases: 3 steps, length 10 on 3 ranks; 3
+  steps, length 7 on 2 ranks; 3 steps, length 2,097,152 on 4 ranks, each rank's memory weighed.
+  Hidden cases: empty shards, 4 ranks, other lengths and weight decays.
 - ZeRO-3 unit, 3 + 3 points: output and gradients equal to the full layer's; the full weights
   gathered for the forward, gathered again and the gradient reduce-scattered in the backward.
   Visible cases: 2 ranks, a 4 -> 3 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks, other layer
@@ -54,8 +55,10 @@ class ShardedAdamW:
     vector in bf16, on every rank.
 
     Graded: every step's weights, master weights and moments equal one process's torch.optim.AdamW
-    stepping on the ranks' average gradient (in fp32); the relay sees each rank receive no more of
-    the gradients than its shard of their sum.
+    stepping on the ranks' average gradient (in fp32); and, on a vector of 2 million elements, the
+    memory each rank keeps from before the optimizer is made to after its first step, which the
+    grader reads from outside the rank (the kernel's count), holds its shard of the state and not
+    the whole of it.
     """
 
     def __init__(self, parameters: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),

@@ -62,8 +62,10 @@ class ShardedAdamW:
     vector in bf16, on every rank.
 
     Graded: every step's weights, master weights and moments equal one process's torch.optim.AdamW
-    stepping on the ranks' average gradient (in fp32); the relay sees each rank receive no more of
-    the gradients than its shard of their sum.
+    stepping on the ranks' average gradient (in fp32); and, on a vector of 2 million elements, the
+    memory each rank keeps from before the optimizer is made to after its first step, which the
+    grader reads from outside the rank (the kernel's count), holds its shard of the state and not
+    the whole of it.
     """
 
     def __init__(self, parameters: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999),

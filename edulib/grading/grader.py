@@ -472,13 +472,15 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
             continue
         try:
             with _memory_cap(JUDGE_MEMORY):
-                answer = answer_of(loads(outcome.raw))
+                decoded = loads(outcome.raw)
+                answer = answer_of(decoded)
                 if outcome.wire is not None and outcome.wire.get("overflow"):
                     raise Wrong(f"the ranks flooded the wire ({outcome.wire['overflow']})",
                                 "the ranks flooded the wire")
                 check.judge(case, answer)
-                if check.watch is not None:
-                    check.watch(case, outcome.wire, answer)
+                if check.watch is not None:  # with what the dispatcher weighed of the ranks, if anything
+                    weighed = decoded.get("resident") if type(decoded) is dict else None
+                    check.watch(case, {**(outcome.wire or {}), "resident": weighed}, answer)
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case

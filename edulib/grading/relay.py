@@ -82,15 +82,17 @@ def _tensors(meta: list[list], payload: bytes) -> list[torch.Tensor]:
     return found
 
 
-def _read_exactly(fd: int, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
+def _read_exactly(fd: int, size: int) -> bytearray:
+    """`size` bytes from `fd`, read into one buffer made at its full size (no pieces to join, so a
+    large reply's memory goes back whole when it is freed)."""
+    buffer, at = bytearray(size), 0
+    view = memoryview(buffer)
+    while at < size:
+        got = os.readv(fd, [view[at:]])
+        if not got:
             raise EOFError("the relay closed the wire")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+        at += got
+    return buffer
 
 
 def frame(header: dict, payload: bytes = b"") -> bytes:

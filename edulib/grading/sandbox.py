@@ -69,7 +69,8 @@ class CannotDropRoot(RuntimeError):
 def environment(scratch: str) -> dict[str, str]:
     """The whole environment a submission's process starts with: nothing of the grader's."""
     return {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
-            "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+            "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "MALLOC_MMAP_THRESHOLD_": str(2**17)}  # freed tensors go back: a rank's RSS is what it keeps
 
 
 @functools.cache

@@ -72,6 +72,8 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
     rank, None before the last phase)."""
     ranks = case["ranks"]
     split = _SPLITS.get(worker, lambda case, rank: case)
+    if phase == 0:
+        _resident.clear()
     try:
         answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
                                                      for rank in range(ranks)])
@@ -80,7 +82,19 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
         if isinstance(error, RankTimeout):
             found["deadlock"] = True
         return found
-    return {"answer": answers}
+    _resident.append([resident(pid) for pid in _pool(ranks).pids])
+    return {"answer": answers, "resident": list(_resident)}
+
+
+_resident: list[list[int]] = []  # in the dispatcher: each rank's resident bytes after each phase of a case
+
+
+def resident(pid: int) -> int:
+    """The bytes of anonymous memory a process holds now, as the kernel counts them (RssAnon: its
+    data, not the pages of code and libraries it has run); read by the dispatcher, which runs no
+    student code, never by the process itself."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
 
 
 def _pool(ranks: int) -> Pool:
@@ -233,18 +247,46 @@ def _storages(values: Any, skip: set[int], depth: int = 0) -> dict[int, int]:
     return found
 
 
-def _sharded_adamw(student: ModuleType, case: dict) -> dict:
-    """The student's ShardedAdamW for every step's gradient of this rank: the weights each step
-    returns, the optimizer's master weights and moments, and the bytes its tensors hold."""
-    optimizer = student.ShardedAdamW(case["parameters"].clone(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
+def adamw_inputs(case: dict, rank: int | None = None) -> tuple[torch.Tensor, list]:
+    """A ZeRO AdamW case's bf16 parameters and its gradients, step by step: as the case carries them,
+    or, for a case sized to be weighed ("seed"), drawn from its seed (rank `rank`'s only, or every
+    rank's), so that megabytes never travel as JSON."""
+    if "seed" not in case:
+        return case["parameters"], case["gradients"]
+    generator = torch.Generator().manual_seed(case["seed"])
+    parameters = torch.randn(case["length"], generator=generator).bfloat16()
+    gradients = []
+    for step in range(case["steps"]):
+        drawn = []
+        for other in range(case["ranks"]):
+            generator.manual_seed(case["seed"] + 1 + step * case["ranks"] + other)
+            drawn.append(torch.randn(case["length"], generator=generator).bfloat16()
+                         if rank in (None, other) else None)
+        gradients.append(drawn)
+    return parameters, gradients
+
+
+def _sharded_adamw(student: ModuleType, case: dict) -> Generator[None, None, dict]:
+    """The student's ShardedAdamW on this rank's gradients, in three phases: the inputs made, then
+    the optimizer made and its first step, then the other steps (the dispatcher weighs each rank
+    between them); the weights each step returns (at the case's sampled positions, for a case
+    sized to be weighed) and the optimizer's master weights and moments."""
+    rank = dist.get_rank()
+    parameters, gradients = adamw_inputs(case, rank)
+    yield
+    optimizer = student.ShardedAdamW(parameters.clone(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
                                      weight_decay=case["weight_decay"])
-    weights = [optimizer.step(step[dist.get_rank()].clone()) for step in case["gradients"]]
+    weights = [optimizer.step(gradients[0][rank].clone())]
+    yield
+    weights += [optimizer.step(step[rank].clone()) for step in gradients[1:]]
+    dtypes = [str(getattr(w, "dtype", type(w).__name__)).removeprefix("torch.") for w in weights]
+    if "sample" in case:
+        weights = [w[case["sample"]] if isinstance(w, torch.Tensor) else w for w in weights]
+        return {"weights": weights, "dtypes": dtypes, "state": {}}
     state = {name: getattr(optimizer, name, None) for name in ("master", "exp_avg", "exp_avg_sq")}
-    return {"weights": weights, "dtypes": [str(getattr(w, "dtype", type(w).__name__)).removeprefix("torch.")
-                                           for w in weights],
+    return {"weights": weights, "dtypes": dtypes,
             "state": {name: value for name, value in state.items()
-                      if isinstance(value, torch.Tensor) and value.dtype == torch.float32},
-            "held": sum(_storages(vars(optimizer), set()).values())}
+                      if isinstance(value, torch.Tensor) and value.dtype == torch.float32}}
 
 
 def _zero3_unit(student: ModuleType, case: dict) -> Generator[None, None, dict]:
@@ -406,8 +448,8 @@ _SPLITS: dict[str, Callable[[dict, int], dict]] = {
     "shard_collectives": lambda case, rank: {"ranks": case["ranks"], "length": case["full"].numel(),
                                              "function": case["function"], "full": case["fulls"][rank],
                                              "shard": case["shards"][rank]},
-    "sharded_adamw": lambda case, rank: {**case,
-                                         "gradients": [_mine(step, rank) for step in case["gradients"]]},
+    "sharded_adamw": lambda case, rank: case if "seed" in case else {
+        **case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
     "zero3_unit": lambda case, rank: {"ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"],
                                       "x": case["xs"][rank], "grad_y": case["grad_ys"][rank]},
     "ring_attention": _attention_part,
