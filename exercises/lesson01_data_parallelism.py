@@ -28,9 +28,10 @@ class GradientBuckets:
     """Average a model's gradients over all ranks in buckets, one collective per bucket.
 
     Made once per model, before the first backward; then every step is the plain loop's backward
-    followed by `finish()`. The buckets are the lesson's: parameters taken in the order backward
-    produces their gradients, each bucket as large as it can be without passing `bucket_bytes`
-    (a parameter larger than that has a bucket of its own).
+    followed by `finish()`. The buckets are the lesson's: the parameters that need a gradient taken
+    in reverse order of model.parameters() (the order backward produces them in the lesson's
+    models), each bucket as large as it can be without passing `bucket_bytes` (a parameter larger
+    than that has a bucket of its own); the first bucket filled is the first launched.
 
     Graded: after finish(), every .grad equals one process's gradient of the ranks' mean loss; the
     relay sees one all-reduce of one flat tensor per bucket, of each bucket's size. With `overlap`,

@@ -22,12 +22,21 @@ from torch import nn
 
 
 def one_f_one_b(p: int, m: int) -> list[str]:
-    """Each device's 1F1B action list as a string such as "F0 F1 B0 F2 B1 B2"."""
+    """Each of the p devices' 1F1B action list as a string such as "F0 F1 B0 F2 B1 B2", for m
+    micro-batches: every device runs F and B of each micro-batch once, micro-batches in order.
+
+    Graded by edulib's simulator (forward 1, backward 2 time units): a valid schedule with 1F1B's
+    bubble and at most min(p, m) micro-batches in flight on any device, for any p and m, m < p
+    included (then the warm-up is cut short: a device cannot run forwards it has no micro-batch for).
+    """
     raise NotImplementedError("the 1F1B timeline: how many forwards run before a device's first backward, and why fewer later?")
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
-    """The lecture's bubble fraction: bubble time over ideal time, with v chunks per device."""
+    """The lecture's bubble fraction of a 1F1B pipeline of p devices and m micro-batches, each
+    device holding v model chunks (interleaved 1F1B when v > 1): the time a device idles in one step
+    divided by the time it computes (bubble time over ideal time, not over the whole step).
+    Graded against edulib's simulator on such schedules, m a multiple of p."""
     raise NotImplementedError("in the lecture's timeline, how long does a device idle at the start and end, against computing?")
 
 
@@ -38,11 +47,12 @@ def run_pipeline(actions: str, stage: nn.Module, inputs: list[torch.Tensor], tar
     The ranks are the stages, in order: the first feeds `inputs` (its micro-batches), the last
     ends each micro-batch with loss(output, targets[mb]). Every activation and every activation
     gradient that crosses between stages has `shape`. Constraints: point-to-point messages only,
-    with no tags, so each rank sends and receives in the order its row does things; two
-    neighbours may send to each other at the same moment, and neither may wait for the other.
+    with no tags, so each rank sends, and receives from each neighbour, in the order its row does
+    things (a receive may be posted early); two neighbours may send to each other at the same
+    moment, and neither may wait for the other.
 
     Graded: after the row, every parameter's .grad holds the sum over the micro-batches of its
-    loss gradient, as the unsplit model gives; the relay sees each rank's messages in its row's
-    order.
+    loss gradient, as the unsplit model gives; the relay sees each rank's sends in its row's order,
+    and its receives from each neighbour in the order the row uses them.
     """
     raise NotImplementedError("what must a stage keep from a micro-batch's forward to its backward, and what goes upstream?")

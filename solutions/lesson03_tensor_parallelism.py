@@ -31,7 +31,10 @@ def attention_shards(qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weigh
 
 class F(torch.autograd.Function):
     """Megatron's f, as the lesson's table defines it: the operator in front of a column-parallel
-    layer, whose input every rank holds whole. The input's gradient must come out whole too."""
+    layer, whose input every rank holds whole. Forward: its input, unchanged, on every rank.
+    Backward: each rank holds only its output features' share of the input's gradient; f returns
+    the whole gradient, the sum of the ranks' shares, on every rank. Graded in an MLP the grader
+    splits: values, and the relay sees no more traffic than one all-reduce of the gradient."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +55,10 @@ class F(torch.autograd.Function):
 
 class G(torch.autograd.Function):
     """Megatron's g, as the lesson's table defines it: the operator after a row-parallel layer,
-    whose ranks each hold a partial sum of the output. Its input must be left unchanged."""
+    whose ranks each hold a partial sum of the output. Forward: the sum of the ranks' partial
+    outputs, on every rank, as a new tensor (its input must be left unchanged). Backward: the
+    gradient of the summed output, which every rank already holds whole. Graded with f: values,
+    and no more traffic than one all-reduce of the output."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
@@ -76,9 +82,10 @@ def parallel_block(x: torch.Tensor, attention: tuple[torch.Tensor, ...], mlp: tu
     """A transformer block (its LayerNorms left out) split over the ranks as Megatron splits it:
     h = x + Attention(x), then the whole output y = h + MLP(h), on every rank.
 
-    x is the whole (batch, tokens, hidden) input on every rank. `attention` is this rank's
-    (QKV rows, QKV bias entries, output-projection columns) as attention_shards gives them for its
-    `heads` heads, and the output projection's bias, whole. `mlp` is (up, up_bias, down, down_bias):
+    x is the whole (batch, tokens, hidden) input on every rank. `heads` is the number of heads this
+    rank holds (the block's heads divided by the ranks), not the block's. `attention` is this rank's
+    (QKV rows, QKV bias entries, output-projection columns) as attention_shards gives them for those
+    heads, and the output projection's bias, whole. `mlp` is (up, up_bias, down, down_bias):
     MLP(h) = GELU(h up^T + up_bias) down^T + down_bias, this rank holding its block of up's rows
     (its share of the inner features) and of up_bias, the matching columns of down, and down_bias
     whole. attend(q, k, v, heads) is the attention of `heads` heads, given.

@@ -40,7 +40,9 @@ def gather_shards(shard: torch.Tensor, length: int) -> torch.Tensor:
 
 def reduce_scatter_mean(full: torch.Tensor) -> torch.Tensor:
     """This rank's shard (shard_bounds) of the ranks' average of `full`, a flat fp32 vector of the
-    same length on every rank; it receives its shard only."""
+    same length on every rank; it receives its shard only. Graded: the values, and the relay sees
+    each rank receive no more than N - 1 pieces of the largest shard's size (a reduce-scatter, or a
+    ring's partial sums), never the whole vector's sums."""
     # BEGIN SOLUTION
     # HINT: lesson 02's reduce-scatter: after it, what does each rank hold of the sum?
     ranks = dist.get_world_size()

@@ -38,11 +38,14 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
     per node, memory); its speeds are unknown (NaN when graded), so layout_time cannot time a layout.
     `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,
-    at most `budget` times (it raises after that), and the budget is far smaller than the number of
-    layouts. Memory needs no measuring: layout_memory is exact. Return the fastest layout that fits,
-    or None when no layout fits. Graded: within 5 % of the best layout's throughput, on models,
-    clusters, speeds (any, not a few known ones) and memory limits you do not see, with at least one
-    measurement where the layouts that fit differ in time, and no more than the budget.
+    at most `budget` times (it raises after that): the number of (dp, pp, tp, micro-batches)
+    groups that have a layout that fits, one measurement each (two where every fitting layout of the
+    group needs ZeRO-3 or full recomputation and both kinds fit), plus a quarter of that (at least
+    4) to spare: far fewer than the layouts. Memory needs no measuring: layout_memory is exact.
+    Return the fastest layout that fits, or None when no layout fits. Graded: within 5 % of the
+    best layout's throughput, on models, clusters, speeds (any, not a few known ones) and memory
+    limits you do not see, with at least one measurement where the layouts that fit differ in
+    time, and no more than the budget.
     """
     # BEGIN SOLUTION
     # HINT: which layouts can you rule out without measuring, and which must take the same time as another?
