@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -636,11 +637,19 @@ def test_a_4_gib_allocation_fails_inside_the_check(tmp_path):
 
 
 def test_the_network_is_out_of_reach_in_the_sandbox(tmp_path):
-    points, results, _ = _class(tmp_path, {"caller": """
-        import socket
-        socket.create_connection(("1.1.1.1", 53), timeout=2)
-    """ + STUB})
-    assert points == {"caller": 0} and "Network is unreachable" in results[0].feedback
+    """A listener of the test's own on this machine's loopback, on a port free now: the sandbox has
+    a loopback of its own, so the submission's call is refused and the listener never hears from it.
+    No address off this machine is ever tried, from inside the sandbox or out."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        points, results, _ = _class(tmp_path, {"caller": f"""
+            import socket
+            socket.create_connection(("127.0.0.1", {port}), timeout=2)
+        """ + STUB})
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert points == {"caller": 0} and "Connection refused" in results[0].feedback, results[0].feedback
 
 
 # -- the fourth round: implausible answers, answers that broke the grader, answers that filled it --
@@ -700,6 +709,27 @@ def test_sixteen_mib_answers_leave_the_grader_under_a_gib(tmp_path):
                           cwd=ROOT)
     points, peak = map(int, done.stdout.split()[-2:])
     assert points == 0 and peak < 2**20, (points, f"{peak / 2**10:.0f} MiB", done.stderr[-2000:])
+
+
+def test_a_flood_of_unreceived_messages_leaves_the_grader_under_a_gib(tmp_path):
+    """50,000 unreceived 4 KiB messages drove the grader to 2.26 GB (each logged with its values, the
+    log kept for every case): the relay logs a case's share and holds 32 MiB for receivers, and the
+    flood is a named 0. The grader runs in a process of its own here, whose peak is weighed; each
+    check may take 8 s of wall time (about 25 s in all: the first cases flood until they are cut)."""
+    plant = ROOT / "tests" / "catalogue" / "lesson02_allreduce" / "attack_flood.py"
+    (tmp_path / "flooder").mkdir()
+    (tmp_path / "flooder" / "lesson02_allreduce.py").write_text(plant.read_text())
+    script = (f"import json, resource; from pathlib import Path; from edulib.grading import grade; "
+              f"rows = grade(Path({str(tmp_path)!r}), progress=False, seed=1, time_limit=8); "
+              "print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "
+              "[[r.check, r.points, r.feedback] for r in rows if r.exercise == 'lesson02_allreduce']]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          check=True)
+    peak, rows = json.loads(done.stdout.strip().splitlines()[-1])
+    ring = [row for row in rows if row[0].startswith("ring all-reduce")]
+    assert [points for _, points, _ in ring] == [0, 0], ring
+    assert "flooded the wire" in ring[0][2] or "wall time" in ring[0][2], ring[0][2]
+    assert peak < 2**30, f"the grader's peak was {peak / 2**30:.2f} GiB"
 
 
 def test_without_the_sandbox_as_root_where_root_cannot_be_dropped_grading_refuses(tmp_path, monkeypatch):
@@ -799,7 +829,7 @@ def test_side_channels_carry_no_points_and_a_rank_has_no_network(tmp_path):
         import torch.distributed as dist
 
         def ring_allreduce(tensor):
-            store = dist.TCPStore("127.0.0.1", 29500 + dist.get_rank(), is_master=True)
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True)  # a free port, were a socket allowed
             dist.new_group(backend="gloo")
     """}, name="lesson02_allreduce")
     assert _ring_points(results, "filer") == 0 and _ring_points(results, "networker") == 0

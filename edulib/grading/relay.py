@@ -389,18 +389,19 @@ class Relay:
             if not chunk:
                 break
             slot.incoming += chunk
-            while len(slot.incoming) >= HEAD.size:
-                sizes = HEAD.unpack_from(slot.incoming)
+            at = 0  # the frames taken so far: cut from the buffer once per read, not once per frame
+            while len(slot.incoming) - at >= HEAD.size:
+                sizes = HEAD.unpack_from(slot.incoming, at)
                 if sizes[0] > 1 << 16 or sizes[1] > MAX_FRAME:
                     self._refuse(index, f"a frame of {sizes[1]} bytes, more than the wire carries")
-                    slot.incoming.clear()
+                    at = len(slot.incoming)
                     break
-                end = HEAD.size + sizes[0] + sizes[1]
+                end = at + HEAD.size + sizes[0] + sizes[1]
                 if len(slot.incoming) < end:
                     break
-                head = bytes(slot.incoming[HEAD.size:HEAD.size + sizes[0]])
+                head = bytes(slot.incoming[at + HEAD.size:at + HEAD.size + sizes[0]])
                 payload = bytes(slot.incoming[end - sizes[1]:end])
-                del slot.incoming[:end]
+                at = end
                 try:
                     header = json.loads(head)
                 except ValueError:
@@ -408,6 +409,7 @@ class Relay:
                     continue
                 if index in self.ranks and type(header) is dict:
                     self._handle(self.ranks[index], header, payload)
+            del slot.incoming[:at]
 
     def pump(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the ranks, and serve what came (for a relay run on its own,
@@ -444,14 +446,25 @@ class Relay:
         self.flush()
 
     def _refuse(self, index: int, problem: str) -> None:
-        self.problems.append(f"rank {self.ranks.get(index, '?')}: {problem}")
+        self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
+
+    def _problem(self, text: str) -> None:
+        """Note what the relay refused (the first hundred of a case: the rest say nothing new)."""
+        if len(self.problems) < 100:
+            self.problems.append(text)
 
     def _handle(self, rank: int, header: dict, payload: bytes) -> None:
-        """One rank's operation: log it, then route, hold or compute it."""
+        """One rank's operation: log it, then route, hold or compute it. Once the case has flooded
+        the wire (`overflow`), nothing more is done for it: an operation that waits for a reply is
+        told so, and the case scores 0 whatever comes after."""
         op, members = header.get("op"), header.get("group")
+        if self.overflow:
+            if op != "send":
+                self._reply(rank, header, error=f"the relay stopped serving this case: {self.overflow}")
+            return
         if type(members) is not list or rank not in members or not all(m in self.ranks.values()
                                                                          for m in members):
-            self.problems.append(f"rank {rank}: an operation on a group it is not in")
+            self._problem(f"rank {rank}: an operation on a group it is not in")
             return
         try:
             inputs = _tensors(header.get("meta", []), payload)
@@ -465,7 +478,7 @@ class Relay:
             else:
                 self._collective(rank, header, inputs)
         except (WireError, KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
-            self.problems.append(f"rank {rank}: {op}: {error}")
+            self._problem(f"rank {rank}: {op}: {error}")
             self._reply(rank, header, error=f"the relay refused {op}: {error}")
 
     def _event(self, rank: int, op: str, **facts: Any) -> dict:
@@ -555,7 +568,7 @@ class Relay:
             for member in members:
                 self._reply(member, parts[member][0],
                             error=f"the ranks of a group called different collectives: {text}")
-            self.problems.append(f"different collectives: {text}")
+            self._problem(f"different collectives: {text}")
             return
         results = collective(parts[members[0]][0]["op"], [parts[m][0] for m in members],
                              [parts[m][1] for m in members])
