@@ -19,6 +19,7 @@ import pytest
 
 from edulib.grading import CHECKS, grade, integrity, snapshot, write_csv, write_json
 from edulib.grading import sandbox as bubblewrap
+from edulib.grading.grader import exercise_budget
 from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -730,6 +731,27 @@ def test_a_flood_of_unreceived_messages_leaves_the_grader_under_a_gib(tmp_path):
     assert [points for _, points, _ in ring] == [0, 0], ring
     assert "flooded the wire" in ring[0][2] or "wall time" in ring[0][2], ring[0][2]
     assert peak < 2**30, f"the grader's peak was {peak / 2**30:.2f} GiB"
+
+
+def test_a_submission_that_sleeps_costs_at_most_its_exercises_wall_budget(tmp_path):
+    """Sleeping in the solo process and in a rank cost about 300 s of one exercise (limits were CPU
+    time, and a fresh tree started after each hang): each check now has as many seconds of wall time
+    as of CPU time, and the exercise its budget in all (`exercise_budget`)."""
+    body = """
+        import time
+
+        def grid_groups(dp, pp, tp):
+            time.sleep(1000)
+
+        def choose_layout(model, cluster, memory, budget, measure):
+            time.sleep(1000)
+    """
+    began = time.monotonic()
+    points, results, _ = _class(tmp_path, {"sleeper": body}, time_limit=4)
+    took = time.monotonic() - began
+    assert points == {"sleeper": 0}
+    assert all("4 s of wall time" in r.feedback for r in results), [r.feedback for r in results]
+    assert took < exercise_budget(EXERCISE, 4) + 10, took
 
 
 def test_without_the_sandbox_as_root_where_root_cannot_be_dropped_grading_refuses(tmp_path, monkeypatch):
