@@ -10,8 +10,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   shape (1, 5), 2 hidden features; 3 ranks, x of shape (4, 4), 6 hidden features. Hidden cases: 3
   and 4 ranks, other shapes.
 - tensor-parallel block, 4 + 4 points: output and every gradient equal to the full block's, with no
-  more traffic than Megatron's. Visible cases: 2 ranks, 4 heads of width 3, 6 inner features, x of
-  shape (2, 2, 12). Hidden cases: 3 and 4 ranks, head counts, sequence lengths and widths you do not
+  more traffic than Megatron's. Visible cases: 2 ranks, 4 heads of width 6, 6 inner features, x of
+  shape (2, 1, 24). Hidden cases: 3 and 4 ranks, head counts, sequence lengths and widths you do not
   see.
 """
 

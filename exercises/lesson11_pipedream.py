@@ -13,9 +13,11 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   Hidden cases: other stage and micro-batch counts, fewer micro-batches than stages, several per
   update.
 - weight stash on real ranks, 3 + 3 points: every stage's final weights equal to one process
-  replaying the same staleness, holding no version nothing will ask for. Visible cases: stashing on
-  2 ranks, 6 micro-batches, an update every 1; vertical_sync on 3 ranks, 6 micro-batches, an update
-  every 1. Hidden cases: 4 ranks, 2BW, several micro-batches per update.
+  replaying the same staleness, holding no version nothing will ask for (each rank's memory weighed
+  from outside). Visible cases: stashing on 2 ranks, 6 micro-batches, an update every 1;
+  vertical_sync on 3 ranks, 6 micro-batches, an update every 1; stashing on 2 ranks, 8
+  micro-batches, an update every 1, layers of width 384, each rank's memory weighed. Hidden cases: 4
+  ranks, 2BW, several micro-batches per update.
 """
 
 from __future__ import annotations
@@ -66,7 +68,10 @@ class WeightStash:
     version its forward ran on; `stage`'s own parameters are never changed; at no time does the
     stash hold more copies of the weights than versions_held counts for its stage, plus the
     running gradient. Graded: every stage's final weights against one process replaying the same
-    staleness, on 2 to 4 ranks, for each policy, and the bytes the stash holds after every call.
+    staleness, on 2 to 4 ranks, for each policy; and, on layers of width 384, each rank's memory
+    during the run, which the grader reads from outside the rank every millisecond: above what it
+    held once the stash was made, no more than those copies and two more (a backward's gradients
+    and an update's result, held for a moment).
     """
 
     def __init__(self, stage: nn.Module, plan: list[int], lr: float, every: int = 1) -> None:

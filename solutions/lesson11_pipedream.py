@@ -86,7 +86,10 @@ class WeightStash:
     version its forward ran on; `stage`'s own parameters are never changed; at no time does the
     stash hold more copies of the weights than versions_held counts for its stage, plus the
     running gradient. Graded: every stage's final weights against one process replaying the same
-    staleness, on 2 to 4 ranks, for each policy, and the bytes the stash holds after every call.
+    staleness, on 2 to 4 ranks, for each policy; and, on layers of width 384, each rank's memory
+    during the run, which the grader reads from outside the rank every millisecond: above what it
+    held once the stash was made, no more than those copies and two more (a backward's gradients
+    and an update's result, held for a moment).
     """
 
     def __init__(self, stage: nn.Module, plan: list[int], lr: float, every: int = 1) -> None:

@@ -479,8 +479,9 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
                                 "the ranks flooded the wire")
                 check.judge(case, answer)
                 if check.watch is not None:  # with what the dispatcher weighed of the ranks, if anything
-                    weighed = decoded.get("resident") if type(decoded) is dict else None
-                    check.watch(case, {**(outcome.wire or {}), "resident": weighed}, answer)
+                    weighed = {key: decoded.get(key) for key in ("resident", "peaks")
+                               if type(decoded) is dict}
+                    check.watch(case, {**(outcome.wire or {}), **weighed}, answer)
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):
                 failed[case.hidden] = missing.args[0]  # the same whatever the case

@@ -8,8 +8,10 @@ its outcome, as plain data: {"answer": ...}, {"missing": hint} for an untouched 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable, Generator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -74,19 +76,49 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
     split = _SPLITS.get(worker, lambda case, rank: case)
     if phase == 0:
         _resident.clear()
+        _peaks.clear()
+    pool = _pool(ranks)
     try:
-        answers = _pool(ranks).run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
-                                                     for rank in range(ranks)])
+        pool.start()
+        with _watching(pool.pids if case.get("weighed") else []) as peaks:
+            answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
+                                                for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
         if isinstance(error, RankTimeout):
             found["deadlock"] = True
         return found
-    _resident.append([resident(pid) for pid in _pool(ranks).pids])
-    return {"answer": answers, "resident": list(_resident)}
+    _resident.append([resident(pid) for pid in pool.pids])
+    _peaks.append(peaks)
+    return {"answer": answers, "resident": list(_resident), "peaks": list(_peaks)}
 
 
 _resident: list[list[int]] = []  # in the dispatcher: each rank's resident bytes after each phase of a case
+_peaks: list[list[int]] = []  # and the most it saw during each phase, for a case to be weighed
+
+
+@contextlib.contextmanager
+def _watching(pids: list[int], every: float = 0.001) -> Iterator[list[int]]:
+    """While the block runs, a thread of the dispatcher reads these processes' resident memory every
+    `every` seconds; the most each held (nothing is read when there are no pids)."""
+    peaks, stop = [0] * len(pids), threading.Event()
+
+    def watch() -> None:
+        while True:
+            for index, pid in enumerate(pids):
+                with contextlib.suppress(OSError, StopIteration):
+                    peaks[index] = max(peaks[index], resident(pid))
+            if stop.wait(every):
+                return
+    watcher = threading.Thread(target=watch, daemon=True)
+    if pids:
+        watcher.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        if pids:
+            watcher.join()
 
 
 def resident(pid: int) -> int:
@@ -233,20 +265,6 @@ def _shard_collectives(student: ModuleType, case: dict) -> torch.Tensor:
     return student.reduce_scatter_mean(case["full"].clone())
 
 
-def _storages(values: Any, skip: set[int], depth: int = 0) -> dict[int, int]:
-    """The bytes of every tensor storage in `values` and the lists, tuples and dicts inside it, by
-    address, except the storages in `skip`."""
-    found: dict[int, int] = {}
-    if isinstance(values, torch.Tensor):
-        storage = values.untyped_storage()
-        if storage.data_ptr() not in skip and storage.nbytes():
-            found[storage.data_ptr()] = storage.nbytes()
-    elif depth < 4 and isinstance(values, (list, tuple, set, dict)):
-        for item in list(values.values() if isinstance(values, dict) else values):
-            found.update(_storages(item, skip, depth + 1))
-    return found
-
-
 def adamw_inputs(case: dict, rank: int | None = None) -> tuple[torch.Tensor, list]:
     """A ZeRO AdamW case's bf16 parameters and its gradients, step by step: as the case carries them,
     or, for a case sized to be weighed ("seed"), drawn from its seed (rank `rank`'s only, or every
@@ -335,10 +353,11 @@ def _choose_layout(student: ModuleType, case: dict) -> dict | None:
                                          measure))
 
 
-def _weight_stash(student: ModuleType, case: dict) -> dict:
+def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict]:
     """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
-    asynchronous 1F1B on real ranks: the newest weights at the end, by the whole model's names, and
-    the most bytes the stash held after any call."""
+    asynchronous 1F1B on real ranks, in three phases: the stash made, the run (the dispatcher
+    watches each rank's memory throughout), the newest weights at the end, by the whole model's
+    names."""
     from edulib.lessons.pipelines import named_stage
     from edulib.models import regression_batch
     from edulib.pp import async_1f1b
@@ -350,29 +369,24 @@ def _weight_stash(student: ModuleType, case: dict) -> dict:
     inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
                                                                 case["seed"]))
     stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
-    held = [0]
-
-    def weighed(result: Any) -> Any:
-        """`result`, once the stash has been weighed: the most bytes it held so far."""
-        held[0] = max(held[0], sum(_storages(vars(stash), set()).values()))
-        return result
+    yield
 
     class Driven:
-        """The executor's weights protocol, onto the student's stash, weighing it after each call."""
+        """The executor's weights protocol, onto the student's stash."""
 
         def forward(self, _: int, microbatch: int, x: torch.Tensor) -> torch.Tensor:
-            return weighed(stash.forward(microbatch, x))
+            return stash.forward(microbatch, x)
 
         def backward_done(self, _: int, microbatch: int) -> None:
-            weighed(stash.backward_done(microbatch))
+            stash.backward_done(microbatch)
 
     def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(y, target) / every
 
     execute(async_1f1b(ranks, total), rank, {rank: stage}, loss, list(inputs), list(targets),
             (case["rows"] // every, case["width"]), weights=Driven())
-    newest = stash.newest()
-    return {"weights": {local[name]: tensor.detach() for name, tensor in newest.items()}, "held": held[0]}
+    yield
+    return {"weights": {local[name]: tensor.detach() for name, tensor in stash.newest().items()}}
 
 
 def _topk(student: ModuleType, case: dict) -> dict:

@@ -9,7 +9,6 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
-    check_number,
     check_tensor,
     exercise,
     per_rank_answers,
@@ -62,46 +61,75 @@ def _held_judge(case: Case, got: Any) -> None:
                     "versions_held differs from the simulator")
 
 
+WEIGHED_WIDTH = 384  # a weighed case's layers: 0.6 MB each, so a version more shows in a rank's memory
+
+
 def _stash_cases(rng: random.Random) -> list[Case]:
     from edulib.pp import async_1f1b
     from edulib.pp.pipedream import version_plan
 
-    def case(ranks: int, policy: str, every: int, steps: int, hidden: bool) -> Case:
+    def case(ranks: int, policy: str, every: int, steps: int, hidden: bool, weighed: bool = False) -> Case:
         total = steps * every
         plan = version_plan(async_1f1b(ranks, total), policy, every)
-        return Case({"ranks": ranks, "policy": policy, "every": every, "steps": steps, "lr": 0.05, "width": 8,
-                     "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(1000),
-                     "plans": [[plan[stage, mb] for mb in range(total)] for stage in range(ranks)]},
-                    f"{policy} on {ranks} ranks, {total} micro-batches, an update every {every}", hidden)
+        width = WEIGHED_WIDTH if weighed else 8
+        return Case({"ranks": ranks, "policy": policy, "every": every, "steps": steps, "lr": 0.05,
+                     "width": width, "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(1000),
+                     "weighed": weighed, "plans": [[plan[stage, mb] for mb in range(total)]
+                                                   for stage in range(ranks)]},
+                    f"{policy} on {ranks} ranks, {total} micro-batches, an update every {every}"
+                    + (f", layers of width {width}, each rank's memory weighed" if weighed else ""), hidden)
     return [case(2, "stashing", 1, 6, False), case(3, "vertical_sync", 1, 6, False),
+            case(2, "stashing", 1, 8, False, weighed=True),
             case(4, "stashing", 1, rng.randint(6, 9), True), case(3, "2bw", 3, 3, True),
-            case(2, "2bw", 2, 4, True)]
+            case(2, "2bw", 2, 4, True), case(3, "stashing", 1, rng.randint(7, 9), True, weighed=True)]
 
 
 def _stash_judge(case: Case, answer: Any) -> None:
     from edulib.lessons.pipelines import named_stage, pipedream_reference
-    from edulib.pp import async_1f1b
-    from edulib.pp.pipedream import versions_held
 
     inputs = case.inputs
     ranks, every = inputs["ranks"], inputs["every"]
     want = pipedream_reference(ranks, inputs["steps"], inputs["policy"], every, inputs["lr"], inputs["width"],
                                inputs["depth"], inputs["rows"], inputs["seed"])
-    most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * every),
-                                                    inputs["policy"], every)]
     for rank, found in enumerate(per_rank_answers(answer, ranks)):
-        stage, local = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
+        _, local = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
         mine = set(local.values())
         weights = found.get("weights") if type(found) is dict else None
-        if type(weights) is not dict or set(found) != {"weights", "held"} or set(weights) != mine:
+        if type(weights) is not dict or set(found) != {"weights"} or set(weights) != mine:
             raise Wrong(f"rank {rank}: newest() must return the stage's weights by parameter name",
                         "newest() does not return the stage's weights by name")
         for name in sorted(mine):
             check_tensor(found["weights"][name], want[name], f"rank {rank}: the final {name}")
+
+
+def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """What the dispatcher saw of a weighed case's ranks, reading each one's memory from outside it
+    every millisecond of the run: at most the versions versions_held counts for its stage and the
+    running gradient, and two more copies of the weights (a backward's gradients and an update's
+    result, which autograd and the update hold for a moment), above what it held once the stash was
+    made. A stash that keeps every version holds one more for each update."""
+    from edulib.lessons.pipelines import named_stage
+    from edulib.pp import async_1f1b
+    from edulib.pp.pipedream import versions_held
+
+    inputs = case.inputs
+    if not inputs["weighed"]:
+        return
+    resident, peaks = wire.get("resident"), wire.get("peaks")
+    if type(resident) is not list or type(peaks) is not list or len(peaks) < 2:
+        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
+                    "the ranks were not weighed")
+    ranks = inputs["ranks"]
+    most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * inputs["every"]),
+                                                    inputs["policy"], inputs["every"])]
+    for rank in range(ranks):
+        stage, _ = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
         size = sum(p.numel() * p.element_size() for p in stage.parameters())
-        if check_number(found["held"], "the bytes held") > (most[rank] + 1) * size:
-            raise Wrong(f"rank {rank}'s stash held {found['held']} bytes at once; {most[rank]} versions of "
-                        f"its {size}-byte weights and the running gradient are {(most[rank] + 1) * size}",
+        held = peaks[1][rank] - resident[0][rank]
+        if held > (most[rank] + 3) * size:
+            raise Wrong(f"rank {rank} held {held / 2**20:.1f} MiB more during the run than once its stash "
+                        f"was made; {most[rank]} versions of its {size / 2**20:.1f} MiB of weights, the "
+                        f"running gradient and two more copies are {(most[rank] + 3) * size / 2**20:.1f} MiB",
                         "the stash held versions that nothing would ask for again")
 
 
@@ -114,7 +142,8 @@ exercise("lesson11_pipedream", [
               "other stage and micro-batch counts, fewer micro-batches than stages, several per update"),
         Check("weight stash on real ranks", 3, 3, "weight_stash", _stash_cases, _stash_judge,
               "every stage's final weights equal to one process replaying the same staleness, holding no "
-              "version nothing will ask for", "4 ranks, 2BW, several micro-batches per update", wire=True)],
+              "version nothing will ask for (each rank's memory weighed from outside)",
+              "4 ranks, 2BW, several micro-batches per update", wire=True, watch=_stash_watch, phases=3)],
          [(f"edulib.pp.pipedream.{name}", "PipeDream's versions")
                            for name in ("version_plan", "versions_held", "version_of", "versions_closed_form",
                                         "_applied", "_keep", "Stash")])
