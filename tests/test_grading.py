@@ -342,8 +342,7 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "rank 1's sends were"),
     ("lesson05_sharding", "parameters[bounds[dist.get_rank()]:bounds[dist.get_rank() + 1]].float()",
      "parameters.float()[bounds[dist.get_rank()]:bounds[dist.get_rank() + 1]]",
-     "ZeRO with AdamW",
-     "ShardedAdamW's tensors hold 72 bytes; ZeRO's formula for its shard of 4 elements is K x 4 = 48"),
+     "ZeRO with AdamW", "the optimizer's state is not sharded"),
     ("lesson05_sharding", "value=-self.lr / (1 - beta1 ** self.steps)", "value=-self.lr", "ZeRO with AdamW",
      "rank 0: the weights after step 2 holds"),
     ("lesson05_sharding", "return grad @ weight, reduce_scatter_mean(full), None, None",
@@ -456,9 +455,9 @@ def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
     """)
     visible, hidden, *_ = grade(path, time_limit=3, progress=False)
     assert visible.points == hidden.points == 0
-    # the CPU limit stopped it, not the wall clock's (2 x 3 + 30 s), whose feedback says "a deadlock?";
-    # how long that took on the clock depends on what else the machine runs, so it is not asserted
-    assert visible.feedback == "no answer within 3 s of CPU time: an infinite loop?"
+    # the check's 3 s stopped it (the tree's CPU allowance is the import's and every check's); how
+    # long that took on the clock depends on what else the machine runs, so it is not asserted
+    assert visible.feedback.startswith("no answer within the 3 s this check may take: an infinite loop")
 
 
 def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):

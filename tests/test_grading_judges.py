@@ -135,7 +135,8 @@ def test_broken_lines_from_a_childs_pipe_never_raise():
              b'{"stage": 1}', b"{" * 100_000, b'{"call": 0, "kind": []}\t{"answer": 1}', bytes(range(256))]
     lines += [bytes(rng.randrange(256) for _ in range(rng.randrange(40))) for _ in range(200)]
     for line in lines:
-        _take(tree, calls, line)
+        _take(tree, calls, line, True)
+        _take(tree, calls, line, False)
     replies = tree.outcomes.get(check.name, [])
     assert len(replies) == 1 and type(replies[0].kind) is str  # the first well-formed line's
     assert not _passed(check, cases[check.name][0], _judge(check, cases[check.name][:1], replies[:1])[0])

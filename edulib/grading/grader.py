@@ -436,7 +436,7 @@ def _why(tree: _Tree, cpu: float) -> str:
     if status.get("limit") == "deadline" and tree.stage in ("starting", "importing"):
         return f"no answer within {STARTUP_WALL:g} s of wall time while being imported: a sleep or a hang?"
     if status.get("limit") == "deadline":
-        return f"no answer within the {cpu:g} s of wall time this check may take: a sleep or a deadlock?"
+        return f"no answer within the {cpu:g} s this check may take: an infinite loop, a sleep, a deadlock?"
     if status.get("limit") == "processes":
         return f"started more than {Limits.processes} processes {where}"
     if status.get("out_of_memory"):
