@@ -717,9 +717,17 @@ def test_a_flood_of_unreceived_messages_leaves_the_grader_under_a_gib(tmp_path):
     log kept for every case): the relay logs a case's share and holds 32 MiB for receivers, and the
     flood is a named 0. The grader runs in a process of its own here, whose peak is weighed; each
     check may take 8 s of wall time (about 25 s in all: the first cases flood until they are cut)."""
-    plant = ROOT / "tests" / "catalogue" / "lesson02_allreduce" / "attack_flood.py"
     (tmp_path / "flooder").mkdir()
-    (tmp_path / "flooder" / "lesson02_allreduce.py").write_text(plant.read_text())
+    (tmp_path / "flooder" / "lesson02_allreduce.py").write_text(textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+
+        def ring_allreduce(tensor):
+            if dist.get_rank() == 0 and dist.get_world_size() > 1:
+                block = torch.ones(1024)  # 4 KiB: small enough for the relay to log its values
+                for _ in range(50_000):
+                    dist.isend(block, 1)  # never received
+    """))
     script = (f"import json, resource; from pathlib import Path; from edulib.grading import grade; "
               f"rows = grade(Path({str(tmp_path)!r}), progress=False, seed=1, time_limit=8); "
               "print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "
