@@ -269,11 +269,15 @@ def test_forged_answers_from_the_childs_frames_earn_nothing(tmp_path, sandbox):
                 seen += [key for key, value in frame.f_locals.items() if isinstance(value, (list, dict))
                          and "cases" in str(value)[:10000] and "checks" in str(value)[:10000]]
                 if "request" in frame.f_locals:
-                    fd = frame.f_locals["request"]["answer_fd"]
-                    for call in range(40):
-                        forged = {"answer": {"dp": [], "pp": [], "tp": []}}
-                        head = json.dumps({"call": call, "kind": "answer"})
-                        os.write(fd, (head + "\\t" + json.dumps(forged) + "\\n").encode())
+                    for name in ("answer_fd", "solo_fd"):  # the dispatcher's (closed here), its own
+                        for call in range(40):
+                            forged = {"answer": {"dp": [], "pp": [], "tp": []}}
+                            head = json.dumps({"call": call, "kind": "answer"})
+                            try:
+                                os.write(frame.f_locals["request"][name],
+                                         (head + "\\t" + json.dumps(forged) + "\\n").encode())
+                            except OSError:
+                                break
                 frame = frame.f_back
             if seen:
                 raise RuntimeError(f"the whole list of cases is in {seen}")
@@ -737,7 +741,7 @@ def test_a_flood_of_unreceived_messages_leaves_the_grader_under_a_gib(tmp_path):
     peak, rows = json.loads(done.stdout.strip().splitlines()[-1])
     ring = [row for row in rows if row[0].startswith("ring all-reduce")]
     assert [points for _, points, _ in ring] == [0, 0], ring
-    assert "flooded the wire" in ring[0][2] or "wall time" in ring[0][2], ring[0][2]
+    assert "flooded the wire" in ring[0][2] or "this check may take" in ring[0][2], ring[0][2]
     assert peak < 2**30, f"the grader's peak was {peak / 2**30:.2f} GiB"
 
 
@@ -1040,18 +1044,21 @@ def test_a_tree_run_as_a_user_of_its_own_is_held_to_its_task_count(tmp_path):
 
     status_read, status_write = os.pipe()
     answer_read, answer_write = os.pipe()
+    solo_read, solo_write = os.pipe()
     call_read, call_write = os.pipe()
     spawn = ("import os, resource, threading, time\n"
              "assert os.getuid() != 0 and resource.getrlimit(resource.RLIMIT_NPROC) == (20, 20)\n"
              "try:\n    [threading.Thread(target=time.sleep, args=(1,)).start() for _ in range(100)]\n"
              "except RuntimeError:\n    raise SystemExit(7)\n")
     config = {"argv": bubblewrap.as_user(bubblewrap.own_user(), [python, "-I", "-c", spawn]), "cwd": "/",
-              "env": {}, "request": "{}", "answer_fd": answer_write, "call_fd": call_read,
+              "env": {}, "request": "{}", "answer_fd": answer_write, "solo_fd": solo_write,
+              "call_fd": call_read,
               "status_fd": status_write, "cpu_time": 30, "wall": 60, "memory": 2**30, "processes": 24,
               "file_size": 2**20, "wire_fds": [], "tree_memory": 2**30, "tree_tasks": 20, "own_user": True}
     done = run.run([sys.executable, "-I", warden.__file__], input=jsonlib.dumps(config).encode(),
-                   pass_fds=(status_write, answer_write, call_read), timeout=120, capture_output=True)
-    for fd in (status_write, answer_write, call_read, call_write, answer_read):
+                   pass_fds=(status_write, answer_write, solo_write, call_read), timeout=120,
+                   capture_output=True)
+    for fd in (status_write, answer_write, solo_write, call_read, call_write, answer_read, solo_read):
         os.close(fd)
     with os.fdopen(status_read) as status:
         found = jsonlib.loads(status.read())

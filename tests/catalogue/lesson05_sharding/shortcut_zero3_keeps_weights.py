@@ -15,7 +15,7 @@ def _bounds(length: int, ranks: int) -> list[int]:
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, shard: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-        ranks, rank = dist.get_world_size(), dist.get_rank()
+        ranks = dist.get_world_size()
         bounds = _bounds(shape[0] * shape[1] + shape[0], ranks)
         largest = max(b - a for a, b in zip(bounds, bounds[1:]))
         padded = torch.zeros(largest)

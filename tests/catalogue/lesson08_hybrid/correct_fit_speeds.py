@@ -47,11 +47,11 @@ CONFIRM = 4  # predicted-best distinct times measured before choosing
 
 def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: int,
                   measure: Callable[[Layout], float]) -> Layout | None:
-    fitting = [l for l in layouts(model, cluster) if layout_memory(model, cluster, l) <= memory]
+    fitting = [one for one in layouts(model, cluster) if layout_memory(model, cluster, one) <= memory]
     if not fitting:
         return None
     units = _unit_clusters(cluster)
-    features = torch.tensor([[layout_time(model, unit, l) for unit in units] for l in fitting],
+    features = torch.tensor([[layout_time(model, unit, one) for unit in units] for one in fitting],
                             dtype=torch.float64)
     scale = features.abs().max(dim=0).values.clamp(min=1e-300)
     rows = features / scale
@@ -74,7 +74,8 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     predicted = (rows @ speeds).tolist()
 
     # confirm: measure the predicted best few (distinct times) and keep the fastest measured
-    order = sorted(range(len(fitting)), key=lambda i: (predicted[i], layout_memory(model, cluster, fitting[i])))
+    order = sorted(range(len(fitting)),
+                   key=lambda i: (predicted[i], layout_memory(model, cluster, fitting[i])))
     seen: list[float] = []
     for i in order:
         if len(times) >= budget or len(seen) >= CONFIRM:

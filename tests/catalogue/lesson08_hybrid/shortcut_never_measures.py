@@ -7,5 +7,5 @@ from edulib.planner import Cluster
 
 
 def choose_layout(model, cluster: Cluster, memory: float, budget: int, measure) -> Layout | None:
-    fitting = [layout for layout in layouts(model, cluster) if layout_memory(model, cluster, layout) <= memory]
+    fitting = [one for one in layouts(model, cluster) if layout_memory(model, cluster, one) <= memory]
     return min(fitting, key=lambda layout: layout_time(model, cluster, layout), default=None)

@@ -17,7 +17,8 @@ class WeightStash:
         self.done = 0
 
     def forward(self, microbatch: int, x: torch.Tensor) -> torch.Tensor:
-        leaves = {name: w.clone().requires_grad_() for name, w in self.versions[self.plan[microbatch]].items()}
+        version = self.versions[self.plan[microbatch]]
+        leaves = {name: w.clone().requires_grad_() for name, w in version.items()}
         self.leaves[microbatch] = leaves
         return functional_call(self.stage, leaves, (x,))
 
