@@ -828,7 +828,7 @@ def test_a_naive_all_reduce_on_the_groups_own_methods_that_forges_counts_earns_n
                         pass
     """}, sandbox, name="lesson02_allreduce")
     assert _ring_points(results, "forger") == 0
-    assert "rank 0 called all_reduce: the ring moves its chunks with send and recv" in next(
+    assert "rank 0 called all_reduce: the chunks' partial sums travel round the ring" in next(
         r.feedback for r in results if r.check == "ring all-reduce")
 
 

@@ -148,6 +148,28 @@ def phase_events(wire: dict, rank: int) -> list[list[dict]]:
             for low, high in itertools.pairwise(cuts)]
 
 
+def ring_direction(wire: dict, ranks: int, moves: str) -> int:
+    """The way round a ring the ranks sent (1: to rank + 1, or ranks - 1: to rank - 1), once the
+    relay's log shows messages only (no collective), each rank sending to one neighbour and all the
+    same way round; Wrong naming the first rank that did otherwise. `moves` says what travels."""
+    steps: set[int] = set()
+    for rank in range(ranks):
+        events = rank_events(wire, rank)
+        others = sorted({event["op"] for event in events} - {"send", "recv"})
+        if others:
+            raise Wrong(f"rank {rank} called {', '.join(others)}: {moves} travel round the ring in "
+                        "point-to-point messages", "a built-in collective instead of the ring's messages")
+        peers = {event["peer"] for event in events if event["op"] == "send"}
+        if not (peers <= {(rank + 1) % ranks} or peers <= {(rank - 1) % ranks}):
+            raise Wrong(f"rank {rank} sent to ranks {sorted(peers)}; in a ring each rank sends to one "
+                        "neighbour only", "sent to a rank that is not its ring neighbour")
+        steps |= {(peer - rank) % ranks for peer in peers}
+    if len(steps) > 1:
+        raise Wrong("some ranks sent to rank + 1 and others to rank - 1: a ring goes one way round",
+                    "the ranks did not all send the same way round the ring")
+    return steps.pop() if steps else 1
+
+
 def bytes_moved(events: list[dict], direction: str) -> int:
     """Bytes a rank sent ("sent") or received ("received"): its messages' bytes and its share of each
     collective by a ring's count."""
