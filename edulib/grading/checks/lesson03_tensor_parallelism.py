@@ -37,18 +37,23 @@ def ring_all_reduce_bytes(numel: int, ranks: int) -> int:
     return 8 * (numel - numel // ranks) if ranks > 1 else 0
 
 
-def _mlp_watch(case: Case, wire: dict, answer: Any = None) -> None:
-    """Each rank sends no more than Megatron's f and g: one all-reduce of the input's gradient (f's
-    backward) and one of the output (g's forward), by a ring at most; on 3 or more ranks other
-    ways to sum (an all-gather, a gather and a broadcast) send more."""
-    ranks, x = case.inputs["ranks"], case.inputs["x"]
-    bound = 2 * ring_all_reduce_bytes(x.numel(), ranks)  # x and y have the same shape
+def _all_reduces_at_most(case: Case, wire: dict, count: int, what: str) -> None:
+    """Each rank sends no more than `count` all-reduces of the activation by a ring
+    (`ring_all_reduce_bytes`): on 3 or more ranks any other way to sum (an all-gather, a gather and
+    a broadcast, the weights gathered instead) sends more. `what` names whose all-reduces they are."""
+    ranks, numel = case.inputs["ranks"], case.inputs["x"].numel()
+    bound = count * ring_all_reduce_bytes(numel, ranks)
     for rank in range(ranks):
         sent = bytes_moved(rank_events(wire, rank), "sent")
         if sent > bound:
-            raise Wrong(f"rank {rank} sent {sent} bytes; f's backward and g's forward are one all-reduce "
-                        f"each of a {x.numel() * 4}-byte activation, {bound} bytes by a ring",
-                        "a rank sent more than f's and g's all-reduces")
+            raise Wrong(f"rank {rank} sent {sent} bytes; {what} {count} all-reduces of the {numel * 4}-byte "
+                        f"activation, {bound} bytes by a ring",
+                        f"a rank sent more than {count} all-reduces of the activation")
+
+
+def _mlp_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """f's backward and g's forward: one all-reduce each of an activation (x and y have one shape)."""
+    _all_reduces_at_most(case, wire, 2, "f's backward and g's forward are")
 
 
 def _mlp_judge(case: Case, answer: Any) -> None:
@@ -163,18 +168,8 @@ def _block_judge(case: Case, answer: Any) -> None:
 
 
 def _block_watch(case: Case, wire: dict, answer: Any = None) -> None:
-    """Each rank sends no more than Megatron's block: four all-reduces of the activation (f's and
-    g's, forward and backward), by a ring at most (`ring_all_reduce_bytes`): on 3 or 4 ranks any
-    other way to sum (an all-gather, a gather and a broadcast) sends more."""
-    ranks = case.inputs["ranks"]
-    activation = case.inputs["x"].numel() * 4
-    bound = 4 * ring_all_reduce_bytes(case.inputs["x"].numel(), ranks)
-    for rank in range(ranks):
-        sent = bytes_moved(rank_events(wire, rank), "sent")
-        if sent > bound:
-            raise Wrong(f"rank {rank} sent {sent} bytes; Megatron's block sends four all-reduces of the "
-                        f"{activation}-byte activation, {bound} bytes by a ring",
-                        "a rank sent more than Megatron's block")
+    """Megatron's block: f's and g's, forward and backward, four all-reduces of the activation."""
+    _all_reduces_at_most(case, wire, 4, "Megatron's block sends")
 
 
 exercise("lesson03_tensor_parallelism", [
