@@ -34,9 +34,9 @@ def one_f_one_b(p: int, m: int) -> list[str]:
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The lecture's bubble fraction of a 1F1B pipeline of p devices and m micro-batches, each
-    device holding v model chunks (interleaved 1F1B when v > 1): the time a device idles in one step
-    divided by the time it computes (bubble time over ideal time, not over the whole step).
-    Graded against edulib's simulator on such schedules, m a multiple of p."""
+    device holding v model chunks (interleaved 1F1B for more than one): the time a device idles in
+    one step divided by the time it computes (bubble time over ideal time, not over the whole
+    step). Graded against edulib's simulator on such schedules, m a multiple of p."""
     # BEGIN SOLUTION
     # HINT: in the lecture's timeline, how long does a device idle at the start and end, against computing?
     return (p - 1) / (v * m)

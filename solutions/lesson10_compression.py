@@ -12,7 +12,7 @@ def topk_average(gradient: torch.Tensor, error: torch.Tensor, ratio: float) -> t
     """The group's average of every rank's top-k compressed gradient, with error feedback.
 
     Returns a tensor shaped like `gradient`, the same on every rank. Each rank compresses to the
-    k entries of largest magnitude (torch.topk's choice where magnitudes tie), k the ratio of the n
+    k entries of largest magnitude (PyTorch's top-k choice where magnitudes tie), k the ratio of the n
     entries rounded up (at least one), with the
     lesson's error feedback: `error` (shaped like `gradient`) is updated in place to what this
     call's compression left out. The ranks' decoded tensors are added in rank order.
