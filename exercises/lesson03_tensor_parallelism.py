@@ -11,8 +11,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   and 4 ranks, other shapes.
 - tensor-parallel block, 4 + 4 points: output and every gradient equal to the full block's, with no
   more traffic than Megatron's. Visible cases: 2 ranks, 4 heads of width 6, 6 inner features, x of
-  shape (2, 1, 24). Hidden cases: 3 and 4 ranks, head counts, sequence lengths and widths you do not
-  see.
+  shape (2, 1, 24); 3 ranks, 3 heads of width 6, 6 inner features, x of shape (1, 1, 18). Hidden
+  cases: 3 and 4 ranks, head counts, sequence lengths and widths you do not see.
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
     ("lesson03_tensor_parallelism", "total = x.clone()\n        dist.all_reduce(total)\n        return total",
      "parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]\n"
      "        dist.all_gather(parts, x.contiguous())\n        return torch.stack(parts).sum(0)",
-     "tensor-parallel block", "Megatron's block sends 4 all-reduces of the"),
+     "tensor-parallel block", "Megatron's block sends 4 all-reduces of the"),  # a visible case on 3 ranks
     ("lesson03_tensor_parallelism", "rows = torch.cat([part * hidden + columns for part in range(3)])",
      "rows = torch.arange(3 * rank * width, 3 * (rank + 1) * width)", "attention shards",
      "attention_shards' the QKV rows holds"),
