@@ -8,6 +8,9 @@ length, the optimizer), so that a resume that would change the model or its data
 name. A run on many ranks writes it one layer at a time (`edulib.train.trainer`): each layer is
 assembled on one rank, which hands it to `dcp.save` with the others it was dealt; and each rank
 reads back, a layer at a time, only the layers it holds slices of.
+
+DCP is imported by the functions that use it: its import takes about a second (on a small
+machine), which every rank and graded process would pay whether or not it checkpoints.
 """
 
 from __future__ import annotations
@@ -20,10 +23,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 STEP, RUN = "step", "run"  # the keys of the number of steps taken and of the run's identity (JSON)
 
@@ -37,6 +37,8 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
                     step: int, run: dict) -> None:
     """Write the one-process model's weights and its optimizer's state after `step` steps, and the
     run's identity (one process)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_state, optimizer_state = get_state_dict(model, optimizer)
     write(directory, {"model": model_state, "optimizer": optimizer_state}, step, run)
 
@@ -45,6 +47,8 @@ def write(directory: str | os.PathLike, state: dict, step: int, run: dict) -> No
     """Write a checkpoint, every rank of a run together (or one process): each hands over its part
     of {"model": ..., "optimizer": ...} in `get_state_dict`'s names and shapes, any tensor of the
     one-process model by one rank or several alike, and `dcp.save` writes each once."""
+    import torch.distributed.checkpoint as dcp
+
     with _quiet():
         dcp.save({**state, STEP: step, RUN: json.dumps(run)}, checkpoint_id=directory,
                  no_dist=not dist.is_initialized())
@@ -56,6 +60,9 @@ def check(directory: str | os.PathLike, run: dict) -> int:
     if not (os.path.isdir(directory) and os.path.exists(os.path.join(directory, ".metadata"))):
         raise ValueError(f"no checkpoint at {os.fspath(directory)!r}: a checkpoint is a directory that "
                          "torch.distributed.checkpoint wrote (it holds a .metadata file)")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     saved = {RUN: "", STEP: 0}
     try:
         with _quiet():
@@ -77,6 +84,9 @@ def check(directory: str | os.PathLike, run: dict) -> int:
 def read(directory: str | os.PathLike, state: dict) -> None:
     """Fill `state` (a part of {"model": ..., "optimizer": ...} in `get_state_dict`'s names, its
     tensors in their shapes) from a checkpoint, in place; each rank reads alone what it asks for."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _quiet():
             dcp.load(state, checkpoint_id=directory, no_dist=True)
@@ -91,6 +101,8 @@ def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     """Load a checkpoint into a freshly made one-process model and optimizer, keeping the
     optimizer's own hyperparameters (the run's config names them); the steps it was taken after.
     Refuses, by name, a checkpoint of a run whose identity differs from `run`."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     step = check(directory, run)
     hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     model_state, optimizer_state = get_state_dict(model, optimizer)  # (a fresh optimizer's state is
