@@ -303,7 +303,7 @@ def _grade_command(options: argparse.Namespace) -> int:
     warnings: list[str] = []
     try:
         results = grade(Path(options.path), options.time_limit, progress=not options.quiet, seed=options.seed,
-                        sandbox=options.sandbox, warnings=warnings, on_student=write)
+                        sandbox=options.sandbox, warnings=warnings, on_student=write, jobs=options.jobs)
     except (SandboxMissing, Tampered) as error:
         print(f"edulib grade: {error}", file=sys.stderr)
         return 2
@@ -425,6 +425,8 @@ def _add_grade(commands: argparse._SubParsersAction) -> None:
                         help="draws the hidden cases (default: a secret one, printed with the grades)")
     grader.add_argument("--time-limit", type=_positive, default=None,
                         help="CPU seconds per check (default: each check's own)")
+    grader.add_argument("--jobs", "-j", type=_whole, default=None,
+                        help="students graded at once, each in trees of its own (default: one per core)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
 

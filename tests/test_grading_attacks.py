@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -215,9 +216,53 @@ def test_a_change_while_a_student_ran_stops_grading_and_writes_nothing_of_them(t
     prints = iter(["before", "before", "after"])
     monkeypatch.setattr(integrity, "fingerprint", lambda: next(prints))
     written: list[list] = []
-    with pytest.raises(integrity.Tampered, match="while cleo's code ran"):  # graded in name order
-        _class(tmp_path, {"abel": SOLUTION, "cleo": STUB, "zed": SOLUTION}, on_student=written.append)
+    with pytest.raises(integrity.Tampered, match="while the code of cleo ran"):  # graded in name order
+        _class(tmp_path, {"abel": SOLUTION, "cleo": STUB, "zed": SOLUTION}, on_student=written.append, jobs=1)
     assert [{r.student for r in rows} for rows in written] == [{"abel"}]
+
+
+def test_a_change_while_students_ran_side_by_side_names_every_one_still_running(tmp_path, monkeypatch):
+    """Two students at a time: abel and cleo start together; when abel is done (the edulib intact),
+    zed starts beside cleo; a change found after the next one ends may be either's doing, so both
+    are named and neither is written."""
+    prints = iter(["before", "before", "after"])
+    monkeypatch.setattr(integrity, "fingerprint", lambda: next(prints))
+    written: list[list] = []
+    with pytest.raises(integrity.Tampered) as stopped:
+        _class(tmp_path, {"abel": SOLUTION, "cleo": STUB, "zed": SOLUTION}, on_student=written.append, jobs=2)
+    kept = {r.student for rows in written for r in rows}
+    named = set(re.search("while the code of (.+) ran", str(stopped.value))[1].split(", "))
+    assert len(written) == 1 and len(kept) == 1, "the first student to end was found intact, and written"
+    assert named == {"abel", "cleo", "zed"} - kept, "the one that ended next and the one beside it"
+
+
+def test_a_class_graded_side_by_side_gets_a_serial_runs_grades(tmp_path):
+    """Three students at a time, their ranks on the relay together, give row for row (but seconds) the
+    grades of one student after another with the same seed: the reference, a variant, a shortcut
+    and an untouched stub of the ring."""
+    name, catalogue = "lesson02_allreduce", ROOT / "tests" / "catalogue" / "lesson02_allreduce"
+    plants = {"honest": (ROOT / "solutions" / f"{name}.py").read_text(),
+              "mirrored": (catalogue / "correct_mirrored.py").read_text(),
+              "lazy": (catalogue / "shortcut_builtin_all_reduce.py").read_text(),
+              "stub": (ROOT / "exercises" / f"{name}.py").read_text()}
+    graded = {jobs: _class(tmp_path / str(jobs), plants, name=name, seed=7, jobs=jobs)[1] for jobs in (1, 3)}
+    rows = {jobs: [(r.student, r.check, r.points, r.feedback) for r in results]
+            for jobs, results in graded.items()}
+    assert rows[1] == rows[3]
+    assert {student for student, _, points, _ in rows[1] if points} == {"honest", "mirrored", "lazy"}
+
+
+def test_an_interrupted_class_ends_every_tree_at_once(tmp_path):
+    """Ctrl-C (here: raised when the first student is written) while a classmate's import sleeps for
+    a minute: grading stops within seconds and no process of any tree is left."""
+    def interrupt(rows: list) -> None:
+        raise KeyboardInterrupt
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        _class(tmp_path, {"abel": SOLUTION, "sleepy": "import time\ntime.sleep(60)\n" + STUB},
+               on_student=interrupt, jobs=2)
+    assert time.monotonic() - began < 20
+    assert not _strays(), _strays()
 
 
 @pytest.mark.parametrize("sandbox", MODES)

@@ -25,8 +25,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,9 +54,16 @@ OPEN_RANKS = ("this kernel offers no seccomp filter or Landlock for the graded r
 KEPT = 128 * 2**20  # bytes of answers kept from one tree until they are judged
 HEADER = 8192  # bytes of a line's header (which call, what kind of outcome, or a stage)
 TOO_LARGE = b'{"raised": "an answer larger than the grader reads (16 MiB as JSON)"}'
+# The grader's own computations (cases, oracles, judges) run one at a time, whatever the students
+# graded at once: they share torch's global generator and, while judging, this process's memory cap.
+_SERIAL = threading.RLock()
 
-__all__ = ["Limits", "Reply", "Result", "cases_of", "exercise_budget", "exercise_of", "find_submissions",
-           "grade", "grade_exercise"]
+__all__ = ["Limits", "Reply", "Result", "Stopped", "cases_of", "default_jobs", "exercise_budget",
+           "exercise_of", "find_submissions", "grade", "grade_exercise"]
+
+
+class Stopped(Exception):
+    """Grading was interrupted while this exercise ran: its tree was ended, its grade not given."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,8 @@ class _Jail:
 
     etc: Path | None  # None: without bubblewrap
     state: str  # what the report says
+    own_users: bool = False  # each tree runs as a user of its own (bubblewrap started by root)
+    beside: int = 0  # trees graded at the same time as each one, as the same user unless own_users
 
 
 def cases_of(exercise: str, check: Check, seed: int = 0) -> list[Case]:
@@ -134,20 +145,20 @@ def _slots(checks: list[Check], cases: dict[str, list[Case]]) -> dict[int, list[
 
 
 def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _Jail,
-           scratch: str, relay: Relay, slots: dict[int, list[int]]) -> tuple:
-    """Start the warden for one tree; return it and the grader's ends of the answer, status and call
-    pipes. The tree inherits the ranks' ends of the relay's wires, and is told which are whose."""
+           scratch: str, relay: Relay, slots: dict[int, list[int]], uid: int | None) -> tuple:
+    """Start the warden for one tree (as user `uid`, if one of its own); return it and the grader's
+    ends of the answer, status and call pipes. The tree inherits the ranks' ends of the relay's
+    wires, and is told which are whose."""
     answer_read, answer_write = os.pipe()  # the dispatcher's answers (calls on ranks) and stages
     solo_read, solo_write = os.pipe()  # the solo process's answers (calls in it) and its import
     status_read, status_write = os.pipe()
     call_read, call_write = os.pipe()
     child = [sys.executable, "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I ignores PYTHON* variables
-    own_user = jail.etc is not None and bubblewrap.unprivileged_sandbox()
     if jail.etc is not None:
         argv, inside = bubblewrap.wrap(child, submission.parent, jail.etc), Path(bubblewrap.SUBMISSION)
         cwd, env = "/", {}
-        if own_user:  # bubblewrap as a user of its own, whose count of tasks the kernel caps
-            argv = bubblewrap.as_user(bubblewrap.own_user(), argv)
+        if uid is not None:  # bubblewrap as a user of its own, whose count of tasks the kernel caps
+            argv = bubblewrap.as_user(uid, argv)
     else:
         argv, extra, inside = bubblewrap.contain(child, submission.parent)
         cwd, env = scratch, {**bubblewrap.environment(scratch), **extra}
@@ -160,7 +171,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
               "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30, "memory": limits.memory,
               "processes": limits.processes,
               "file_size": limits.file_size, "wire_fds": wire_fds, "tree_memory": limits.tree_memory,
-              "tree_tasks": limits.tree_tasks, "own_user": own_user}
+              "tree_tasks": limits.tree_tasks, "own_user": uid is not None,
+              "beside": limits.processes * jail.beside}
     try:
         warden = subprocess.Popen([sys.executable, "-I", str(WARDEN)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd="/",
@@ -203,8 +215,9 @@ class _Calls:
             check, index, phase = self.order[self.current]
             if self.relay is not None and phase == 0:  # the case's ranks are these slots; nothing else counts
                 case = self.cases[check.name][index]
-                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [],
-                                 check.oracle(case) if check.oracle else None)
+                with _SERIAL:
+                    oracle = check.oracle(case) if check.oracle else None
+                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [], oracle)
                 self.cuts = []
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
                               f'"phase": {phase}, '
@@ -307,17 +320,21 @@ def _overdue(calls: _Calls, began: float, walls: dict[str, float], budget: float
 
 
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
-              limits: Limits, cpu: float, jail: _Jail, walls: dict[str, float], budget: float) -> _Tree:
+              limits: Limits, cpu: float, jail: _Jail, walls: dict[str, float], budget: float,
+              stop: threading.Event) -> _Tree:
     """Run the checks in one process tree, one call at a time; drain its output as it comes. Past a
-    check's wall seconds (`walls`), or the tree's `budget`, the warden is told to end the tree."""
+    check's wall seconds (`walls`), or the tree's `budget`, or once `stop` is set (the class's
+    grading was interrupted), the warden is told to end the tree."""
     tree, slots = _Tree(), _slots(checks, cases)
     relay = Relay(sum(len(taken) for taken in slots.values()))
     calls = _Calls(tree, checks, cases, relay, slots)
-    with tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay):
+    user = bubblewrap.user_of_its_own() if jail.own_users else contextlib.nullcontext()
+    with (tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay),
+          user as uid):
         if jail.etc is None and bubblewrap.drops_privileges():
             os.chown(scratch, bubblewrap.NOBODY, bubblewrap.NOBODY)
         warden, answer_reads, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
-                                                              scratch, relay, slots)
+                                                              scratch, relay, slots, uid)
         wire = relay.read_fds()
         output_fd, began = warden.stdout.fileno(), time.monotonic()
         intake = _Intake(tree, calls, answer_reads, status_read, output_fd)
@@ -334,7 +351,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                 os.close(writing.pop())
 
         while status_read in selector.get_map():
-            if not tree.status and _overdue(calls, began, walls, budget):
+            if not tree.status and (_overdue(calls, began, walls, budget) or stop.is_set()):
                 tree.status = {"limit": "deadline"}  # the warden ends the tree; its own status follows
                 warden.send_signal(signal.SIGTERM)
             if writing:
@@ -526,11 +543,14 @@ def exercise_budget(exercise: str, time_limit: float | None = None) -> float:
 
 def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int = 0,
                    time_limit: float | None = None, limits: Limits = Limits(), jail: _Jail,
-                   warnings: list[str], original: Path | None = None) -> list[Result]:
+                   warnings: list[str], original: Path | None = None,
+                   stop: threading.Event | None = None) -> list[Result]:
     """Grade one exercise file (the grader's copy; `original` is where it was handed in): run its
-    checks in process trees, then judge every answer here."""
-    checks = CHECKS[exercise]
-    cases = {check.name: cases_of(exercise, check, seed) for check in checks}
+    checks in process trees, then judge every answer here. Once `stop` is set, the tree running is
+    ended and `Stopped` raised."""
+    checks, stop = CHECKS[exercise], stop or threading.Event()
+    with _SERIAL:
+        cases = {check.name: cases_of(exercise, check, seed) for check in checks}
     limit = {check.name: time_limit or check.time_limit for check in checks}
     budget, spent = exercise_budget(exercise, time_limit), 0.0
     pending, verdicts = list(checks), {}
@@ -540,31 +560,21 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
             verdicts.update({check.name: ((text, text), 0.0) for check in pending})
             break
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
-        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail, limit, budget - spent)
+        tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail, limit, budget - spent, stop)
+        if stop.is_set():
+            raise Stopped(f"grading stopped during {student}'s {exercise}")
         spent += tree.status.get("wall", 0.0)
-        for said, text in ((tree.hidden is False, UNHIDDEN), (tree.open_ranks, OPEN_RANKS)):
-            if said and text not in warnings:
-                warnings.append(text)
-        uncapped = tree.status.get("uncapped") or []
-        if uncapped and not any(w.startswith("no cgroup") for w in warnings):
-            warnings.append(f"no cgroup could cap each tree's {' and '.join(map(str, uncapped))} here: only "
-                            "the per-process limits (address space, processes, CPU time) held")
-        if tree.stage == "import failed":
-            text = f"the module raised while being imported: {tree.message}"
-            verdicts.update({check.name: ((text, text), 0.0) for check in pending})
-            break
-        for check in pending:
-            outcomes = tree.outcomes.get(check.name, [])
-            if len(outcomes) == len(cases[check.name]):
-                try:
-                    verdicts[check.name] = (_judge(check, cases[check.name], outcomes),
-                                            tree.seconds.get(check.name, 0.0))
-                except Exception as error:  # noqa: BLE001 - the grader's own failure costs one check only
-                    text = (f"the grader could not judge this check ({type(error).__name__}); "
-                            "the instructor has the details")
-                    warnings.append(f"{student}/{exercise}/{check.name}: the judge failed: "
-                                    f"{type(error).__name__}: {error}")
-                    verdicts[check.name] = ((text, text), 0.0)
+        with _SERIAL:
+            _warn(tree, warnings)
+            if tree.stage == "import failed":
+                text = f"the module raised while being imported: {tree.message}"
+                verdicts.update({check.name: ((text, text), 0.0) for check in pending})
+                break
+            for check in pending:
+                outcomes = tree.outcomes.get(check.name, [])
+                if len(outcomes) == len(cases[check.name]):
+                    verdicts[check.name] = _verdict(check, cases[check.name], outcomes, tree, warnings,
+                                                    f"{student}/{exercise}/{check.name}")
         stopped = next((check for check in pending if check.name not in verdicts), None)
         if stopped is None:
             break
@@ -579,21 +589,57 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
                              jail.state, str(original or submission), seed)]
 
 
+def _warn(tree: _Tree, warnings: list[str]) -> None:
+    """Add what a tree said of the machine's containment to the run's warnings, each once."""
+    for said, text in ((tree.hidden is False, UNHIDDEN), (tree.open_ranks, OPEN_RANKS)):
+        if said and text not in warnings:
+            warnings.append(text)
+    uncapped = tree.status.get("uncapped") or []
+    if uncapped and not any(w.startswith("no cgroup") for w in warnings):
+        warnings.append(f"no cgroup could cap each tree's {' and '.join(map(str, uncapped))} here: only "
+                        "the per-process limits (address space, processes, CPU time) held")
+
+
+def _verdict(check: Check, cases: list[Case], outcomes: list[Reply], tree: _Tree, warnings: list[str],
+             where: str) -> tuple[tuple[str, str], float]:
+    """A check's feedback (visible, hidden) and seconds, from the tree's outcomes; a failure of the
+    judge itself costs this check only, and the instructor is told in `warnings`."""
+    try:
+        return _judge(check, cases, outcomes), tree.seconds.get(check.name, 0.0)
+    except Exception as error:  # noqa: BLE001 - the grader's own failure costs one check only
+        warnings.append(f"{where}: the judge failed: {type(error).__name__}: {error}")
+        text = (f"the grader could not judge this check ({type(error).__name__}); "
+                "the instructor has the details")
+        return (text, text), 0.0
+
+
 def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list[Result]:
     """The rows of an exercise a student did not hand in, or handed in as something refused."""
     return [row for check in CHECKS[exercise]
             for row in _rows(student, exercise, check, (why, why), 0.0, "", "", seed)]
 
 
+def default_jobs() -> int:
+    """Students graded at once by default: one per core this process may use. A tree's ranks share
+    its student's core; they are idle most of a tree's life (Python starting, the import, the
+    judge), so one student per core keeps the cores busy without slowing a check past its limit."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int | None = None,
           sandbox: bool = True, limits: Limits = Limits(), warnings: list[str] | None = None,
-          on_student: Callable[[list[Result]], None] | None = None) -> list[Result]:
+          on_student: Callable[[list[Result]], None] | None = None, jobs: int | None = None) -> list[Result]:
     """Grade one exercise file, one student's folder, or a class folder of student folders.
 
     `sandbox` (the default) runs each tree in bubblewrap: an error if it is missing. Without it,
     the rows say the run was not contained. `seed` draws the hidden cases: a secret one by default,
-    recorded in every row so that `seed=` reproduces the run. `on_student` gets every row so far
-    after each student, so reports can be written as grading goes."""
+    recorded in every row so that `seed=` reproduces the run. `jobs` students are graded at once
+    (`default_jobs()` by default), each in trees of its own with its own limits; the rows are those
+    of one student after another, in the class's order. `on_student` gets every row so far (of the
+    students graded, in that order) after each student, so reports can be written as grading goes."""
+    jobs = default_jobs() if jobs is None else jobs
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: the students graded at once is a whole number, 1 or more")
     students, found = find_submissions(Path(path))
     warnings = [] if warnings is None else warnings
     warnings += found
@@ -613,36 +659,78 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     total = sum(len(CHECKS[name]) for exercises in students.values()
                 for name, file in exercises.items() if file)
     bar = progress_bar("grading", total) if progress else None
-    results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
         os.chmod(work, 0o711)
         taken = snapshot.take(students, warnings, Path(work) / "submissions")
-        jail = (_Jail(bubblewrap.write_etc(Path(work) / "etc"), "bubblewrap") if sandbox
-                else _Jail(None, bubblewrap.uncontained()))
+        beside = min(jobs, len(taken)) - 1
+        jail = (_Jail(bubblewrap.write_etc(Path(work) / "etc"), "bubblewrap",
+                      bubblewrap.unprivileged_sandbox(), beside) if sandbox
+                else _Jail(None, bubblewrap.uncontained(), beside=beside))
         if not sandbox:
             warnings.append(f"graded without a sandbox ({jail.state}): student code could read what this "
                             "user can read, the solutions included")
-        for student, exercises in taken.items():
+        stop, drawn = threading.Event(), threading.Lock()
+
+        def one(student: str) -> list[Result]:
+            """Every exercise of one student, one after another."""
             mine: list[Result] = []
-            for exercise, file in exercises.items():
+            for exercise, file in taken[student].items():
                 if file is None or isinstance(file, Refused):
                     why = file or f"missing: {exercise}.py was not handed in"
                     mine += _not_graded(student, exercise, why, seed)
                     continue
-                if bar is not None:
-                    bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
                 mine += grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
                                        limits=limits, jail=jail, warnings=warnings,
-                                       original=students[student][exercise])
+                                       original=students[student][exercise], stop=stop)
                 if bar is not None:
-                    bar.update(len(CHECKS[exercise]))
-            if integrity.fingerprint() != before:
-                raise integrity.Tampered(
-                    f"the installed edulib or site-packages changed while {student}'s code ran; grading "
-                    f"stopped and nothing of {student} was written. Reinstall edulib before grading again")
-            results += mine
-            if on_student is not None:
-                on_student(results)
+                    with drawn:
+                        bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
+                        bar.update(len(CHECKS[exercise]))
+            return mine
+
+        done = _in_parallel(one, list(taken), jobs, stop, before, on_student)
     if bar is not None:
         bar.close()
-    return results
+    return [row for student in taken for row in done[student]]
+
+
+def _in_parallel(one: Callable[[str], list[Result]], students: list[str], jobs: int, stop: threading.Event,
+                 before: str, on_student: Callable[[list[Result]], None] | None) -> dict[str, list[Result]]:
+    """Grade the students, `jobs` at a time; each student's rows. After each student, the installed
+    edulib is fingerprinted: if it changed, grading stops and no row of a student whose code may
+    have run since the last clean look is kept. Any exception (Ctrl-C included) sets `stop`, which
+    ends every tree running, and is raised once they are gone."""
+    done: dict[str, list[Result]] = {}
+    suspects: set[str] = set()  # students whose code ran since the installed edulib was last found intact
+    with ThreadPoolExecutor(jobs, thread_name_prefix="edulib-grade") as pool:
+        running: dict[Future, str] = {}
+        try:
+            for student in students:
+                while len(running) >= jobs:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        _settle(future, running.pop(future), done, suspects, before, students, on_student)
+                running[pool.submit(one, student)] = student
+                suspects.add(student)
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    _settle(future, running.pop(future), done, suspects, before, students, on_student)
+        except BaseException:
+            stop.set()  # every tree still running ends within a second; the pool waits for them
+            raise
+    return done
+
+
+def _settle(future: Future, student: str, done: dict[str, list[Result]], suspects: set[str], before: str,
+            students: list[str], on_student: Callable[[list[Result]], None] | None) -> None:
+    """Take one student's rows once they are in, if the installed edulib is still as it was."""
+    done[student] = future.result()
+    if integrity.fingerprint() != before:
+        names = ", ".join(sorted(suspects))
+        raise integrity.Tampered(
+            f"the installed edulib or site-packages changed while the code of {names} ran; grading "
+            f"stopped and nothing of {names} was written. Reinstall edulib before grading again")
+    suspects.difference_update(done)  # the students still running stay suspects
+    if on_student is not None:
+        on_student([row for name in students if name in done for row in done[name]])

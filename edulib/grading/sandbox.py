@@ -17,13 +17,15 @@ students as root. That mode is recorded as not contained.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import edulib
@@ -136,16 +138,34 @@ def wrap(argv: Sequence[str], snapshot: Path, etc: Path, scratch: str = "/tmp") 
     return [*command, "--", *argv]
 
 
-def own_user() -> int:
-    """A user id no process on this machine runs as now: a tree run as it is held to RLIMIT_NPROC
-    (which the kernel does not apply to root) by its own count alone."""
-    taken = set()
+def own_user(reserved: Collection[int] = ()) -> int:
+    """A user id no process on this machine runs as now, nor in `reserved`: a tree run as it is held
+    to RLIMIT_NPROC (which the kernel does not apply to root) by its own count alone."""
+    taken = set(reserved)
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             taken.add(os.stat(f"/proc/{name}").st_uid)
         except OSError:
             continue
     return next(uid for uid in range(61000, 65000) if uid not in taken)
+
+
+_reserved: set[int] = set()  # the users of the trees this process runs now
+_reserving = threading.Lock()
+
+
+@contextlib.contextmanager
+def user_of_its_own() -> Iterator[int]:
+    """A user id of the tree's own while the block runs: no process runs as it, nor does another tree
+    this grader runs beside it (one chosen but not started yet included)."""
+    with _reserving:
+        uid = own_user(_reserved)
+        _reserved.add(uid)
+    try:
+        yield uid
+    finally:
+        with _reserving:
+            _reserved.discard(uid)
 
 
 def as_user(uid: int, argv: Sequence[str]) -> list[str]:

@@ -136,9 +136,9 @@ def _limits(config: dict, folders: list[str]) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
     if config.get("own_user"):  # the tree runs as a user no other process runs as: its tasks alone
         resource.setrlimit(resource.RLIMIT_NPROC, (config["tree_tasks"],) * 2)
-    elif os.getuid() != 0:  # the kernel does not hold root to a process count
-        mine = sum(uid == os.getuid() for _, _, uid in _processes().values())
-        resource.setrlimit(resource.RLIMIT_NPROC, (mine + config["processes"],) * 2)
+    elif os.getuid() != 0:  # the kernel does not hold root to a process count; the trees graded
+        mine = sum(uid == os.getuid() for _, _, uid in _processes().values())  # beside it count too
+        resource.setrlimit(resource.RLIMIT_NPROC, (mine + config["processes"] + config.get("beside", 0),) * 2)
 
 
 def _oom(folder: str) -> bool:
