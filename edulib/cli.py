@@ -426,7 +426,7 @@ def _add_grade(commands: argparse._SubParsersAction) -> None:
     grader.add_argument("--time-limit", type=_positive, default=None,
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--jobs", "-j", type=_whole, default=None,
-                        help="students graded at once, each in trees of its own (default: one per core)")
+                        help="exercises graded at once, each in trees of its own (default: one per core)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
 

@@ -503,6 +503,12 @@ def test_a_file_that_is_not_an_exercise_is_refused_clearly(tmp_path):
         grade(_submit(tmp_path, "homework", "x = 1"), progress=False)
 
 
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, "2"])
+def test_the_students_graded_at_once_must_be_a_whole_number(tmp_path, jobs):
+    with pytest.raises(ValueError, match=f"jobs={jobs!r}: the exercises graded at once is a whole number"):
+        grade(_submit(tmp_path, "lesson08_hybrid", "x = 1"), progress=False, jobs=jobs)
+
+
 def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tmp_path, monkeypatch, capsys):
     course = tmp_path / "submissions"
     alice = _submit(course / "alice", "notes", "").parent

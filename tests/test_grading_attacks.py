@@ -239,7 +239,7 @@ def test_a_change_while_students_ran_side_by_side_names_every_one_still_running(
 def test_a_class_graded_side_by_side_gets_a_serial_runs_grades(tmp_path):
     """Three students at a time, their ranks on the relay together, give row for row (but seconds) the
     grades of one student after another with the same seed: the reference, a variant, a shortcut
-    and an untouched stub of the ring."""
+    and an untouched stub of the ring (about 18 s: the class is graded twice, 8 trees in all)."""
     name, catalogue = "lesson02_allreduce", ROOT / "tests" / "catalogue" / "lesson02_allreduce"
     plants = {"honest": (ROOT / "solutions" / f"{name}.py").read_text(),
               "mirrored": (catalogue / "correct_mirrored.py").read_text(),
@@ -249,7 +249,7 @@ def test_a_class_graded_side_by_side_gets_a_serial_runs_grades(tmp_path):
     rows = {jobs: [(r.student, r.check, r.points, r.feedback) for r in results]
             for jobs, results in graded.items()}
     assert rows[1] == rows[3]
-    assert {student for student, _, points, _ in rows[1] if points} == {"honest", "mirrored", "lazy"}
+    assert {student for student, _, points, _ in rows[1] if points} == {"honest", "mirrored"}
 
 
 def test_an_interrupted_class_ends_every_tree_at_once(tmp_path):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from edulib.grading import grade
+from edulib.grading.grader import default_jobs
 from edulib.table import format_table
 
 
@@ -60,17 +61,17 @@ def relay_cost(messages: int = 2000, elements: int = 256) -> dict[str, float]:
 
 def bench_grade(students: int = 30) -> str:
     """Time `edulib grade` on the solutions and on a class of `students` (half of them hand in
-    the solutions, half the untouched exercises), against starting Python with torch once; and
-    the relay's cost per message against gloo's."""
+    the solutions, half the untouched exercises), one student at a time and one per core, against
+    starting Python with torch once; and the relay's cost per message against gloo's."""
     root = Path(__file__).resolve().parents[2]  # the checkout: edulib/bench/grade.py
     began = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
     baseline = time.perf_counter() - began
     began = time.perf_counter()
-    grade(root / "solutions", progress=False, sandbox=False)
+    grade(root / "solutions", progress=False, sandbox=False, jobs=1)
     open_run = time.perf_counter() - began
     began = time.perf_counter()
-    solutions = grade(root / "solutions", progress=False)
+    solutions = grade(root / "solutions", progress=False, jobs=1)
     alone = time.perf_counter() - began
     trees = len({r.exercise for r in solutions})
     checking = sum(r.seconds for r in solutions if not r.hidden)
@@ -78,9 +79,11 @@ def bench_grade(students: int = 30) -> str:
         for student in range(students):
             handed_in = root / ("solutions" if student % 2 == 0 else "exercises")
             shutil.copytree(handed_in, Path(folder) / f"s{student:02d}")
-        began = time.perf_counter()
-        results = grade(Path(folder), progress=False)
-        whole = time.perf_counter() - began
+        whole = {}
+        for jobs in sorted({1, default_jobs()}):
+            began = time.perf_counter()
+            results = grade(Path(folder), progress=False, jobs=jobs, seed=0)
+            whole[jobs] = time.perf_counter() - began
     perfect = sum(r.points == r.max_points for r in results) / len(results)
     measure = "from edulib.bench.grade import relay_cost; print(relay_cost())"
     probe = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, check=True)
@@ -91,10 +94,10 @@ def bench_grade(students: int = 30) -> str:
             ("  the same with --no-sandbox", f"{open_run:.1f} s", f"{open_run / baseline:.1f}x"),
             ("  of which the checks themselves (after each tree's start)", f"{checking:.1f} s",
              f"{checking / baseline:.1f}x"),
-            (f"a class of {students} (half solutions, half untouched exercises), sandboxed",
-             f"{whole / 60:.1f} min",
-             f"{whole / baseline:.0f}x"),
-            ("  per student", f"{whole / students:.1f} s", f"{whole / students / baseline:.1f}x"),
+            *[row for jobs, took in whole.items() for row in (
+                (f"a class of {students} (half solutions, half untouched exercises), sandboxed, "
+                 f"--jobs {jobs}", f"{took / 60:.1f} min", f"{took / baseline:.0f}x"),
+                ("  per student", f"{took / students:.1f} s", f"{took / students / baseline:.1f}x"))],
             ("a message of 1 KiB between 2 ranks on gloo (baseline of the next row)",
              f"{cost['gloo'] * 1e6:.0f} us", "1.0x"),
             ("  the same through the grader's relay (graded ranks)", f"{cost['relay'] * 1e6:.0f} us",

@@ -620,9 +620,9 @@ def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list
 
 
 def default_jobs() -> int:
-    """Students graded at once by default: one per core this process may use. A tree's ranks share
-    its student's core; they are idle most of a tree's life (Python starting, the import, the
-    judge), so one student per core keeps the cores busy without slowing a check past its limit."""
+    """Exercises graded at once by default: one per core this process may use. A tree's ranks share
+    its core; they are idle most of a tree's life (Python starting, the import, the judge), so one
+    tree per core keeps the cores busy without slowing a check past its limit."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
@@ -633,13 +633,14 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
 
     `sandbox` (the default) runs each tree in bubblewrap: an error if it is missing. Without it,
     the rows say the run was not contained. `seed` draws the hidden cases: a secret one by default,
-    recorded in every row so that `seed=` reproduces the run. `jobs` students are graded at once
+    recorded in every row so that `seed=` reproduces the run. `jobs` exercises are graded at once
     (`default_jobs()` by default), each in trees of its own with its own limits; the rows are those
-    of one student after another, in the class's order. `on_student` gets every row so far (of the
-    students graded, in that order) after each student, so reports can be written as grading goes."""
+    of one student after another, in the class's order, whatever finished first. `on_student` gets
+    every row so far (of the students graded, in that order) after each student, so reports can be
+    written as grading goes."""
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: the students graded at once is a whole number, 1 or more")
+        raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
     students, found = find_submissions(Path(path))
     warnings = [] if warnings is None else warnings
     warnings += found
@@ -662,7 +663,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
         os.chmod(work, 0o711)
         taken = snapshot.take(students, warnings, Path(work) / "submissions")
-        beside = min(jobs, len(taken)) - 1
+        beside = min(jobs, sum(map(len, taken.values()))) - 1
         jail = (_Jail(bubblewrap.write_etc(Path(work) / "etc"), "bubblewrap",
                       bubblewrap.unprivileged_sandbox(), beside) if sandbox
                 else _Jail(None, bubblewrap.uncontained(), beside=beside))
@@ -671,66 +672,71 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
                             "user can read, the solutions included")
         stop, drawn = threading.Event(), threading.Lock()
 
-        def one(student: str) -> list[Result]:
-            """Every exercise of one student, one after another."""
-            mine: list[Result] = []
-            for exercise, file in taken[student].items():
-                if file is None or isinstance(file, Refused):
-                    why = file or f"missing: {exercise}.py was not handed in"
-                    mine += _not_graded(student, exercise, why, seed)
-                    continue
-                mine += grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
-                                       limits=limits, jail=jail, warnings=warnings,
-                                       original=students[student][exercise], stop=stop)
-                if bar is not None:
-                    with drawn:
-                        bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
-                        bar.update(len(CHECKS[exercise]))
-            return mine
+        def one(task: tuple[str, str]) -> list[Result]:
+            """One exercise of one student."""
+            student, exercise = task
+            file = taken[student][exercise]
+            if file is None or isinstance(file, Refused):
+                why = file or f"missing: {exercise}.py was not handed in"
+                return _not_graded(student, exercise, why, seed)
+            rows = grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit, limits=limits,
+                                  jail=jail, warnings=warnings, original=students[student][exercise],
+                                  stop=stop)
+            if bar is not None:
+                with drawn:
+                    bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
+                    bar.update(len(CHECKS[exercise]))
+            return rows
 
-        done = _in_parallel(one, list(taken), jobs, stop, before, on_student)
+        tasks = [(student, exercise) for student, exercises in taken.items() for exercise in exercises]
+        done = _in_parallel(one, tasks, jobs, stop, before, on_student)
     if bar is not None:
         bar.close()
-    return [row for student in taken for row in done[student]]
+    return [row for task in tasks for row in done[task]]
 
 
-def _in_parallel(one: Callable[[str], list[Result]], students: list[str], jobs: int, stop: threading.Event,
-                 before: str, on_student: Callable[[list[Result]], None] | None) -> dict[str, list[Result]]:
-    """Grade the students, `jobs` at a time; each student's rows. After each student, the installed
-    edulib is fingerprinted: if it changed, grading stops and no row of a student whose code may
-    have run since the last clean look is kept. Any exception (Ctrl-C included) sets `stop`, which
-    ends every tree running, and is raised once they are gone."""
-    done: dict[str, list[Result]] = {}
+def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tuple[str, str]], jobs: int,
+                 stop: threading.Event, before: str,
+                 on_student: Callable[[list[Result]], None] | None) -> dict[tuple[str, str], list[Result]]:
+    """Grade the (student, exercise) tasks, `jobs` at a time, in their order; each one's rows. When a
+    student's last exercise is in, the installed edulib is fingerprinted: if it changed, grading
+    stops and no row is kept of a student whose code may have run since the last clean look. Any
+    exception (Ctrl-C included) sets `stop`, which ends every tree running within a second, and is
+    raised once they are gone."""
+    done: dict[tuple[str, str], list[Result]] = {}
+    left = {student: sum(task[0] == student for task in tasks) for student, _ in tasks}  # tasks not in yet
+    written: list[str] = []  # the students found intact, in the class's order
     suspects: set[str] = set()  # students whose code ran since the installed edulib was last found intact
+
+    def settle(future: Future, task: tuple[str, str]) -> None:
+        done[task] = future.result()
+        student = task[0]
+        left[student] -= 1
+        if left[student]:
+            return
+        if integrity.fingerprint() != before:
+            names = ", ".join(sorted(suspects))
+            raise integrity.Tampered(
+                f"the installed edulib or site-packages changed while the code of {names} ran; grading "
+                f"stopped and nothing of {names} was written. Reinstall edulib before grading again")
+        suspects.difference_update(name for name in left if not left[name])  # the others still run
+        written.append(student)
+        if on_student is not None:
+            order = [name for name in left if name in written]
+            on_student([row for task in tasks if task[0] in order for row in done[task]])
+
     with ThreadPoolExecutor(jobs, thread_name_prefix="edulib-grade") as pool:
-        running: dict[Future, str] = {}
+        running: dict[Future, tuple[str, str]] = {}
         try:
-            for student in students:
-                while len(running) >= jobs:
+            for task in [*tasks, None]:
+                while running and (task is None or len(running) >= jobs):
                     finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in finished:
-                        _settle(future, running.pop(future), done, suspects, before, students, on_student)
-                running[pool.submit(one, student)] = student
-                suspects.add(student)
-            while running:
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    _settle(future, running.pop(future), done, suspects, before, students, on_student)
+                        settle(future, running.pop(future))
+                if task is not None:
+                    running[pool.submit(one, task)] = task
+                    suspects.add(task[0])
         except BaseException:
             stop.set()  # every tree still running ends within a second; the pool waits for them
             raise
     return done
-
-
-def _settle(future: Future, student: str, done: dict[str, list[Result]], suspects: set[str], before: str,
-            students: list[str], on_student: Callable[[list[Result]], None] | None) -> None:
-    """Take one student's rows once they are in, if the installed edulib is still as it was."""
-    done[student] = future.result()
-    if integrity.fingerprint() != before:
-        names = ", ".join(sorted(suspects))
-        raise integrity.Tampered(
-            f"the installed edulib or site-packages changed while the code of {names} ran; grading "
-            f"stopped and nothing of {names} was written. Reinstall edulib before grading again")
-    suspects.difference_update(done)  # the students still running stay suspects
-    if on_student is not None:
-        on_student([row for name in students if name in done for row in done[name]])
