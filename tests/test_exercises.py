@@ -138,7 +138,7 @@ def _texts(path: Path) -> list[str]:
 
 def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_path):
     from edulib.cli import main
-    from edulib.grading.release import score_cell
+    from edulib.grading.release import COMPARE, score_cell
 
     course = tmp_path / "course"
     assert main(["release", str(course), "--requirement", "edulib[lab] @ file:///srv/edulib"]) == 0
@@ -155,12 +155,20 @@ def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_pa
             said = "\n".join(_texts(path))
             leaked = [line for line in answers if line in said]
             assert leaked == [], f"{path.relative_to(course)} holds solution lines {leaked[:3]}"
-    cleared = 0
+    assert main(["release", str(tmp_path / "after"), "--after-deadline"]) == 0
+    cleared, compared = 0, 0
     for lesson in sorted((course / "notebooks").glob("*.ipynb")):
-        cells = json.loads(lesson.read_text())["cells"]
+        before = json.loads(lesson.read_text())["cells"]
+        cells = json.loads((tmp_path / "after" / "notebooks" / lesson.name).read_text())["cells"]
         original = json.loads((ROOT / "notebooks" / lesson.name).read_text())["cells"]
         index = score_cell(cells)
         assert [c["source"] for c in cells] == [c["source"] for c in original], lesson.name
+        assert not any(COMPARE in "".join(c["source"]) for c in before), (
+            f"{lesson.name} compares with edulib's version before the deadline")
+        kept = [c for c in cells if c not in before]
+        assert all(COMPARE in "".join(c["source"]) or "getsource(" in "".join(c["source"]) for c in kept)
+        assert [c["source"] for c in before] == [c["source"] for c in cells if c not in kept], lesson.name
+        compared += bool(kept)
         if index is None:
             assert cells == original, lesson.name
             continue
@@ -169,6 +177,7 @@ def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_pa
         assert all(not c.get("outputs") for c in cells[index + 1:]), f"{lesson.name} shows answers"
         cleared += sum(bool(c.get("outputs")) for c in original[index + 1:])
     assert cleared >= 8, "the lessons' comparisons with edulib's version after their score cells"
+    assert compared >= 8, "the comparisons come back after the deadline"
 
 
 def test_a_release_refuses_a_full_folder_and_a_lesson_saved_with_points(tmp_path):

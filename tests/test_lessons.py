@@ -61,6 +61,45 @@ def test_each_lesson_fits_a_lab_and_asks_for_predictions_before_it_answers_them(
             f"{lesson}: the prediction in cell {index} is not followed by the cell that checks it")
 
 
+MEASURE = re.compile(r"(?<![\w.])(\d[\d,]*\.?\d*)\s*(%|x\b|bytes|B\b|GB|GiB|MiB|KiB|MB|kB|ms|us|µs|s\b|"
+                     r"devices|ranks|times|all-reduces|messages|blocks|steps)")
+
+
+def _measures(text: str) -> set[tuple[str, str]]:
+    """The quantities a text states: numbers of two digits or more with their unit ("16 bytes", "44.6 %")."""
+    return {(number.rstrip(".,").replace(",", ""), unit) for number, unit in MEASURE.findall(text)
+            if len(number.rstrip(".,").replace(",", "").replace(".", "")) >= 2}
+
+
+def _printed(cell: dict) -> str:
+    return "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                   for o in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))
+def test_no_prediction_is_answered_in_the_prose_before_it(lesson):
+    """A prediction is a markdown cell that asks for one (`ASKED`); its answer is what the next code
+    cell prints. The prose of the prediction's section before the question (since the last
+    heading) must not already state a quantity of that answer: a number of two digits or more with
+    the same unit, other than those the question itself gives. It recognises stated numbers, not
+    answers in words ("one all-reduce forward"): those are read by the course's reviewers."""
+    cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"]
+    for index, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        asked = ASKED.search(text) if cell["cell_type"] == "markdown" else None
+        if asked is None or index + 1 >= len(cells):
+            continue
+        section = [text[:asked.start()]]
+        for earlier in reversed(cells[:index]):
+            prose = "".join(earlier["source"]) if earlier["cell_type"] == "markdown" else ""
+            section.append(re.split(r"^#+ .*$", prose, flags=re.MULTILINE)[-1])
+            if re.search(r"^#+ ", prose, re.MULTILINE):
+                break
+        answer = _measures(_printed(cells[index + 1])) - _measures(text[asked.start():])
+        told = answer & _measures(" ".join(section))
+        assert not told, f"{lesson}: cell {index} asks for a prediction that the prose above states: {told}"
+
+
 def _table_column(text: str, pattern: str) -> list[str]:
     """The first column of every table row of `text` whose first cell matches `pattern`."""
     return re.findall(rf"^\| `({pattern})` \|", text, re.MULTILINE)
@@ -71,6 +110,10 @@ def test_lessons_exercises_score_cells_and_tables_stay_in_step():
 
     lessons = sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb"))
     assert [int(name[:2]) for name in lessons] == list(range(len(lessons))), lessons
+    cells = json.loads((NOTEBOOKS / f"{lessons[0]}.ipynb").read_text())["cells"]
+    coming = "".join("".join(cell["source"]) for cell in cells).partition("## What comes next")[2]
+    listed = re.findall(r"^\| (\d\d) ", coming, re.MULTILINE)
+    assert listed == [name[:2] for name in lessons[1:]], f"00's table of what comes next lists {listed}"
     readme = (ROOT / "README.md").read_text()
     assert _table_column(readme, r"\d\d_\w+") == lessons, "README's table of the labs"
     assert _table_column(readme, r"lesson\d\d_\w+") == list(CHECKS), "README's table of the exercises"

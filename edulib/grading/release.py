@@ -1,6 +1,8 @@
 """What students receive (`edulib release DEST`): the lessons with nothing saved after their score
-cells, the exercises freshly generated as stubs, a README for students and the requirement that
-installs edulib; never solutions/, tests/ or the instructors' notes."""
+cells and without their comparison with edulib's version, the exercises freshly generated as
+stubs, a README for students and the requirement that installs edulib; never solutions/, tests/ or
+the instructors' notes. After the due date, `edulib release --after-deadline DEST` gives the same
+lessons with the comparisons."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import edulib
 from edulib.grading.generate import generate
 
 SCORE = re.compile(r'score\("(\w+)"')
+COMPARE = "## Compare with edulib's version"  # the heading of a lesson's section that shows edulib's answer
 
 
 def course_root() -> Path:
@@ -32,10 +35,29 @@ def score_cell(cells: list[dict]) -> int | None:
                  if cell["cell_type"] == "code" and SCORE.search("".join(cell["source"]))), None)
 
 
-def student_notebook(notebook: dict, name: str) -> dict:
+def comparison(cells: list[dict]) -> list[int]:
+    """The indices of a lesson's comparison with edulib's version: its heading's cell and the code
+    cells after it that print edulib's source (inspect.getsource), up to the first that does not."""
+    start = next((index for index, cell in enumerate(cells)
+                  if cell["cell_type"] == "markdown" and "".join(cell["source"]).startswith(COMPARE)), None)
+    if start is None:
+        return []
+    found = [start]
+    for index in range(start + 1, len(cells)):
+        if cells[index]["cell_type"] != "code" or "getsource(" not in "".join(cells[index]["source"]):
+            break
+        found.append(index)
+    return found
+
+
+def student_notebook(notebook: dict, name: str, after_deadline: bool = False) -> dict:
     """A lesson as students receive it: every saved output after the score cell cleared, and the
-    score cell's own output the untouched exercises' 0 points (else a ValueError naming the lesson)."""
+    score cell's own output the untouched exercises' 0 points (else a ValueError naming the lesson);
+    before the deadline, without its comparison with edulib's version."""
     notebook = copy.deepcopy(notebook)
+    if not after_deadline:
+        shown = set(comparison(notebook["cells"]))
+        notebook["cells"] = [cell for index, cell in enumerate(notebook["cells"]) if index not in shown]
     cells = notebook["cells"]
     index = score_cell(cells)
     if index is None:
@@ -51,9 +73,10 @@ def student_notebook(notebook: dict, name: str) -> dict:
     return notebook
 
 
-def release(destination: Path, requirement: str = "edulib[lab]") -> list[Path]:
+def release(destination: Path, requirement: str = "edulib[lab]", after_deadline: bool = False) -> list[Path]:
     """Write the student release into `destination` (new or empty); return the files written.
-    `requirement` is what students pip-install to get edulib (a package name or a URL)."""
+    `requirement` is what students pip-install to get edulib (a package name or a URL);
+    `after_deadline` keeps each lesson's comparison with edulib's version after its score cell."""
     root, destination = course_root(), Path(destination)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise ValueError(f"{destination} already holds files; a release goes into a new or empty folder")
@@ -62,7 +85,7 @@ def release(destination: Path, requirement: str = "edulib[lab]") -> list[Path]:
     (destination / "requirements.txt").write_text(f"{requirement}\n")
     shutil.copy2(root / "docs" / "students.md", destination / "README.md")
     for lesson in sorted((root / "notebooks").glob("*.ipynb")):
-        notebook = student_notebook(json.loads(lesson.read_text()), lesson.stem)
+        notebook = student_notebook(json.loads(lesson.read_text()), lesson.stem, after_deadline)
         (destination / "notebooks" / lesson.name).write_text(json.dumps(notebook, indent=1,
                                                                         ensure_ascii=False) + "\n")
     generate(root / "solutions", destination / "exercises")
