@@ -12,10 +12,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   holding its shard of the state, not all of it. Visible cases: 3 steps, length 10 on 3 ranks; 3
   steps, length 7 on 2 ranks; 3 steps, length 2,097,152 on 4 ranks, each rank's memory weighed.
   Hidden cases: empty shards, 4 ranks, other lengths and weight decays.
-- ZeRO-3 unit, 3 + 3 points: output and gradients equal to the full layer's; the full weights
-  gathered for the forward, gathered again and the gradient reduce-scattered in the backward.
-  Visible cases: 2 ranks, a 4 -> 3 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks, other layer
-  sizes, empty shards.
+- ZeRO-3 unit (optional), 3 + 3 points of extra credit: output and gradients equal to the full
+  layer's; the full weights gathered for the forward, gathered again and the gradient
+  reduce-scattered in the backward. Visible cases: 2 ranks, a 4 -> 3 layer, batch 2 per rank. Hidden
+  cases: 3 and 4 ranks, other layer sizes, empty shards.
 """
 
 from __future__ import annotations

@@ -34,9 +34,10 @@ def relay_ping_pong(messages: int, elements: int) -> float:
     return (time.perf_counter() - began) / messages
 
 
-def relay_cost(messages: int = 2000, elements: int = 256) -> dict[str, float]:
+def relay_cost(messages: int = 800, elements: int = 256) -> dict[str, float]:
     """Seconds per message between two ranks: through the grader's relay, and on gloo (in a fresh
-    process: the relay's ranks are forked from it)."""
+    process: the relay's ranks are forked from it). The relay logs the values of small messages up
+    to 1 MiB a case (`relay.MAX_VALUES`): 800 messages of 1 KiB stay under it."""
     import threading
 
     from edulib.grading.relay import Relay, join
@@ -64,6 +65,9 @@ def bench_grade(students: int = 30) -> str:
     the solutions, half the untouched exercises), one student at a time and one per core, against
     starting Python with torch once; and the relay's cost per message against gloo's."""
     root = Path(__file__).resolve().parents[2]  # the checkout: edulib/bench/grade.py
+    measure = "from edulib.bench.grade import relay_cost; print(relay_cost())"
+    probe = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, check=True)
+    cost = ast.literal_eval(probe.stdout.strip().splitlines()[-1])
     began = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch"], check=True)
     baseline = time.perf_counter() - began
@@ -84,10 +88,8 @@ def bench_grade(students: int = 30) -> str:
             began = time.perf_counter()
             results = grade(Path(folder), progress=False, jobs=jobs, seed=0)
             whole[jobs] = time.perf_counter() - began
+            print(f"a class of {students} at --jobs {jobs}: {whole[jobs]:.0f} s", file=sys.stderr)
     perfect = sum(r.points == r.max_points for r in results) / len(results)
-    measure = "from edulib.bench.grade import relay_cost; print(relay_cost())"
-    probe = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, check=True)
-    cost = ast.literal_eval(probe.stdout.strip().splitlines()[-1])
     rows = [("python -c 'import torch' (baseline)", f"{baseline:.2f} s", "1.0x"),
             (f"edulib grade solutions/ ({trees} exercises, one process tree each), sandboxed",
              f"{alone:.1f} s", f"{alone / baseline:.1f}x"),

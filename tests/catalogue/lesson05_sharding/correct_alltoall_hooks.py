@@ -7,7 +7,7 @@ backward) feeding an ordinary F.linear, while saved_tensors_hooks keep autograd 
 gathered weight (it packs it as a marker and gathers it again when the backward unpacks it)."""
 # expect: shard bounds = full
 # expect: gather and reduce-scatter = full
-# expect: ZeRO-3 unit = full
+# expect: ZeRO-3 unit (optional) = full
 
 from __future__ import annotations
 

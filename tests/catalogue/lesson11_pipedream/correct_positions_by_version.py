@@ -8,7 +8,7 @@ reference-counted (micro-batches in flight on it, forwards still to run on it), 
 soon as both counts are zero and it is not the newest."""
 # expect: version plan = full
 # expect: versions held = full
-# expect: weight stash on real ranks = full
+# expect: weight stash on real ranks (optional) = full
 
 from __future__ import annotations
 

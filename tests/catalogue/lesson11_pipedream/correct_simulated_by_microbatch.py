@@ -8,7 +8,7 @@ itself when no micro-batch and not the newest refers to it; gradients are caught
 forward's fresh leaves, so the stash keeps no autograd tensors of its own."""
 # expect: version plan = full
 # expect: versions held = full
-# expect: weight stash on real ranks = full
+# expect: weight stash on real ranks (optional) = full
 
 from __future__ import annotations
 

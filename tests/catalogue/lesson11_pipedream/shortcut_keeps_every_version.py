@@ -1,7 +1,7 @@
 """Shortcut: a weight stash that never lets a version go: every update's weights stay in a list,
 and a forward looks its version up there. The final weights are right; the memory grows with
 every update, where PipeDream keeps only the versions a micro-batch in flight still needs."""
-# expect: weight stash on real ranks = 0
+# expect: weight stash on real ranks (optional) = 0
 
 import torch
 from torch import nn
