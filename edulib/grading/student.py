@@ -310,7 +310,11 @@ def _sharded_adamw(student: ModuleType, case: dict) -> Generator[None, None, dic
 def _zero3_unit(student: ModuleType, case: dict) -> Generator[None, None, dict]:
     """The student's ZeroThreeLinear on this rank's batch, in two phases: the forward, then the
     backward (the grader cuts the relay's log between them); the output and the gradients."""
-    unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
+    try:
+        unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
+    except NotImplementedError as missing:  # the stub's own __init__ is whole: the hint is shard_bounds'
+        raise NotImplementedError(f"ZeroThreeLinear's __init__ calls your shard_bounds first: {missing}"
+                                  ) from None
     x = case["x"].clone().requires_grad_()
     y = unit(x)
     yield
