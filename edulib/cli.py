@@ -287,6 +287,7 @@ def _grade_command(options: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edulib.grading import find_submissions, grade, report, write_csv, write_gradescope, write_json
+    from edulib.grading.cache import GradeCache, default_folder
     from edulib.grading.integrity import Tampered
     from edulib.grading.sandbox import SandboxMissing
 
@@ -303,7 +304,8 @@ def _grade_command(options: argparse.Namespace) -> int:
     warnings: list[str] = []
     try:
         results = grade(Path(options.path), options.time_limit, progress=not options.quiet, seed=options.seed,
-                        sandbox=options.sandbox, warnings=warnings, on_student=write, jobs=options.jobs)
+                        sandbox=options.sandbox, warnings=warnings, on_student=write, jobs=options.jobs,
+                        cache=GradeCache(options.cache or default_folder()), resume=options.resume)
     except (SandboxMissing, Tampered) as error:
         print(f"edulib grade: {error}", file=sys.stderr)
         return 2
@@ -429,6 +431,12 @@ def _add_grade(commands: argparse._SubParsersAction) -> None:
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--jobs", "-j", type=_whole, default=None,
                         help="exercises graded at once, each in trees of its own (default: one per core)")
+    grader.add_argument("--resume", action="store_true",
+                        help="take the grades of every file, seed and run unchanged since an interrupted run "
+                             "from the cache instead of grading them again (and, without --seed, its seed)")
+    grader.add_argument("--cache", type=Path, default=None,
+                        help="where grades are kept for --resume (default: $XDG_CACHE_HOME/edulib/grades, "
+                             "or ~/.cache/edulib/grades)")
     grader.add_argument("--quiet", action="store_true", help="no progress bar")
     grader.set_defaults(handler=_grade_command)
 

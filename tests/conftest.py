@@ -77,3 +77,10 @@ def no_leftover_ranks():
     allowed = before | {pid for pool in _shared for pid in pool.pids}
     left = wait_until_gone(rank_processes() - allowed)
     assert not left, f"rank processes left behind: {sorted(left)}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _graders_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`edulib grade` keeps grades in the user's cache folder for --resume: the suite's go to a
+    folder of its own, not the home folder of whoever runs it."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))

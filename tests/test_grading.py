@@ -348,7 +348,8 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
     ("lesson05_sharding", "return grad @ weight, reduce_scatter_mean(full), None, None",
      "dist.all_reduce(full)\n"
      "        low, high = shard_bounds(full.numel(), dist.get_world_size())[dist.get_rank():][:2]\n"
-     "        return grad @ weight, full[low:high] / dist.get_world_size(), None, None", "ZeRO-3 unit (optional)",
+     "        return grad @ weight, full[low:high] / dist.get_world_size(), None, None",
+     "ZeRO-3 unit (optional)",
      "rank 0 received 92 bytes in the backward; gathering the 7 parameters it lacks again and "
      "reduce-scattering its shard of 8 takes 60 to 64"),
     ("lesson07_experts", "return y * gate[:, None]", "return y", "expert parallelism",

@@ -252,6 +252,35 @@ def test_a_class_graded_side_by_side_gets_a_serial_runs_grades(tmp_path):
     assert {student for student, _, points, _ in rows[1] if points} == {"honest", "mirrored"}
 
 
+def test_an_interrupted_class_resumes_with_the_grades_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    """Ctrl-C after the first student; `resume` grades only the rest, with the seed the class was
+    graded with, and gives row for row (but seconds) an uninterrupted run's grades; a file changed
+    since is graded again, and a kept grade is found only under its own file's key."""
+    from edulib.grading import grader
+    from edulib.grading.cache import GradeCache
+
+    graded: list[str] = []
+    real = grader.grade_exercise
+    monkeypatch.setattr(grader, "grade_exercise", lambda student, *a, **k: graded.append(student) or real(
+        student, *a, **k))
+    cache = GradeCache(tmp_path / "cache")
+
+    def interrupt(rows: list) -> None:
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _class(tmp_path, {"abel": SOLUTION, "zed": STUB}, on_student=interrupt, jobs=1, cache=cache)
+    first, graded[:] = list(graded), []
+    _, resumed, _ = _class(tmp_path, {"abel": SOLUTION, "zed": STUB}, jobs=1, cache=cache, resume=True)
+    assert first == ["abel"] and graded == ["zed"], (first, graded)
+    seed = resumed[0].seed
+    _, fresh, _ = _class(tmp_path / "again", {"abel": SOLUTION, "zed": STUB}, jobs=1, seed=seed)
+    assert [(r.student, r.check, r.points, r.feedback) for r in resumed] == [
+        (r.student, r.check, r.points, r.feedback) for r in fresh]
+    graded[:] = []
+    points, _, _ = _class(tmp_path, {"abel": STUB, "zed": STUB}, jobs=1, cache=cache, resume=True)
+    assert graded == ["abel"] and points == {"abel": 0, "zed": 0}, "a file changed since is graded again"
+
+
 def test_an_interrupted_class_ends_every_tree_at_once(tmp_path):
     """Ctrl-C (here: raised when the first student is written) while a classmate's import sleeps for
     a minute: grading stops within seconds and no process of any tree is left."""

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
@@ -40,6 +41,9 @@ from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.grading.student import ON_RANKS
 from edulib.progress import progress_bar
+
+if TYPE_CHECKING:
+    from edulib.grading.cache import GradeCache
 
 WARDEN = Path(__file__).with_name("warden.py")
 STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Python, torch, the import
@@ -628,7 +632,8 @@ def default_jobs() -> int:
 
 def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int | None = None,
           sandbox: bool = True, limits: Limits = Limits(), warnings: list[str] | None = None,
-          on_student: Callable[[list[Result]], None] | None = None, jobs: int | None = None) -> list[Result]:
+          on_student: Callable[[list[Result]], None] | None = None, jobs: int | None = None,
+          cache: GradeCache | None = None, resume: bool = False) -> list[Result]:
     """Grade one exercise file, one student's folder, or a class folder of student folders.
 
     `sandbox` (the default) runs each tree in bubblewrap: an error if it is missing. Without it,
@@ -637,7 +642,10 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     (`default_jobs()` by default), each in trees of its own with its own limits; the rows are those
     of one student after another, in the class's order, whatever finished first. `on_student` gets
     every row so far (of the students graded, in that order) after each student, so reports can be
-    written as grading goes."""
+    written as grading goes. With a `cache`, each exercise's rows are kept there once its student
+    is graded (and the installed edulib found intact); `resume` takes from it the rows of every
+    file, seed and run unchanged instead of grading them again, and, without a `seed`, the seed
+    this class was last graded with."""
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
         raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
@@ -654,7 +662,17 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             "(sandbox=False): student code can then read anything this user can, the solutions included")
     if not sandbox:
         bubblewrap.refuse_root()
+    if cache is not None and not sandbox and not bubblewrap.drops_privileges():
+        warnings.append("grades are not kept for --resume: without the sandbox, student code runs as this "
+                        "user and could write them")
+        cache, resume = None, False
+    if resume and cache is None:
+        raise ValueError("resume=True takes the grades kept in a cache: pass cache=GradeCache(folder)")
+    if resume and seed is None:
+        seed = cache.seed(Path(path))
     seed = secrets.randbelow(2**31) if seed is None else seed
+    if cache is not None:
+        cache.remember_seed(Path(path), seed)
     integrity.preload()
     before = integrity.fingerprint()
     total = sum(len(CHECKS[name]) for exercises in students.values()
@@ -671,6 +689,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             warnings.append(f"graded without a sandbox ({jail.state}): student code could read what this "
                             "user can read, the solutions included")
         stop, drawn = threading.Event(), threading.Lock()
+        fresh: dict[tuple[str, str], str] = {}  # the cache's key of each exercise graded in this run
 
         def one(task: tuple[str, str]) -> list[Result]:
             """One exercise of one student."""
@@ -679,9 +698,15 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             if file is None or isinstance(file, Refused):
                 why = file or f"missing: {exercise}.py was not handed in"
                 return _not_graded(student, exercise, why, seed)
-            rows = grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit, limits=limits,
-                                  jail=jail, warnings=warnings, original=students[student][exercise],
-                                  stop=stop)
+            key = cache and cache.key(student, exercise, file.read_bytes(), seed, time_limit, sandbox,
+                                      limits, before)
+            rows = cache.rows(key) if resume and key else None
+            if rows is None:
+                rows = grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
+                                      limits=limits, jail=jail, warnings=warnings,
+                                      original=students[student][exercise], stop=stop)
+                if key:
+                    fresh[task] = key
             if bar is not None:
                 with drawn:
                     bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
@@ -689,15 +714,22 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             return rows
 
         tasks = [(student, exercise) for student, exercises in taken.items() for exercise in exercises]
-        done = _in_parallel(one, tasks, jobs, stop, before, on_student)
+
+        def intact(student: str, done: dict[tuple[str, str], list[Result]]) -> None:
+            """Keep a student's freshly graded exercises, now that the installed edulib is found intact."""
+            for task in tasks:
+                if task[0] == student and task in fresh:
+                    cache.keep(fresh[task], done[task])
+
+        done = _in_parallel(one, tasks, jobs, stop, before, on_student, intact if cache else None)
     if bar is not None:
         bar.close()
     return [row for task in tasks for row in done[task]]
 
 
 def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tuple[str, str]], jobs: int,
-                 stop: threading.Event, before: str,
-                 on_student: Callable[[list[Result]], None] | None) -> dict[tuple[str, str], list[Result]]:
+                 stop: threading.Event, before: str, on_student: Callable[[list[Result]], None] | None,
+                 intact: Callable[[str, dict], None] | None = None) -> dict[tuple[str, str], list[Result]]:
     """Grade the (student, exercise) tasks, `jobs` at a time, in their order; each one's rows. When a
     student's last exercise is in, the installed edulib is fingerprinted: if it changed, grading
     stops and no row is kept of a student whose code may have run since the last clean look. Any
@@ -721,6 +753,8 @@ def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tup
                 f"stopped and nothing of {names} was written. Reinstall edulib before grading again")
         suspects.difference_update(name for name in left if not left[name])  # the others still run
         written.append(student)
+        if intact is not None:
+            intact(student, done)
         if on_student is not None:
             order = [name for name in left if name in written]
             on_student([row for task in tasks if task[0] in order for row in done[task]])
