@@ -290,6 +290,7 @@ def _grade_command(options: argparse.Namespace) -> int:
     from edulib.grading.cache import GradeCache, default_folder
     from edulib.grading.integrity import Tampered
     from edulib.grading.sandbox import SandboxMissing
+    from edulib.grading.summary import write_summary
 
     one_student = len(find_submissions(Path(options.path))[0]) == 1
 
@@ -300,6 +301,8 @@ def _grade_command(options: argparse.Namespace) -> int:
             write_csv(results, Path(options.csv))
         if options.gradescope:
             write_gradescope(results, Path(options.gradescope), one_student)
+        if options.summary:
+            write_summary(results, Path(options.summary))
 
     warnings: list[str] = []
     try:
@@ -313,7 +316,7 @@ def _grade_command(options: argparse.Namespace) -> int:
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
     print(report(results))
-    for option in (options.report, options.csv, options.gradescope):
+    for option in (options.report, options.csv, options.gradescope, options.summary):
         if option:
             print(f"written: {option}")
     return 0
@@ -431,6 +434,9 @@ def _add_grade(commands: argparse._SubParsersAction) -> None:
                         help="CPU seconds per check (default: each check's own)")
     grader.add_argument("--jobs", "-j", type=_whole, default=None,
                         help="exercises graded at once, each in trees of its own (default: one per core)")
+    grader.add_argument("--summary", default=None, metavar="FILE.html",
+                        help="write the class at a glance: each check's points and commonest feedback, the "
+                             "slowest students, what a limit stopped")
     grader.add_argument("--resume", action="store_true",
                         help="take the grades of every file, seed and run unchanged since an interrupted run "
                              "from the cache instead of grading them again (and, without --seed, its seed)")

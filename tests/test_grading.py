@@ -4,6 +4,7 @@ feedback says what to fix, and a class's grades come out per student in the form
 from __future__ import annotations
 
 import csv
+import html
 import json
 import random
 import shutil
@@ -531,7 +532,8 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
                     "a copy in a subfolder", "stray.py: ignored, a file outside any student's folder"):
         assert warning in captured.err
     assert main(["grade", "submissions", "--quiet", "--report", "out/grades.json", "--csv", "out/grades.csv",
-                 "--gradescope", "out/gradescope"]) == 0
+                 "--gradescope", "out/gradescope", "--summary", "out/summary.html"]) == 0
+    assert "<h1>2 students</h1>" in (tmp_path / "out" / "summary.html").read_text()
     rows = json.loads((tmp_path / "out" / "grades.json").read_text())
     parts = 2 * sum(map(len, CHECKS.values()))  # each check's visible and hidden cases
     assert len(rows) == 2 * parts and {r["student"] for r in rows} == {"alice", "bob"}
@@ -549,6 +551,26 @@ def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tm
     hidden = [t for t in gradescope["tests"] if t["name"].endswith("(hidden)")]
     assert hidden and all(t["visibility"] == "after_published" for t in hidden)
     assert {"name", "score", "max_score", "output", "visibility"} == set(gradescope["tests"][0])
+
+
+def test_the_summary_shows_how_the_points_fell_what_stopped_and_escapes_every_students_text():
+    from edulib.grading.grader import Result, _Tree, _why
+    from edulib.grading.summary import summary
+
+    looped = _why(_Tree(stage="imported", status={"limit": "cpu_time"}), 30.0)
+    rows = [Result("<b>ann</b>", "lesson01_data_parallelism", "server step", 1, 1, "passed", 2.0),
+            Result("bob", "lesson01_data_parallelism", "server step", 0, 1, looped, 30.0),
+            Result("cy", "lesson01_data_parallelism", "server step", 0, 1, "refused: x.py is not a regular file",
+                   0.0),
+            Result("dee", "lesson01_data_parallelism", "server step", 1, 1, "passed", 1.0)]
+    page = summary(rows)
+    assert "<b>ann</b>" not in page and "&lt;b&gt;ann&lt;/b&gt;" in page
+    assert "<h1>4 students</h1>" in page and "2 full marks" in page
+    assert "1/1: " in page and "0/1: " in page and "2 &times; passed" in page
+    stopped = page.partition("Stopped by a limit or refused")[2]
+    assert "bob" in stopped and "cy" in stopped and "dee" not in stopped and looped in html.unescape(stopped)
+    slowest = page.partition("slowest students")[2]
+    assert slowest.index("bob") < slowest.index("ann")
 
 
 def test_grading_needs_neither_matplotlib_nor_ipywidgets():
