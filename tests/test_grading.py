@@ -558,11 +558,10 @@ def test_the_summary_shows_how_the_points_fell_what_stopped_and_escapes_every_st
     from edulib.grading.summary import summary
 
     looped = _why(_Tree(stage="imported", status={"limit": "cpu_time"}), 30.0)
-    rows = [Result("<b>ann</b>", "lesson01_data_parallelism", "server step", 1, 1, "passed", 2.0),
-            Result("bob", "lesson01_data_parallelism", "server step", 0, 1, looped, 30.0),
-            Result("cy", "lesson01_data_parallelism", "server step", 0, 1, "refused: x.py is not a regular file",
-                   0.0),
-            Result("dee", "lesson01_data_parallelism", "server step", 1, 1, "passed", 1.0)]
+    step = ("lesson01_data_parallelism", "server step")
+    rows = [Result("<b>ann</b>", *step, 1, 1, "passed", 2.0), Result("bob", *step, 0, 1, looped, 30.0),
+            Result("cy", *step, 0, 1, "refused: x.py is not a regular file", 0.0),
+            Result("dee", *step, 1, 1, "passed", 1.0)]
     page = summary(rows)
     assert "<b>ann</b>" not in page and "&lt;b&gt;ann&lt;/b&gt;" in page
     assert "<h1>4 students</h1>" in page and "2 full marks" in page
