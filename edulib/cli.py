@@ -327,10 +327,11 @@ def _release_command(options: argparse.Namespace) -> int:
     from edulib.grading.release import release
 
     written = release(options.destination, options.requirement, options.after_deadline)
+    requirement = (options.destination / "requirements.txt").read_text().strip()
     compared = ("with each lesson's comparison with edulib's version" if options.after_deadline
                 else "without the comparisons with edulib's version (--after-deadline adds them)")
     print(f"wrote {len(written)} files to {options.destination}: notebooks/, exercises/, README.md and "
-          f"requirements.txt ({options.requirement}); no solutions; {compared}")
+          f"requirements.txt ({requirement}); no solutions; {compared}")
     return 0
 
 
@@ -452,8 +453,9 @@ def _add_release(commands: argparse._SubParsersAction) -> None:
     releaser = commands.add_parser(
         "release", help="write what students receive: lessons without saved answers, exercises, no solutions")
     releaser.add_argument("destination", type=Path, help="a new or empty folder")
-    releaser.add_argument("--requirement", default="edulib[lab]",
-                          help="what students pip-install for edulib: a name or a URL (default edulib[lab])")
+    releaser.add_argument("--requirement", default=None,
+                          help="what students pip-install for edulib: a name or a URL (default: this "
+                               "edulib's wheel, put in the release, with the lab's extras)")
     releaser.add_argument("--after-deadline", action="store_true",
                           help="keep each lesson's comparison with edulib's version (after the due date)")
     releaser.set_defaults(handler=_release_command)

@@ -8,6 +8,8 @@ import ast
 import builtins
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,32 @@ def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_pa
         cleared += sum(bool(c.get("outputs")) for c in original[index + 1:])
     assert cleared >= 8, "the lessons' comparisons with edulib's version after their score cells"
     assert compared >= 8, "the comparisons come back after the deadline"
+
+
+def test_a_release_installs_exactly_this_edulib_offline(tmp_path):
+    """The release holds the wheel of the edulib that made it (the name on the package index is
+    another project's), and its requirements.txt installs that file, extras included, with no index
+    reachable (here without dependencies: the test's fresh environment has no torch)."""
+    import zipfile
+
+    import edulib
+    from edulib.grading.release import release
+
+    course = tmp_path / "course"
+    release(course)
+    wheel = next(course.glob("edulib-*.whl"))
+    assert (course / "requirements.txt").read_text() == f"./{wheel.name}[lab]\n"
+    assert {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()} == {
+        "edulib", f"edulib-{edulib.__version__}.dist-info"}, "the package alone: no solutions, no tests"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    offline = ["install", "--quiet", "--no-index", "--no-deps", "-r", "requirements.txt"]
+    subprocess.run([python, "-m", "pip", *offline], cwd=course, check=True)
+    probe = "import edulib; print(edulib.__version__, edulib.__file__)"
+    found = subprocess.run([python, "-c", probe], cwd="/", capture_output=True, text=True, check=True)
+    found = found.stdout.split()
+    assert found[0] == edulib.__version__ and found[1].startswith(str(venv)), found
 
 
 def test_a_release_refuses_a_full_folder_and_a_lesson_saved_with_points(tmp_path):

@@ -1,6 +1,7 @@
 """What students receive (`edulib release DEST`): the lessons with nothing saved after their score
 cells and without their comparison with edulib's version, the exercises freshly generated as
-stubs, a README for students and the requirement that installs edulib; never solutions/, tests/ or
+stubs, a README for students, and the wheel of this edulib with the requirement that installs it
+(the name `edulib` on the package index belongs to another project); never solutions/, tests/ or
 the instructors' notes. After the due date, `edulib release --after-deadline DEST` gives the same
 lessons with the comparisons."""
 
@@ -10,6 +11,8 @@ import copy
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import edulib
@@ -73,15 +76,31 @@ def student_notebook(notebook: dict, name: str, after_deadline: bool = False) ->
     return notebook
 
 
-def release(destination: Path, requirement: str = "edulib[lab]", after_deadline: bool = False) -> list[Path]:
+def build_wheel(root: Path, destination: Path) -> Path:
+    """The wheel of the edulib in the course repository `root`, built into `destination` with what is
+    installed (no index, no build isolation, no dependencies); its path."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--no-index", "--wheel-dir", str(destination), str(root)],
+                           capture_output=True, text=True, check=False)
+    wheels = sorted(Path(destination).glob("edulib-*.whl"))
+    if built.returncode or not wheels:
+        raise ValueError(f"pip could not build edulib's wheel from {root} (it needs pip and setuptools "
+                         f"installed): {built.stderr.strip()[-500:]}")
+    return wheels[-1]
+
+
+def release(destination: Path, requirement: str | None = None, after_deadline: bool = False) -> list[Path]:
     """Write the student release into `destination` (new or empty); return the files written.
-    `requirement` is what students pip-install to get edulib (a package name or a URL);
+    `requirement` is what students pip-install to get edulib (a package name or a URL); by default
+    the release holds this edulib's wheel and installs it, with the lab's extras, from there.
     `after_deadline` keeps each lesson's comparison with edulib's version after its score cell."""
     root, destination = course_root(), Path(destination)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise ValueError(f"{destination} already holds files; a release goes into a new or empty folder")
     (destination / "notebooks").mkdir(parents=True, exist_ok=True)
     (destination / "exercises").mkdir()
+    if requirement is None:  # a path relative to the release, where its README runs pip
+        requirement = f"./{build_wheel(root, destination).name}[lab]"
     (destination / "requirements.txt").write_text(f"{requirement}\n")
     shutil.copy2(root / "docs" / "students.md", destination / "README.md")
     for lesson in sorted((root / "notebooks").glob("*.ipynb")):
