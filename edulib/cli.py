@@ -335,6 +335,15 @@ def _release_command(options: argparse.Namespace) -> int:
     return 0
 
 
+def _autograder_command(options: argparse.Namespace) -> int:
+    """`edulib autograder DEST.zip`: Gradescope's autograder for the course's exercises."""
+    from edulib.grading.autograder import build
+
+    written = build(options.destination, options.exercise)
+    print(f"wrote {written}: upload it as the assignment's autograder (docs/instructors.md)")
+    return 0
+
+
 def _add_tour(commands: argparse._SubParsersAction) -> None:
     """`edulib tour`: check every capability on real ranks."""
     tour = commands.add_parser("tour", help="check every capability on real ranks")
@@ -472,6 +481,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = _add_train(commands)
     _add_grade(commands)
     _add_release(commands)
+    builder = commands.add_parser("autograder", help="write Gradescope's autograder zip for the exercises")
+    builder.add_argument("destination", type=Path, help="the zip to write, e.g. autograder.zip")
+    builder.add_argument("--exercise", action="append", default=None, metavar="NAME",
+                         help="an exercise it grades, e.g. lesson02_allreduce (repeat it; default: all)")
+    builder.set_defaults(handler=_autograder_command)
     options = parser.parse_args(argv)
     if getattr(options, "config", None):  # a file's fields, then the command line's over them
         try:

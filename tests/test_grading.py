@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import html
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -570,6 +571,45 @@ def test_the_summary_shows_how_the_points_fell_what_stopped_and_escapes_every_st
     assert "bob" in stopped and "cy" in stopped and "dee" not in stopped and looped in html.unescape(stopped)
     slowest = page.partition("slowest students")[2]
     assert slowest.index("bob") < slowest.index("ann")
+
+
+def test_the_gradescope_autograder_grades_a_submission_into_its_schema(tmp_path):
+    """The zip unpacked where Gradescope puts it (its venv here: this one, since setup.sh needs the
+    network), then run_autograder on a correct and on an untouched submission: results.json in
+    Gradescope's schema, hidden parts visible once published, only the zip's exercise (about 20 s:
+    a wheel built, and two gradings each in a Python of their own)."""
+    import zipfile
+
+    name = "lesson08_hybrid"
+    assert main(["autograder", str(tmp_path / "autograder.zip"), "--exercise", name]) == 0
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(tmp_path / "autograder.zip") as archive:
+        archive.extractall(root / "source")
+        for run in ("setup.sh", "run_autograder"):  # unzip keeps the mode; extractall does not
+            assert archive.getinfo(run).external_attr >> 16 & 0o755 == 0o755, run
+            (root / "source" / run).chmod(0o755)
+    wheel = next((root / "source").glob("edulib-*.whl"))
+    assert wheel.name in (root / "source" / "setup.sh").read_text()
+    (root / "venv" / "bin").mkdir(parents=True)  # what setup.sh installs: here, this environment's Python
+    (root / "venv" / "bin" / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (root / "venv" / "bin" / "python").chmod(0o755)
+    for handed_in, full in ((ROOT / "solutions", True), (ROOT / "exercises", False)):
+        shutil.rmtree(root / "submission", ignore_errors=True)
+        (root / "submission").mkdir()
+        shutil.copy(handed_in / f"{name}.py", root / "submission")
+        subprocess.run([root / "source" / "run_autograder"], env={**os.environ, "AUTOGRADER_ROOT": str(root)},
+                       check=True, timeout=300)
+        results = json.loads((root / "results" / "results.json").read_text())
+        assert set(results) <= {"score", "output", "tests"} and isinstance(results["tests"], list)
+        for test in results["tests"]:
+            assert set(test) == {"name", "score", "max_score", "output", "visibility"}, test
+            assert test["name"].startswith(f"{name}: "), test
+            assert test["visibility"] in ("visible", "after_published"), test
+            assert isinstance(test["score"], int) and isinstance(test["max_score"], int)
+        assert results["score"] == sum(test["score"] for test in results["tests"])
+        most = sum(c.points + c.hidden_points for c in CHECKS[name])
+        assert results["score"] == (most if full else 0), results
+        assert {test["visibility"] for test in results["tests"]} == {"visible", "after_published"}
 
 
 def test_grading_needs_neither_matplotlib_nor_ipywidgets():

@@ -103,17 +103,20 @@ def write_csv(results: list[Result], path: Path) -> None:
     write_atomically(path, text.getvalue())
 
 
-def write_gradescope(results: list[Result], folder: Path, one_student: bool | None = None) -> list[Path]:
+def write_gradescope(results: list[Result], folder: Path, one_student: bool | None = None,
+                     output: str = "") -> list[Path]:
     """Gradescope's results.json: in `folder` for one student, else in folder/<student>/ (say which
-    with `one_student` when writing a class's results as they come)."""
+    with `one_student` when writing a class's results as they come); `output`, if any, is shown
+    above the tests. One student with no results gets a results.json of 0 points all the same."""
     by_student = totals(results)
     one_student = len(by_student) == 1 if one_student is None else one_student
     written = []
-    for student in by_student:
+    for student in by_student or ([""] if one_student else []):
         mine = [r for r in results if r.student == student]
         target = Path(folder) / ("" if one_student else student) / "results.json"
+        text = {"output": output} if output else {}
         write_atomically(target, json.dumps({
-            "score": sum(r.points for r in mine),
+            "score": sum(r.points for r in mine), **text,
             "tests": [{"name": f"{r.exercise}: {r.check}", "score": r.points, "max_score": r.max_points,
                        "output": r.feedback, "visibility": "after_published" if r.hidden else "visible"}
                       for r in mine]}, indent=2))
