@@ -612,6 +612,30 @@ def test_the_gradescope_autograder_grades_a_submission_into_its_schema(tmp_path)
         assert {test["visibility"] for test in results["tests"]} == {"visible", "after_published"}
 
 
+def test_an_autograder_without_its_sandbox_says_so_and_never_grades_as_root(tmp_path, monkeypatch):
+    """Where bubblewrap cannot start in the container: graded without it (as an unprivileged user)
+    and said at the top of the results; where root cannot be dropped either, nothing graded, and
+    said why."""
+    from edulib.grading import autograder
+    from edulib.grading import sandbox as bubblewrap
+
+    name = "lesson08_hybrid"
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / autograder.GRADED).write_text(json.dumps([name]))
+    (tmp_path / "submission").mkdir()
+    shutil.copy(ROOT / "solutions" / f"{name}.py", tmp_path / "submission")
+    monkeypatch.setattr(bubblewrap, "sandbox_available", lambda: False)
+    if os.getuid() != 0 or bubblewrap.drops_privileges():
+        results = autograder.run(tmp_path)
+        assert "cannot start in this container" in results["output"]
+        assert results["score"] == sum(c.points + c.hidden_points for c in CHECKS[name])
+    if os.getuid() == 0:
+        monkeypatch.setattr(bubblewrap, "drops_privileges", lambda: False)
+        results = autograder.run(tmp_path)
+        assert results["score"] == 0 and "Nothing was graded" in results["output"]
+        assert "would run every student as root" in results["output"]
+
+
 def test_grading_needs_neither_matplotlib_nor_ipywidgets():
     """`edulib grade` runs on the base install (no [lab] extra): the grader and the submission's
     process import neither, even with every forbidden name resolved."""
