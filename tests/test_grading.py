@@ -626,12 +626,12 @@ def test_an_autograder_without_its_sandbox_says_so_and_never_grades_as_root(tmp_
     shutil.copy(ROOT / "solutions" / f"{name}.py", tmp_path / "submission")
     monkeypatch.setattr(bubblewrap, "sandbox_available", lambda: False)
     if os.getuid() != 0 or bubblewrap.drops_privileges():
-        results = autograder.run(tmp_path)
+        results = autograder.grade_submission(tmp_path)
         assert "cannot start in this container" in results["output"]
         assert results["score"] == sum(c.points + c.hidden_points for c in CHECKS[name])
     if os.getuid() == 0:
         monkeypatch.setattr(bubblewrap, "drops_privileges", lambda: False)
-        results = autograder.run(tmp_path)
+        results = autograder.grade_submission(tmp_path)
         assert results["score"] == 0 and "Nothing was graded" in results["output"]
         assert "would run every student as root" in results["output"]
 

@@ -34,14 +34,14 @@ python3 -m venv /autograder/venv
 /autograder/venv/bin/python -m pip install --quiet torch --index-url https://download.pytorch.org/whl/cpu
 /autograder/venv/bin/python -m pip install --quiet /autograder/source/{wheel}
 """
-RUN = """#!/usr/bin/env bash
+RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: grade /autograder/submission into /autograder/results.
 set -uo pipefail
 root="${AUTOGRADER_ROOT:-/autograder}"
 exec "$root/venv/bin/python" -I -m edulib.grading.autograder "$root"
 """
 
-__all__ = ["build", "run"]
+__all__ = ["build", "grade_submission"]
 
 
 def build(destination: Path, exercises: list[str] | None = None) -> Path:
@@ -61,7 +61,8 @@ def build(destination: Path, exercises: list[str] | None = None) -> Path:
         wheel = build_wheel(course_root(), Path(folder))
         destination.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(destination, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name, text in (("setup.sh", SETUP.format(wheel=wheel.name)), ("run_autograder", RUN)):
+            scripts = {"setup.sh": SETUP.format(wheel=wheel.name), "run_autograder": RUN_AUTOGRADER}
+            for name, text in scripts.items():
                 entry = zipfile.ZipInfo(name)
                 entry.external_attr = (stat.S_IFREG | 0o755) << 16  # executable once unpacked
                 archive.writestr(entry, text)
@@ -70,7 +71,7 @@ def build(destination: Path, exercises: list[str] | None = None) -> Path:
     return destination
 
 
-def run(root: Path = ROOT) -> dict:
+def grade_submission(root: Path = ROOT) -> dict:
     """Grade root/submission as `edulib grade` does and write root/results/results.json; what it
     wrote. The sandbox if bubblewrap starts here, else without it, saying so in the results."""
     from edulib.grading import sandbox as bubblewrap
@@ -102,4 +103,4 @@ def run(root: Path = ROOT) -> dict:
 
 
 if __name__ == "__main__":
-    run(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)
+    grade_submission(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)

@@ -326,15 +326,13 @@ def _overdue(calls: _Calls, began: float, walls: dict[str, float], budget: float
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
               limits: Limits, cpu: float, jail: _Jail, walls: dict[str, float], budget: float,
               stop: threading.Event) -> _Tree:
-    """Run the checks in one process tree, one call at a time; drain its output as it comes. Past a
-    check's wall seconds (`walls`), or the tree's `budget`, or once `stop` is set (the class's
-    grading was interrupted), the warden is told to end the tree."""
+    """Run the checks in one process tree, one call at a time, draining its output as it comes; past a
+    check's wall seconds (`walls`), the tree's `budget`, or once `stop` is set, the warden ends it."""
     tree, slots = _Tree(), _slots(checks, cases)
     relay = Relay(sum(len(taken) for taken in slots.values()))
     calls = _Calls(tree, checks, cases, relay, slots)
-    user = bubblewrap.user_of_its_own() if jail.own_users else contextlib.nullcontext()
     with (tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay),
-          user as uid):
+          bubblewrap.user_of_its_own(jail.own_users) as uid):
         if jail.etc is None and bubblewrap.drops_privileges():
             os.chown(scratch, bubblewrap.NOBODY, bubblewrap.NOBODY)
         warden, answer_reads, status_read, call_write = _start(submission, exercise, limits, cpu, jail,
@@ -393,9 +391,8 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
         # pipes is read without waiting, so a process that escaped could not hold the grader.
         intake.drain(*answer_reads, output_fd)
         warden.stdout.close()
-        for fd in answer_reads:
+        for fd in (*answer_reads, status_read):
             os.close(fd)
-        os.close(status_read)
     deadline = tree.status.get("limit") == "deadline"
     try:
         tree.status = json.loads(bytes(received[status_read]))
@@ -623,6 +620,43 @@ def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list
             for row in _rows(student, exercise, check, (why, why), 0.0, "", "", seed)]
 
 
+def _jail(work: Path, sandbox: bool, beside: int, warnings: list[str]) -> _Jail:
+    """How the run's trees are contained, `beside` others graded at the same time as each; without
+    the sandbox, the run's warnings say so."""
+    if sandbox:
+        etc = bubblewrap.write_etc(work / "etc")
+        return _Jail(etc, "bubblewrap", bubblewrap.unprivileged_sandbox(), beside)
+    jail = _Jail(None, bubblewrap.uncontained(), beside=beside)
+    warnings.append(f"graded without a sandbox ({jail.state}): student code could read what this user can "
+                    "read, the solutions included")
+    return jail
+
+
+def _refuse(sandbox: bool) -> None:
+    """Before anything runs: refuse a sandbox that cannot start, or, without one, a root that
+    cannot be dropped for the students."""
+    if sandbox and not bubblewrap.sandbox_available():
+        raise bubblewrap.SandboxMissing(
+            "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
+            f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "
+            "(sandbox=False): student code can then read anything this user can, the solutions included")
+    if not sandbox:
+        bubblewrap.refuse_root()
+
+
+def _the_seed(course: Path, seed: int | None, cache: GradeCache | None, resume: bool) -> int:
+    """The run's seed: `seed`, else (resuming) the one this class was last graded with, else a
+    secret one; remembered in the cache, if any, for a run that resumes this one."""
+    if resume and cache is None:
+        raise ValueError("resume=True takes the grades kept in a cache: pass cache=GradeCache(folder)")
+    if resume and seed is None:
+        seed = cache.seed(course)
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    if cache is not None:
+        cache.remember_seed(course, seed)
+    return seed
+
+
 def default_jobs() -> int:
     """Exercises graded at once by default: one per core this process may use. A tree's ranks share
     its core; they are idle most of a tree's life (Python starting, the import, the judge), so one
@@ -655,24 +689,12 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     if not any(file for exercises in students.values() for file in exercises.values()):
         raise ValueError(f"no exercise files in {path}; they are named "
                          f"{', '.join(name + '.py' for name in CHECKS)}")
-    if sandbox and not bubblewrap.sandbox_available():
-        raise bubblewrap.SandboxMissing(
-            "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
-            f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "
-            "(sandbox=False): student code can then read anything this user can, the solutions included")
-    if not sandbox:
-        bubblewrap.refuse_root()
+    _refuse(sandbox)
     if cache is not None and not sandbox and not bubblewrap.drops_privileges():
         warnings.append("grades are not kept for --resume: without the sandbox, student code runs as this "
                         "user and could write them")
         cache, resume = None, False
-    if resume and cache is None:
-        raise ValueError("resume=True takes the grades kept in a cache: pass cache=GradeCache(folder)")
-    if resume and seed is None:
-        seed = cache.seed(Path(path))
-    seed = secrets.randbelow(2**31) if seed is None else seed
-    if cache is not None:
-        cache.remember_seed(Path(path), seed)
+    seed = _the_seed(Path(path), seed, cache, resume)
     integrity.preload()
     before = integrity.fingerprint()
     total = sum(len(CHECKS[name]) for exercises in students.values()
@@ -681,13 +703,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
         os.chmod(work, 0o711)
         taken = snapshot.take(students, warnings, Path(work) / "submissions")
-        beside = min(jobs, sum(map(len, taken.values()))) - 1
-        jail = (_Jail(bubblewrap.write_etc(Path(work) / "etc"), "bubblewrap",
-                      bubblewrap.unprivileged_sandbox(), beside) if sandbox
-                else _Jail(None, bubblewrap.uncontained(), beside=beside))
-        if not sandbox:
-            warnings.append(f"graded without a sandbox ({jail.state}): student code could read what this "
-                            "user can read, the solutions included")
+        jail = _jail(Path(work), sandbox, min(jobs, sum(map(len, taken.values()))) - 1, warnings)
         stop, drawn = threading.Event(), threading.Lock()
         fresh: dict[tuple[str, str], str] = {}  # the cache's key of each exercise graded in this run
 

@@ -155,9 +155,12 @@ _reserving = threading.Lock()
 
 
 @contextlib.contextmanager
-def user_of_its_own() -> Iterator[int]:
-    """A user id of the tree's own while the block runs: no process runs as it, nor does another tree
-    this grader runs beside it (one chosen but not started yet included)."""
+def user_of_its_own(wanted: bool = True) -> Iterator[int | None]:
+    """A user id of the tree's own while the block runs (None unless `wanted`): no process runs as
+    it, nor does another tree this grader runs beside it (one chosen but not started yet included)."""
+    if not wanted:
+        yield None
+        return
     with _reserving:
         uid = own_user(_reserved)
         _reserved.add(uid)
