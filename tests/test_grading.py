@@ -661,4 +661,4 @@ def test_grading_needs_neither_matplotlib_nor_ipywidgets():
         done = subprocess.run([sys.executable, "-c", probe, argument], capture_output=True, text=True,
                               timeout=300, cwd=ROOT)
         assert done.returncode == 0, done.stdout + done.stderr
-    assert "solutions: 14/14 points" in done.stdout, done.stdout
+    assert "solutions: 14/8 points" in done.stdout, done.stdout  # the stash on ranks is 6 of extra credit
