@@ -70,8 +70,9 @@ def misses(plant: Plant, rows: list) -> list[str]:
     """How the plant's rows differ from what it expects (nothing when they agree)."""
     found = []
     for check, score in plant.expect.items():
+        worth = next(c for c in CHECKS[plant.exercise] if c.name == check)  # extra credit has max_points 0
         for row in (r for r in rows if r.check.removesuffix(" (hidden)") == check):
-            full = row.points == row.max_points or (row.max_points == 0 and row.points > 0)
+            full = row.points == (worth.hidden_points if row.hidden else worth.points)
             if (score == "full") != full or (score == "0" and row.points):
                 found.append(f"{row.check}: {row.points} points, expected {score}: {row.feedback}")
     return found
