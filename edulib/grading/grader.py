@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -752,8 +753,8 @@ def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tup
     exception (Ctrl-C included) sets `stop`, which ends every tree running within a second, and is
     raised once they are gone."""
     done: dict[tuple[str, str], list[Result]] = {}
-    left = {student: sum(task[0] == student for task in tasks) for student, _ in tasks}  # tasks not in yet
-    written: list[str] = []  # the students found intact, in the class's order
+    left = Counter(student for student, _ in tasks)  # each student's tasks not in yet
+    written: set[str] = set()  # the students found intact
     suspects: set[str] = set()  # students whose code ran since the installed edulib was last found intact
 
     def settle(future: Future, task: tuple[str, str]) -> None:
@@ -768,12 +769,11 @@ def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tup
                 f"the installed edulib or site-packages changed while the code of {names} ran; grading "
                 f"stopped and nothing of {names} was written. Reinstall edulib before grading again")
         suspects.difference_update(name for name in left if not left[name])  # the others still run
-        written.append(student)
+        written.add(student)
         if intact is not None:
             intact(student, done)
         if on_student is not None:
-            order = [name for name in left if name in written]
-            on_student([row for task in tasks if task[0] in order for row in done[task]])
+            on_student([row for task in tasks if task[0] in written for row in done[task]])
 
     with ThreadPoolExecutor(jobs, thread_name_prefix="edulib-grade") as pool:
         running: dict[Future, tuple[str, str]] = {}
