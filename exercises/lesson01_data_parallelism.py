@@ -1,5 +1,6 @@
-"""Lesson 01 exercises: one step of a synchronous parameter server, then bucketed, overlapped
-gradient all-reduces driven by backward hooks (what PyTorch's DDP does).
+"""Lesson 01 exercises: one step of a synchronous parameter server, bucketed, overlapped gradient
+all-reduces driven by backward hooks (what PyTorch's DDP does), and the α-β model of a link,
+measured.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - server step, 1 + 1 points: the average of the workers' gradients, one SGD step. Visible cases: 3
@@ -9,10 +10,17 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   vocabulary 11, hidden 6, buckets of 400 bytes, overlap=True; 2 ranks, vocabulary 11, hidden 6,
   buckets of 300 bytes, overlap=False. Hidden cases: 3 and 4 ranks, other models and bucket sizes,
   with and without overlap.
+- measure the link, 1 + 2 points: alpha and beta each within 25% of the link's. Visible cases: a
+  link of alpha = 36.0 ms, 1 / beta = 2.9 MB/s. Hidden cases: two more links, alpha from 20 to 80 ms
+  and 1 / beta from 1 to 4 MB/s.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -54,3 +62,23 @@ class GradientBuckets:
         """After backward: when it returns, every gradient holds its average over the ranks, and
         the next step's backward may begin."""
         raise NotImplementedError('what must finish before the optimizer reads .grad; is a sum an average?')
+
+
+def measure_link() -> tuple[float, float]:
+    """The α-β model of the link between ranks 0 and 1, fitted to timings you take yourself.
+
+    Called on both ranks of a group of two, torch.distributed initialised. Time messages between
+    the two ranks (which operations, which sizes, how many repeats and how to summarise them are
+    yours to choose) and fit t = α + β · n, the time one message of n bytes takes from one rank to
+    the other. Returns (alpha, beta): α in seconds, β in seconds per byte. Rank 0's answer is
+    graded; rank 1 may return anything.
+
+    Graded on links the grader slows, so that only it knows α and β: a message of n bytes reaches
+    the other rank α + β · n after it was sent, and a collective answers α + β · n after the last
+    rank called it, n being the bytes one rank sends the other (an all_reduce or a broadcast of n
+    bytes between two ranks). α is drawn from 20 to 80 ms and 1 / β from 1 to 4 MB/s, afresh for
+    every case. Your β must be within 25 % of the link's, and your α too, or up to 5 ms above
+    that: the graded wire adds a millisecond or two of its own to every message, and more, at
+    random, on a busy machine. The check's three links together get 60 s of wall time.
+    """
+    raise NotImplementedError("which two terms make up a message's time, and which sizes let each of them show?")

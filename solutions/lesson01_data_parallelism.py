@@ -1,8 +1,13 @@
-"""Lesson 01 exercises: one step of a synchronous parameter server, then bucketed, overlapped
-gradient all-reduces driven by backward hooks (what PyTorch's DDP does)."""
+"""Lesson 01 exercises: one step of a synchronous parameter server, bucketed, overlapped gradient
+all-reduces driven by backward hooks (what PyTorch's DDP does), and the α-β model of a link,
+measured."""
 
 from __future__ import annotations
 
+import statistics
+import time
+
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -85,3 +90,41 @@ class GradientBuckets:
         self.waiting = [len(bucket) for bucket in self.buckets]
         self.launched = {}
         # END SOLUTION
+
+
+def measure_link() -> tuple[float, float]:
+    """The α-β model of the link between ranks 0 and 1, fitted to timings you take yourself.
+
+    Called on both ranks of a group of two, torch.distributed initialised. Time messages between
+    the two ranks (which operations, which sizes, how many repeats and how to summarise them are
+    yours to choose) and fit t = α + β · n, the time one message of n bytes takes from one rank to
+    the other. Returns (alpha, beta): α in seconds, β in seconds per byte. Rank 0's answer is
+    graded; rank 1 may return anything.
+
+    Graded on links the grader slows, so that only it knows α and β: a message of n bytes reaches
+    the other rank α + β · n after it was sent, and a collective answers α + β · n after the last
+    rank called it, n being the bytes one rank sends the other (an all_reduce or a broadcast of n
+    bytes between two ranks). α is drawn from 20 to 80 ms and 1 / β from 1 to 4 MB/s, afresh for
+    every case. Your β must be within 25 % of the link's, and your α too, or up to 5 ms above
+    that: the graded wire adds a millisecond or two of its own to every message, and more, at
+    random, on a busy machine. The check's three links together get 60 s of wall time.
+    """
+    # BEGIN SOLUTION
+    # HINT: which two terms make up a message's time, and which sizes let each of them show?
+    sizes, repeats, peer = [0, 128 << 10, 256 << 10], 4, 1 - dist.get_rank()
+    medians = []
+    for size in sizes:
+        buffer, taken = torch.zeros(size, dtype=torch.uint8), []
+        for _ in range(1 + repeats):  # the first round trip warms up
+            start = time.perf_counter()
+            if dist.get_rank() == 0:
+                dist.send(buffer, peer)
+                dist.recv(buffer, peer)
+            else:
+                dist.recv(buffer, peer)
+                dist.send(buffer, peer)
+            taken.append((time.perf_counter() - start) / 2)  # a round trip is two messages
+        medians.append(statistics.median(taken[1:]))
+    beta, alpha = np.polyfit(sizes, medians, 1)
+    return float(alpha), float(beta)
+    # END SOLUTION

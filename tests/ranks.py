@@ -718,16 +718,50 @@ def every_operation() -> dict:
     return found
 
 
-def relay_probe() -> None:
-    """In a fresh process (ranks are forked from it): a relay, 3 ranks on it, every operation once;
-    print what the ranks returned and the relay's log as JSON."""
+def timed_messages(sizes: list[int]) -> dict:
+    """On 2 ranks of a slowed wire: the seconds of a round trip of each size (rank 0 sends, rank 1
+    sends it back), of two messages sent back to back (the second, smaller, must not overtake the
+    first), and of an all-reduce of each size's bytes."""
+    import time
+
+    peer, found = 1 - dist.get_rank(), {"round_trip": [], "all_reduce": []}
+    for size in sizes:
+        buffer = torch.zeros(size, dtype=torch.uint8)
+        start = time.perf_counter()
+        if dist.get_rank() == 0:
+            dist.send(buffer, peer)
+            dist.recv(buffer, peer)
+        else:
+            dist.recv(buffer, peer)
+            dist.send(buffer, peer)
+        found["round_trip"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        dist.all_reduce(buffer.float()[:size // 4])
+        found["all_reduce"].append(time.perf_counter() - start)
+    dist.barrier()
+    start = time.perf_counter()
+    if dist.get_rank() == 0:
+        dist.send(torch.zeros(max(sizes), dtype=torch.uint8), peer)
+        dist.send(torch.zeros(1, dtype=torch.uint8), peer)
+    else:
+        dist.recv(torch.zeros(max(sizes), dtype=torch.uint8), peer)
+        found["first"] = time.perf_counter() - start
+        dist.recv(torch.zeros(1, dtype=torch.uint8), peer)
+        found["second"] = time.perf_counter() - start
+    return found
+
+
+def relay_probe(ranks: int = 3, worker: str = "every_operation", link: tuple[float, float] | None = None,
+                *args: object) -> None:
+    """In a fresh process (ranks are forked from it): a relay (slowed by `link`), `ranks` ranks on
+    it running `worker(*args)`; print what the ranks returned and the relay's log as JSON."""
     import json
     import threading
 
     from edulib.grading.relay import Relay, join
     from edulib.launch import Pool
 
-    relay, lock, stop = Relay(3), threading.Lock(), threading.Event()
+    relay, lock, stop = Relay(ranks), threading.Lock(), threading.Event()
 
     def serve() -> None:
         while not stop.is_set():
@@ -735,9 +769,9 @@ def relay_probe() -> None:
                 relay.pump(0.01)
     threading.Thread(target=serve, daemon=True).start()
     with lock:
-        relay.begin([0, 1, 2])
-    with Pool(3, start="fork", timeout=20, join=join, wires=relay.rank_ends) as pool:
-        results = pool.run(every_operation)
+        relay.begin(list(range(ranks)), link=link)
+    with Pool(ranks, start="fork", timeout=20, join=join, wires=relay.rank_ends) as pool:
+        results = pool.run(globals()[worker], *args)
     with lock:
         log = relay.log()
     stop.set()

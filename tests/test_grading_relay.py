@@ -45,6 +45,25 @@ def test_every_operation_on_three_ranks_equals_its_definition_and_is_counted():
         assert reduce["sent"] == reduce["received"] == 2 * (n - 1) * 16 // n  # a ring's share each way
 
 
+def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_bytes_in_order():
+    """What the measuring exercise is graded against: on a link of (alpha, beta) a message of n bytes
+    arrives alpha + beta * n after it was sent, never sooner, and an all-reduce of n bytes between 2
+    ranks answers as late; a small message sent after a large one arrives after it. The upper
+    bound leaves room for a busy machine (the graded tolerance is the lesson's, not this test's)."""
+    alpha, beta, sizes = 0.03, 1 / 2e6, [0, 1 << 15, 1 << 16]
+    code = f"from tests.ranks import relay_probe; relay_probe(2, 'timed_messages', ({alpha}, {beta}), {sizes})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timings = json.loads(done.stdout.splitlines()[-1])["results"][0]
+    for size, round_trip, all_reduce in zip(sizes, timings["round_trip"], timings["all_reduce"], strict=True):
+        one = alpha + beta * size
+        assert 2 * one <= round_trip < 2 * one + 0.1, (size, round_trip, 2 * one)
+        assert alpha + beta * (size // 4 * 4) <= all_reduce < alpha + beta * size + 0.05, (size, all_reduce)
+    received = json.loads(done.stdout.splitlines()[-1])["results"][1]
+    first = alpha + beta * max(sizes)
+    assert first <= received["first"] and first <= received["second"] < first + 0.05, received
+
+
 def test_mismatched_collectives_and_reductions_are_refused_by_name():
     try:
         collective("all_reduce", [{}, {}], [[torch.zeros(2)], [torch.zeros(3)]])

@@ -222,7 +222,8 @@ class _Calls:
                 case = self.cases[check.name][index]
                 with _SERIAL:
                     oracle = check.oracle(case) if check.oracle else None
-                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [], oracle)
+                self.relay.begin(self.slots[case.inputs["ranks"]] if check.wire else [], oracle,
+                                 case.expect.get("link"))
                 self.cuts = []
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
                               f'"phase": {phase}, '
@@ -346,6 +347,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
         for fd in [*received, *wire]:
             selector.register(fd, selectors.EVENT_READ)
         writing = [call_write]  # the call pipe, until it is closed
+        sending: set[int] = set()  # the relay's write ends with replies that wait for room in their pipe
 
         def stop_calls() -> None:
             if writing:
@@ -362,10 +364,18 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                     selector.register(call_write, selectors.EVENT_WRITE)
                 elif calls.done and not calls.outgoing:
                     stop_calls()  # the child's loop ends, its pools close, it exits
-            for key, _ in selector.select(timeout=0.01 if relay.pending_writes() else 1.0):
+            waiting = set(relay.pending_writes())
+            for fd in waiting - sending:
+                selector.register(fd, selectors.EVENT_WRITE)
+            for fd in sending - waiting:
+                selector.unregister(fd)
+            sending = waiting
+            for key, _ in selector.select(timeout=relay.wait(1.0)):
                 if key.fd in wire:
                     relay.readable(wire[key.fd])
                     continue
+                if key.fd in sending:
+                    continue  # relay.flush() below writes what the pipe now takes
                 if key.fd == call_write:
                     try:
                         written = os.write(call_write, calls.outgoing)
@@ -665,6 +675,19 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+@contextlib.contextmanager
+def _switching_often(interval: float = 5e-4) -> Iterator[None]:
+    """While grading, let a thread that waits for the GIL have it after `interval` seconds, not
+    Python's 5 ms: a tree's relay then answers its ranks on time while another tree's judge runs
+    (a link's latency, which students measure, would otherwise grow by as much)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int | None = None,
           sandbox: bool = True, limits: Limits = Limits(), warnings: list[str] | None = None,
           on_student: Callable[[list[Result]], None] | None = None, jobs: int | None = None,
@@ -775,7 +798,7 @@ def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tup
         if on_student is not None:
             on_student([row for task in tasks if task[0] in written for row in done[task]])
 
-    with ThreadPoolExecutor(jobs, thread_name_prefix="edulib-grade") as pool:
+    with ThreadPoolExecutor(jobs, thread_name_prefix="edulib-grade") as pool, _switching_often():
         running: dict[Future, tuple[str, str]] = {}
         try:
             for task in [*tasks, None]:

@@ -16,12 +16,14 @@ payload: the raw bytes of the tensors the header describes.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import os
 import secrets
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -323,6 +325,7 @@ class Relay:
             os.set_blocking(from_rank[0], False)
         self.ranks: dict[int, int] = {}
         self.oracle: Callable[[dict], float] | None = None
+        self.link: tuple[float, float] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -333,6 +336,8 @@ class Relay:
         self.collectives: dict[tuple, dict[int, tuple[dict, list, dict]]] = {}
         self.counts: dict[tuple, int] = {}
         self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
+        self.later: list[tuple[float, int, int, bytes]] = []  # (when, order, slot, frame): replies the link holds
+        self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
 
     def close_rank_ends(self) -> None:
         """Close the ends that the ranks' tree inherited (once it has started)."""
@@ -347,12 +352,17 @@ class Relay:
             os.close(slot.write_fd)
         self.slots = []
 
-    def begin(self, slots: list[int], oracle: Callable[[dict], float] | None = None) -> None:
+    def begin(self, slots: list[int], oracle: Callable[[dict], float] | None = None,
+              link: tuple[float, float] | None = None) -> None:
         """A new case: these slots are its ranks 0, 1, ...; whatever an earlier case left is dropped.
-        `oracle` answers the case's questions (`ask`); it raises ValueError to refuse one."""
+        `oracle` answers the case's questions (`ask`); it raises ValueError to refuse one. With a
+        `link` (alpha seconds, beta seconds per byte), every message of n bytes reaches its receiver
+        alpha + beta * n after it was sent (in order, on each pair of ranks), and every collective
+        answers alpha + beta * n after its last member asked, n being the most bytes a member sends
+        or receives: a wire only the grader knows, for a student to measure."""
         self.drain()
         self._reset()
-        self.oracle = oracle
+        self.oracle, self.link = oracle, link
         for slot in self.slots:
             slot.incoming.clear()
             slot.outgoing.clear()
@@ -419,16 +429,32 @@ class Relay:
         with selectors.DefaultSelector() as selector:
             for fd, index in self.read_fds().items():
                 selector.register(fd, selectors.EVENT_READ, index)
-            for key, _ in selector.select(timeout):
-                self.readable(key.data)
+            for fd in self.pending_writes():
+                selector.register(fd, selectors.EVENT_WRITE)
+            for key, _ in selector.select(self.wait(timeout)):
+                if key.data is not None:
+                    self.readable(key.data)
         self.flush()
 
     def pending_writes(self) -> list[int]:
         """The write ends with something waiting to go out."""
         return [slot.write_fd for slot in self.slots if slot.outgoing]
 
+    def wait(self, longest: float) -> float:
+        """How long the grader's loop may wait for the ranks (and for the pipes of `pending_writes`
+        to take more) before the relay has something to do: `longest`, or less while the link
+        holds a reply."""
+        if self.later:
+            longest = min(longest, max(0.0, self.later[0][0] - time.monotonic()))
+        return longest
+
     def flush(self) -> None:
-        """Write what waits, as far as each pipe takes it without blocking."""
+        """Write what waits, as far as each pipe takes it without blocking (a reply the link holds
+        goes out once its time has come)."""
+        now = time.monotonic()
+        while self.later and self.later[0][0] <= now:
+            _, _, index, data = heapq.heappop(self.later)
+            self.slots[index].outgoing += data
         for slot in self.slots:
             while slot.outgoing:
                 try:
@@ -438,12 +464,23 @@ class Relay:
                 del slot.outgoing[:written]
 
     def _reply(self, rank: int, header: dict, outputs: list[torch.Tensor] | None = None,
-               error: str = "") -> None:
-        slot = self.slots[next(index for index, r in self.ranks.items() if r == rank)]
+               error: str = "", at: float = 0.0) -> None:
+        """Answer one operation of `rank`, now or, held by the link, at time `at` (time.monotonic)."""
+        index = next(index for index, r in self.ranks.items() if r == rank)
         outputs = outputs or []
-        head = {"id": header.get("id"), "meta": _meta(outputs), "error": error}
-        slot.outgoing += frame(head, _raw(outputs))
+        data = frame({"id": header.get("id"), "meta": _meta(outputs), "error": error}, _raw(outputs))
+        if at > time.monotonic():
+            heapq.heappush(self.later, (at, next(self.arrivals), index, data))
+        else:
+            self.slots[index].outgoing += data
         self.flush()
+
+    def _after(self, nbytes: int, start: float | None = None) -> float:
+        """When something of `nbytes` started at `start` (now by default) is through the link."""
+        if self.link is None:
+            return 0.0
+        alpha, beta = self.link
+        return (time.monotonic() if start is None else start) + alpha + beta * nbytes
 
     def _refuse(self, index: int, problem: str) -> None:
         self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
@@ -514,7 +551,9 @@ class Relay:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
-        self.mail.setdefault((rank, peer), deque()).append((next(self.arrivals), inputs, len(payload)))
+        arrives = max(self._after(len(payload)), self.arrive.get((rank, peer), 0.0))
+        self.arrive[(rank, peer)] = arrives
+        self.mail.setdefault((rank, peer), deque()).append((next(self.arrivals), inputs, len(payload), arrives))
         self._match(peer)
 
     def _post_receive(self, rank: int, header: dict, outs: list) -> None:
@@ -539,7 +578,7 @@ class Relay:
             if not found:
                 return
             source = min(found)[1]
-            _, tensors, size = self.mail[(source, rank)].popleft()
+            _, tensors, size, arrives = self.mail[(source, rank)].popleft()
             self.held -= size
             queue.popleft()
             wanted = [(_DTYPES.get(dtype), torch.Size(shape)) for dtype, shape in outs]
@@ -548,7 +587,7 @@ class Relay:
                 self._reply(rank, header, error=f"rank {source} sent {got} where rank {rank}'s recv expects "
                                                 f"{wanted}")
                 continue
-            self._reply(rank, header, tensors)
+            self._reply(rank, header, tensors, at=arrives)
 
     def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor]) -> None:
         """Hold one rank's part of a collective; once every member's is in, compute and answer all."""
@@ -572,10 +611,11 @@ class Relay:
             return
         results = collective(parts[members[0]][0]["op"], [parts[m][0] for m in members],
                              [parts[m][1] for m in members])
-        for position, member in enumerate(members):
-            head, _, event = parts[member]
-            outputs, event["sent"], event["received"] = results[position]
-            self._reply(member, head, outputs)
+        for member, (_, sent, received) in zip(members, results, strict=True):
+            parts[member][2].update(sent=sent, received=received)
+        at = self._after(max(max(sent, received) for _, sent, received in results))
+        for member, (outputs, _, _) in zip(members, results, strict=True):
+            self._reply(member, parts[member][0], outputs, at=at)
 
 
 def collective(op: str, headers: list[dict], inputs: list[list[torch.Tensor]]) -> list[tuple[list, int, int]]:

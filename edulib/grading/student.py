@@ -206,6 +206,11 @@ def _buckets(student: ModuleType, case: dict) -> Generator[None, None, list]:
     return grads
 
 
+def _measure_link(student: ModuleType, case: dict) -> Any:
+    """The student's measure_link on this rank (the relay slows the wire as the case's link says)."""
+    return student.measure_link()
+
+
 def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
     """The student's torus schedule run by edulib's runtime on this rank's input."""
     from edulib.comm.runtime import run_schedule
@@ -480,7 +485,7 @@ _SPLITS: dict[str, Callable[[dict, int], dict]] = {
                                         "plan": case["plans"][rank]},
 }
 
-RANK_WORKERS = {"buckets": _buckets, "ring": _ring, "torus_run": _torus_run,
+RANK_WORKERS = {"buckets": _buckets, "measure_link": _measure_link, "ring": _ring, "torus_run": _torus_run,
                 "parallel_mlp": _parallel_mlp, "pipeline": _pipeline, "parallel_block": _parallel_block,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
@@ -536,6 +541,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
     "server_step": _in_process(lambda s, c: s.server_step(c["parameters"].clone(),
                                                           [g.clone() for g in c["gradients"]], c["lr"])),
     "buckets": _on_ranks("buckets"),
+    "measure_link": _on_ranks("measure_link"),
     "ring": _on_ranks("ring"),
     "halving_doubling": _in_process(lambda s, c: _schedule(s.halving_doubling_schedule(c["n"]))),
     "torus": _in_process(lambda s, c: _schedule(s.torus_schedule(c["rows"], c["cols"]))),

@@ -1,7 +1,9 @@
-"""The checks of lesson 1, data parallelism: the parameter server's step and gradient buckets."""
+"""The checks of lesson 1, data parallelism: the parameter server's step, gradient buckets, and the
+α-β model of a link that only the grader knows, measured by the student."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -11,6 +13,7 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
+    check_number,
     check_tensor,
     exercise,
     per_rank_answers,
@@ -124,6 +127,35 @@ def _bucket_watch(case: Case, wire: dict, answer: Any = None) -> None:
                             "finish", "launched during backward without overlap")
 
 
+LATENCY = (20e-3, 80e-3)  # seconds: the graded links' alpha is drawn from this range
+BANDWIDTH = (1e6, 4e6)  # bytes per second: and 1 / beta from this one
+TOLERANCE = 0.25  # each fitted value within this fraction of the link's
+WIRE = 5e-3  # seconds the graded wire itself may add to a message beyond the link's alpha (busy machines)
+
+
+def _link_cases(rng: random.Random) -> list[Case]:
+    """Three links, each drawn afresh (log-uniformly), the first named in the feedback."""
+    def case(hidden: bool) -> Case:
+        alpha, bandwidth = (math.exp(rng.uniform(math.log(low), math.log(high))) for low, high in (LATENCY,
+                                                                                                   BANDWIDTH))
+        return Case({"ranks": 2}, f"a link of alpha = {alpha * 1e3:.1f} ms, 1 / beta = {bandwidth / 1e6:.1f} MB/s",
+                    hidden, {"link": (alpha, 1 / bandwidth)})
+    return [case(False), case(True), case(True)]
+
+
+def _link_judge(case: Case, answer: Any) -> None:
+    found = per_rank_answers(answer, 2)[0]
+    if type(found) not in (list, tuple) or len(found) != 2:
+        raise Wrong(f"rank 0 returned {found!r}; expected (alpha, beta)", "rank 0 did not return (alpha, beta)")
+    for name, got, want, unit, scale in zip(("alpha", "beta"), found, case.expect["link"], ("ms", "ns/byte"),
+                                            (1e3, 1e9), strict=True):
+        check_number(got, name)
+        low, high = (1 - TOLERANCE) * want, (1 + TOLERANCE) * want + (WIRE if name == "alpha" else 0.0)
+        if not low <= got <= high:
+            raise Wrong(f"{name} = {got * scale:.4g} {unit}, the link's is {want * scale:.4g} {unit}: outside "
+                        f"{low * scale:.4g} to {high * scale:.4g}", f"{name} more than {TOLERANCE:.0%} from the link's")
+
+
 exercise("lesson01_data_parallelism", [
         Check("server step", 1, 1, "server_step", _server_cases, _server_judge,
               "the average of the workers' gradients, one SGD step",
@@ -131,9 +163,17 @@ exercise("lesson01_data_parallelism", [
         Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
               "gradients equal to one process's, buckets launched as they fill",
               "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True,
-              watch=_bucket_watch, phases=7)],
+              watch=_bucket_watch, phases=7),
+        Check("measure the link", 1, 2, "measure_link", _link_cases, _link_judge,
+              f"alpha and beta each within {TOLERANCE:.0%} of the link's",
+              "two more links, alpha from 20 to 80 ms and 1 / beta from 1 to 4 MB/s", time_limit=60.0,
+              wire=True)],
          [("edulib.lessons.data_parallelism.parameter_server_train",
                                    "the server's update"),
                                   ("edulib.dp.data_parallel.GradientBuckets", "gradient buckets"),
                                   ("edulib.dp.ddp.DistributedDataParallel", "gradient buckets"),
-                                  ("torch.nn.parallel.DistributedDataParallel", "gradient buckets")])
+                                  ("torch.nn.parallel.DistributedDataParallel", "gradient buckets"),
+                                  ("edulib.comm.cost.fit_alpha_beta", "the alpha-beta fit"),
+                                  ("edulib.bench.timing.fit_link", "the link's measurement"),
+                                  ("edulib.lessons.collectives.ping_pong", "the link's timings"),
+                                  ("edulib.lessons.collectives.time_allreduce", "the link's timings")])
