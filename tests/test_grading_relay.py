@@ -51,7 +51,7 @@ def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_byt
     ranks answers as late; a small message sent after a large one arrives after it. The upper
     bound leaves room for a busy machine (the graded tolerance is the lesson's, not this test's)."""
     alpha, beta, sizes = 0.03, 1 / 2e6, [0, 1 << 15, 1 << 16]
-    code = f"from tests.ranks import relay_probe; relay_probe(2, 'timed_messages', ({alpha}, {beta}), {sizes})"
+    code = f"from tests.ranks import relay_probe; relay_probe(2, 'timed_messages', {(alpha, beta)}, {sizes})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     timings = json.loads(done.stdout.splitlines()[-1])["results"][0]

@@ -336,7 +336,7 @@ class Relay:
         self.collectives: dict[tuple, dict[int, tuple[dict, list, dict]]] = {}
         self.counts: dict[tuple, int] = {}
         self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
-        self.later: list[tuple[float, int, int, bytes]] = []  # (when, order, slot, frame): replies the link holds
+        self.later: list[tuple[float, int, int, bytes]] = []  # held replies: (when, order, slot, frame)
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
 
     def close_rank_ends(self) -> None:
@@ -553,7 +553,8 @@ class Relay:
         self.held += len(payload)
         arrives = max(self._after(len(payload)), self.arrive.get((rank, peer), 0.0))
         self.arrive[(rank, peer)] = arrives
-        self.mail.setdefault((rank, peer), deque()).append((next(self.arrivals), inputs, len(payload), arrives))
+        mail = (next(self.arrivals), inputs, len(payload), arrives)
+        self.mail.setdefault((rank, peer), deque()).append(mail)
         self._match(peer)
 
     def _post_receive(self, rank: int, header: dict, outs: list) -> None:

@@ -136,24 +136,26 @@ WIRE = 5e-3  # seconds the graded wire itself may add to a message beyond the li
 def _link_cases(rng: random.Random) -> list[Case]:
     """Three links, each drawn afresh (log-uniformly), the first named in the feedback."""
     def case(hidden: bool) -> Case:
-        alpha, bandwidth = (math.exp(rng.uniform(math.log(low), math.log(high))) for low, high in (LATENCY,
-                                                                                                   BANDWIDTH))
-        return Case({"ranks": 2}, f"a link of alpha = {alpha * 1e3:.1f} ms, 1 / beta = {bandwidth / 1e6:.1f} MB/s",
-                    hidden, {"link": (alpha, 1 / bandwidth)})
+        alpha, bandwidth = (math.exp(rng.uniform(math.log(low), math.log(high))) for low, high in ranges)
+        label = f"a link of alpha = {alpha * 1e3:.1f} ms, 1 / beta = {bandwidth / 1e6:.1f} MB/s"
+        return Case({"ranks": 2}, label, hidden, {"link": (alpha, 1 / bandwidth)})
+    ranges = (LATENCY, BANDWIDTH)
     return [case(False), case(True), case(True)]
 
 
 def _link_judge(case: Case, answer: Any) -> None:
     found = per_rank_answers(answer, 2)[0]
     if type(found) not in (list, tuple) or len(found) != 2:
-        raise Wrong(f"rank 0 returned {found!r}; expected (alpha, beta)", "rank 0 did not return (alpha, beta)")
+        raise Wrong(f"rank 0 returned {found!r}; expected (alpha, beta)",
+                    "rank 0 did not return (alpha, beta)")
     for name, got, want, unit, scale in zip(("alpha", "beta"), found, case.expect["link"], ("ms", "ns/byte"),
                                             (1e3, 1e9), strict=True):
         check_number(got, name)
         low, high = (1 - TOLERANCE) * want, (1 + TOLERANCE) * want + (WIRE if name == "alpha" else 0.0)
         if not low <= got <= high:
-            raise Wrong(f"{name} = {got * scale:.4g} {unit}, the link's is {want * scale:.4g} {unit}: outside "
-                        f"{low * scale:.4g} to {high * scale:.4g}", f"{name} more than {TOLERANCE:.0%} from the link's")
+            raise Wrong(f"{name} = {got * scale:.4g} {unit}, the link's is {want * scale:.4g} {unit}: "
+                        f"outside {low * scale:.4g} to {high * scale:.4g}",
+                        f"{name} more than {TOLERANCE:.0%} from the link's")
 
 
 exercise("lesson01_data_parallelism", [

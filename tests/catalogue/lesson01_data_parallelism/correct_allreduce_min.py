@@ -25,5 +25,6 @@ def measure_link() -> tuple[float, float]:
             times.append(time.perf_counter() - start)
         best.append(min(times))
     sizes = np.array(counts, dtype=float) * 4
-    (alpha, beta), *_ = np.linalg.lstsq(np.stack([np.ones_like(sizes), sizes], axis=1), np.array(best), rcond=None)
+    design = np.stack([np.ones_like(sizes), sizes], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.array(best), rcond=None)
     return float(alpha), float(beta)
