@@ -112,7 +112,9 @@ def _drop_shared_memory() -> None:
 def isolate_rank() -> bool:
     """In a graded rank, before it joins its group: no sockets, no shared memory or message queues
     (and none inherited), no reading or tracing another process, no file written or made (but
-    /dev/null)."""
+    /dev/null). torch's compiler cache is pointed at the working folder, which exists: the first
+    optimizer made imports torch._dynamo, which would otherwise make a folder of its own."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.getcwd())
     _libc.prctl(_DUMPABLE, 0, 0, 0, 0)  # no other process of its user may open its memory
     _drop_shared_memory()
     arch = _ARCHES.get(platform.machine())

@@ -211,6 +211,30 @@ def _measure_link(student: ModuleType, case: dict) -> Any:
     return student.measure_link()
 
 
+def _accumulation(student: ModuleType, case: dict) -> Generator[None, None, list]:
+    """The student's GradientAccumulation on this rank's micro-batches, a phase for making it and one
+    per micro-batch (the grader cuts the relay's log between them), then empty phases up to the
+    check's count; the weights after each optimizer step."""
+    from torch.nn.utils import parameters_to_vector
+
+    from edulib.models import mlp
+
+    model = mlp(case["width"], case["depth"], case["seed"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
+    accumulation = student.GradientAccumulation(model, optimizer, case["micro_batches"])
+    yield
+    weights, calls = [], 1
+    for inputs, targets in zip(case["inputs"], case["targets"], strict=True):
+        for micro_inputs, micro_targets in zip(inputs, targets, strict=True):
+            accumulation.micro_step(micro_inputs, micro_targets)
+            calls += 1
+            yield
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    for _ in range(case["phases"] - 1 - calls):  # the last phase is this return
+        yield
+    return weights
+
+
 def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
     """The student's torus schedule run by edulib's runtime on this rank's input."""
     from edulib.comm.runtime import run_schedule
@@ -481,11 +505,13 @@ _SPLITS: dict[str, Callable[[dict, int], dict]] = {
         "gate": case["gates"][rank],
         "weights": case["weights"][rank * case["per_rank"]:(rank + 1) * case["per_rank"]]},
     "topk": lambda case, rank: {**case, "gradients": [_mine(step, rank) for step in case["gradients"]]},
+    "accumulation": lambda case, rank: {**case, "inputs": case["inputs"][:, rank],
+                                        "targets": case["targets"][:, rank]},
     "weight_stash": lambda case, rank: {**{k: v for k, v in case.items() if k != "plans"},
                                         "plan": case["plans"][rank]},
 }
 
-RANK_WORKERS = {"buckets": _buckets, "measure_link": _measure_link, "ring": _ring, "torus_run": _torus_run,
+RANK_WORKERS = {"accumulation": _accumulation, "buckets": _buckets, "measure_link": _measure_link, "ring": _ring, "torus_run": _torus_run,
                 "parallel_mlp": _parallel_mlp, "pipeline": _pipeline, "parallel_block": _parallel_block,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,
@@ -575,6 +601,7 @@ COLLECTORS: dict[str, Callable[[ModuleType, dict, list], dict]] = {
                                                               c["every"])),
     "topk_training": _on_ranks("topk_training"),
     "weight_stash": _on_ranks("weight_stash"),
+    "accumulation": _on_ranks("accumulation"),
 }
 
 ON_RANKS = {name for name, collect in COLLECTORS.items() if collect.__qualname__.startswith("_on_ranks")}

@@ -16,6 +16,7 @@ from edulib.grading.checks import (  # noqa: F401 (each module enters its checks
     lesson09_alpa,
     lesson10_compression,
     lesson11_pipedream,
+    lesson14_measurement,
 )
 from edulib.grading.checks.base import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
 

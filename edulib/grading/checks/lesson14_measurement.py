@@ -1,0 +1,91 @@
+"""The checks of lesson 14, measuring a training step: gradient accumulation on data-parallel
+ranks, one all-reduce of each gradient per optimizer step."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from edulib.grading.checks.base import Case, Check, Wrong, check_tensor, exercise, per_rank_answers, phase_events
+
+STEPS = 2  # optimizer steps per case
+MOST_MICRO_BATCHES = 4
+PHASES = 2 + STEPS * MOST_MICRO_BATCHES  # making it, each micro-batch, then the weights (padded)
+
+
+def _cases(rng: random.Random) -> list[Case]:
+    def case(ranks: int, micro_batches: int, hidden: bool) -> Case:
+        width, depth, batch = rng.randint(3, 6), rng.randint(1, 3), rng.randint(1, 3)
+        generator = torch.Generator().manual_seed(rng.randrange(2**31))
+        shape = (STEPS, ranks, micro_batches, batch, width)
+        return Case({"ranks": ranks, "micro_batches": micro_batches, "width": width, "depth": depth,
+                     "seed": rng.randrange(1000), "lr": rng.choice((0.05, 0.1, 0.2)), "phases": PHASES,
+                     "inputs": torch.randn(shape, generator=generator),
+                     "targets": torch.randn(shape, generator=generator)},
+                    f"{ranks} ranks, {micro_batches} micro-batches of {batch}", hidden)
+    return [case(2, 2, False), case(3, 3, True), case(2, MOST_MICRO_BATCHES, True), case(3, 1, True)]
+
+
+def _reference(inputs: dict) -> list[torch.Tensor]:
+    """One process's weights after each step: SGD with momentum on the mean loss of the step's
+    micro-batches of every rank (all of one size, so the mean over their concatenation)."""
+    from torch.nn.utils import parameters_to_vector
+
+    from edulib.models import mlp
+
+    model = mlp(inputs["width"], inputs["depth"], inputs["seed"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=0.9)
+    weights = []
+    for x, y in zip(inputs["inputs"], inputs["targets"], strict=True):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x.flatten(0, -2)), y.flatten(0, -2)).backward()
+        optimizer.step()
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    return weights
+
+
+def _judge(case: Case, answer: Any) -> None:
+    want = _reference(case.inputs)
+    for rank, found in enumerate(per_rank_answers(answer, case.inputs["ranks"])):
+        if type(found) is not list or len(found) != STEPS:
+            raise Wrong(f"rank {rank} did not finish {STEPS} steps", "a rank did not finish its steps")
+        for step, (got, weights) in enumerate(zip(found, want, strict=True)):
+            check_tensor(got, weights, f"rank {rank}'s weights after step {step + 1}")
+
+
+def _watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """Per rank and step: nothing on the wire in the earlier micro-batches; in the last, all-reduces
+    only, of the model's parameter count in all."""
+    from edulib.models import mlp
+
+    inputs = case.inputs
+    count = sum(p.numel() for p in mlp(inputs["width"], inputs["depth"], inputs["seed"]).parameters())
+    k = inputs["micro_batches"]
+    for rank in range(inputs["ranks"]):
+        phases = phase_events(wire, rank)
+        for step in range(STEPS):
+            for micro in range(k):
+                events = phases[1 + step * k + micro] if 1 + step * k + micro < len(phases) else []
+                where = f"step {step + 1}, micro-batch {micro + 1} of {k}, rank {rank}"
+                if micro < k - 1 and events:
+                    raise Wrong(f"{where}: the relay saw {events[0]['op']}; gradients are accumulated on "
+                                "each rank until the step's last micro-batch", "communication before the "
+                                "step's last micro-batch")
+                if micro == k - 1:
+                    others = sorted({e["op"] for e in events} - {"all_reduce"})
+                    total = sum(e["elements"] for e in events)
+                    if others or total != count:
+                        raise Wrong(f"{where}: the relay saw {others or 'all-reduces'} of {total} elements; "
+                                    f"each of the model's {count} gradient elements is all-reduced once per "
+                                    "step", "not one all-reduce of each gradient per step")
+
+
+exercise("lesson14_measurement", [
+    Check("gradient accumulation", 3, 3, "accumulation", _cases, _judge,
+          "the weights of one process on the whole batch, one all-reduce of each gradient per step",
+          "3 ranks, 1, 3 and 4 micro-batches, other models", wire=True, watch=_watch, phases=PHASES)],
+    [("edulib.dp.ddp.DistributedDataParallel", "gradient accumulation"),
+     ("edulib.dp.data_parallel.GradientBuckets", "gradient accumulation"),
+     ("torch.nn.parallel.DistributedDataParallel", "gradient accumulation")])
