@@ -511,7 +511,8 @@ _SPLITS: dict[str, Callable[[dict, int], dict]] = {
                                         "plan": case["plans"][rank]},
 }
 
-RANK_WORKERS = {"accumulation": _accumulation, "buckets": _buckets, "measure_link": _measure_link, "ring": _ring, "torus_run": _torus_run,
+RANK_WORKERS = {"accumulation": _accumulation, "buckets": _buckets, "measure_link": _measure_link,
+                "ring": _ring, "torus_run": _torus_run,
                 "parallel_mlp": _parallel_mlp, "pipeline": _pipeline, "parallel_block": _parallel_block,
                 "shard_collectives": _shard_collectives, "sharded_adamw": _sharded_adamw,
                 "zero3_unit": _zero3_unit, "ring_attention": _ring_attention, "topk": _topk,

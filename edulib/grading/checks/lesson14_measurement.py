@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-from edulib.grading.checks.base import Case, Check, Wrong, check_tensor, exercise, per_rank_answers, phase_events
+from edulib.grading.checks.base import (
+    Case,
+    Check,
+    Wrong,
+    check_tensor,
+    exercise,
+    per_rank_answers,
+    phase_events,
+)
 
 STEPS = 2  # optimizer steps per case
 MOST_MICRO_BATCHES = 4

@@ -10,7 +10,8 @@ from edulib.dp.ddp import DistributedDataParallel
 
 class GradientAccumulation:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: int) -> None:
-        self.model, self.optimizer, self.k, self.count = DistributedDataParallel(model), optimizer, micro_batches, 0
+        self.model, self.optimizer = DistributedDataParallel(model), optimizer
+        self.k, self.count = micro_batches, 0
 
     def micro_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         self.count += 1
