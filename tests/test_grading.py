@@ -498,7 +498,8 @@ def test_an_exception_names_the_students_line_not_the_graders(tmp_path):
 ])
 def test_a_crash_at_import_is_named_as_such(tmp_path, body, feedback):
     results = grade(_submit(tmp_path, "lesson01_data_parallelism", body), progress=False)
-    assert [r.feedback for r in results] == [feedback] * 4  # both checks, visible and hidden
+    rows = 2 * len(CHECKS["lesson01_data_parallelism"])  # every check, visible and hidden
+    assert [r.feedback for r in results] == [feedback] * rows
 
 
 def test_a_file_that_is_not_an_exercise_is_refused_clearly(tmp_path):

@@ -262,6 +262,18 @@ class _Calls:
     def done(self) -> bool:
         return self.current >= len(self.order)
 
+    def write(self, fd: int) -> bool:
+        """Write to the call pipe `fd` what it takes of the calls waiting to go out; False once the
+        child is gone (what waited is dropped)."""
+        try:
+            del self.outgoing[:os.write(fd, self.outgoing)]
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:
+            self.outgoing.clear()
+            return False
+        return True
+
 
 class _Intake:
     """What a tree's pipes bring, as it comes: each whole answer line handed to its call, the status,
@@ -325,6 +337,17 @@ def _overdue(calls: _Calls, began: float, walls: dict[str, float], budget: float
     return calls.tree.seconds.get(check.name, 0.0) + now - calls.sent_at > walls[check.name]
 
 
+def _watch_writes(selector: selectors.BaseSelector, relay: Relay, watched: set[int]) -> set[int]:
+    """Watch for room in the pipes of the relay's replies that wait to go out (and no others); the
+    write ends watched now."""
+    waiting = set(relay.pending_writes())
+    for fd in waiting - watched:
+        selector.register(fd, selectors.EVENT_WRITE)
+    for fd in watched - waiting:
+        selector.unregister(fd)
+    return waiting
+
+
 def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[str, list[Case]],
               limits: Limits, cpu: float, jail: _Jail, walls: dict[str, float], budget: float,
               stop: threading.Event) -> _Tree:
@@ -364,12 +387,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                     selector.register(call_write, selectors.EVENT_WRITE)
                 elif calls.done and not calls.outgoing:
                     stop_calls()  # the child's loop ends, its pools close, it exits
-            waiting = set(relay.pending_writes())
-            for fd in waiting - sending:
-                selector.register(fd, selectors.EVENT_WRITE)
-            for fd in sending - waiting:
-                selector.unregister(fd)
-            sending = waiting
+            sending = _watch_writes(selector, relay, sending)
             for key, _ in selector.select(timeout=relay.wait(1.0)):
                 if key.fd in wire:
                     relay.readable(wire[key.fd])
@@ -377,16 +395,9 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                 if key.fd in sending:
                     continue  # relay.flush() below writes what the pipe now takes
                 if key.fd == call_write:
-                    try:
-                        written = os.write(call_write, calls.outgoing)
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # the child is gone; its status says why
-                        calls.outgoing.clear()
+                    if not calls.write(call_write):  # the child is gone; its status says why
                         stop_calls()
-                        continue
-                    del calls.outgoing[:written]
-                    if not calls.outgoing:
+                    elif not calls.outgoing:
                         selector.unregister(call_write)
                     continue
                 chunk = os.read(key.fd, 1 << 16)

@@ -18,22 +18,22 @@ from edulib.grading.checks.base import (
     phase_events,
 )
 
-STEPS = 2  # optimizer steps per case
-MOST_MICRO_BATCHES = 4
-PHASES = 2 + STEPS * MOST_MICRO_BATCHES  # making it, each micro-batch, then the weights (padded)
+_STEPS = 2  # optimizer steps per case
+_MOST_MICRO_BATCHES = 4
+_PHASES = 2 + _STEPS * _MOST_MICRO_BATCHES  # making it, each micro-batch, then the weights (padded)
 
 
 def _cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, micro_batches: int, hidden: bool) -> Case:
         width, depth, batch = rng.randint(3, 6), rng.randint(1, 3), rng.randint(1, 3)
         generator = torch.Generator().manual_seed(rng.randrange(2**31))
-        shape = (STEPS, ranks, micro_batches, batch, width)
+        shape = (_STEPS, ranks, micro_batches, batch, width)
         return Case({"ranks": ranks, "micro_batches": micro_batches, "width": width, "depth": depth,
-                     "seed": rng.randrange(1000), "lr": rng.choice((0.05, 0.1, 0.2)), "phases": PHASES,
+                     "seed": rng.randrange(1000), "lr": rng.choice((0.05, 0.1, 0.2)), "phases": _PHASES,
                      "inputs": torch.randn(shape, generator=generator),
                      "targets": torch.randn(shape, generator=generator)},
                     f"{ranks} ranks, {micro_batches} micro-batches of {batch}", hidden)
-    return [case(2, 2, False), case(3, 3, True), case(2, MOST_MICRO_BATCHES, True), case(3, 1, True)]
+    return [case(2, 2, False), case(3, 3, True), case(2, _MOST_MICRO_BATCHES, True), case(3, 1, True)]
 
 
 def _reference(inputs: dict) -> list[torch.Tensor]:
@@ -57,8 +57,8 @@ def _reference(inputs: dict) -> list[torch.Tensor]:
 def _judge(case: Case, answer: Any) -> None:
     want = _reference(case.inputs)
     for rank, found in enumerate(per_rank_answers(answer, case.inputs["ranks"])):
-        if type(found) is not list or len(found) != STEPS:
-            raise Wrong(f"rank {rank} did not finish {STEPS} steps", "a rank did not finish its steps")
+        if type(found) is not list or len(found) != _STEPS:
+            raise Wrong(f"rank {rank} did not finish {_STEPS} steps", "a rank did not finish its steps")
         for step, (got, weights) in enumerate(zip(found, want, strict=True)):
             check_tensor(got, weights, f"rank {rank}'s weights after step {step + 1}")
 
@@ -73,7 +73,7 @@ def _watch(case: Case, wire: dict, answer: Any = None) -> None:
     k = inputs["micro_batches"]
     for rank in range(inputs["ranks"]):
         phases = phase_events(wire, rank)
-        for step in range(STEPS):
+        for step in range(_STEPS):
             for micro in range(k):
                 events = phases[1 + step * k + micro] if 1 + step * k + micro < len(phases) else []
                 where = f"step {step + 1}, micro-batch {micro + 1} of {k}, rank {rank}"
@@ -93,7 +93,7 @@ def _watch(case: Case, wire: dict, answer: Any = None) -> None:
 exercise("lesson14_measurement", [
     Check("gradient accumulation", 3, 3, "accumulation", _cases, _judge,
           "the weights of one process on the whole batch, one all-reduce of each gradient per step",
-          "3 ranks, 1, 3 and 4 micro-batches, other models", wire=True, watch=_watch, phases=PHASES)],
+          "3 ranks, 1, 3 and 4 micro-batches, other models", wire=True, watch=_watch, phases=_PHASES)],
     [("edulib.dp.ddp.DistributedDataParallel", "gradient accumulation"),
      ("edulib.dp.data_parallel.GradientBuckets", "gradient accumulation"),
      ("torch.nn.parallel.DistributedDataParallel", "gradient accumulation")])
