@@ -1,4 +1,4 @@
-"""Measuring a training step (lesson 14): timing it right, profiling where a data-parallel step's
+"""Measuring a training step: timing it right, profiling where a data-parallel step's
 time goes, mixed precision, gradient accumulation, and the bytes each part of training holds.
 
 - `benchmark`: warm-up, a clock stopped only once the device is done, repeats, median and spread;
