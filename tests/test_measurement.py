@@ -22,7 +22,6 @@ from edulib.lessons.measurement import (
     format_ranges,
     idle,
     measured_footprint,
-    profile_figure,
     profile_step,
     scaled_fp16_step,
     time_async_allreduce,
@@ -31,6 +30,7 @@ from edulib.lessons.measurement import (
 )
 from edulib.models import mlp, regression_batch
 from edulib.train.model import gpt
+from edulib.viz.measurement import profile_figure
 
 CPU = torch.device("cpu")
 

@@ -4,7 +4,8 @@ time goes, mixed precision, gradient accumulation, and the bytes each part of tr
 - `benchmark`: warm-up, a clock stopped only once the device is done, repeats, median and spread;
   `time_async_allreduce` (on ranks) times an asynchronous all-reduce with and without waiting.
 - `profile_step` (on ranks): one step of edulib's DistributedDataParallel under torch.profiler,
-  cut into spans of compute and communication; `breakdown` adds them up, `profile_figure` draws them.
+  cut into spans of compute and communication; `breakdown` adds them up (edulib.viz.measurement
+  draws them).
 - `format_ranges`, `autocast_loss`, `underflow_counts`, `scaled_fp16_step`: bf16 and fp16 against
   fp32, and GradScaler's loss scale.
 - `accumulated_gradients`, `accumulation_step` (on ranks): micro-batches against one large batch.
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -37,12 +36,10 @@ from edulib.rank import device as rank_device
 from edulib.recompute import saved_activation_bytes
 from edulib.train.data import text_batch
 from edulib.train.model import gpt, lm_loss
-from edulib.viz import shared_cores  # (also shows figures as pictures in a notebook)
 
 FORMATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMMUNICATION = ("gloo", "nccl", "c10d")  # a profiler event whose name holds one of these communicates
 Span = tuple[float, float]
-COMPUTE, COMMUNICATE, IDLE = "#4c72b0", "#dd8452", "#e5e5e5"
 
 # Kineto prints a line with the time and the process id at every profiler start and stop, at the
 # log level it reads when torch loads: ranks started after this import (they inherit the
@@ -51,8 +48,9 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def compute_device() -> torch.device:
-    """Where the lesson's one-process measurements run: the GPU when there is one, else the CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """Where the lesson's one-process measurements run: the accelerator (a GPU) when there is one,
+    else torch's default device."""
+    return torch.accelerator.current_accelerator() or torch.get_default_device()
 
 
 @dataclass(frozen=True)
@@ -116,14 +114,14 @@ def gpt_step(device: torch.device, hidden: int = 128, batch: int = 16, tokens: i
 
 def time_async_allreduce(nbytes: int, repeats: int) -> dict[str, list[float]]:
     """Seconds an asynchronous all-reduce of `nbytes` took on this rank, clocked two ways: stopped
-    when the call returned ("returned"), and after `work.wait()` ("waited")."""
+    when the call returned ("returned"), and once its result was in ("waited": torch's `work.wait()`)."""
     tensor = torch.ones(nbytes // 4, device=rank_device())
     pending = []
-    timed(lambda work: dist.all_reduce(work, async_op=True).wait(), 2, tensor.clone)  # warm-up
-    returned = timed(lambda work: pending.append(dist.all_reduce(work, async_op=True)), repeats, tensor.clone)
-    for work in pending:
-        work.wait()
-    waited = timed(lambda work: dist.all_reduce(work, async_op=True).wait(), repeats, tensor.clone)
+    timed(lambda work: comm.all_reduce(work, async_op=True).result(), 2, tensor.clone)  # warm-up
+    returned = timed(lambda work: pending.append(comm.all_reduce(work, async_op=True)), repeats, tensor.clone)
+    for future in pending:
+        future.result()
+    waited = timed(lambda work: comm.all_reduce(work, async_op=True).result(), repeats, tensor.clone)
     return {"returned": returned, "waited": waited}
 
 
@@ -217,28 +215,6 @@ def breakdown(report: dict) -> dict[str, float]:
     exposed = busy - compute
     return {"compute": compute, "communication": exposed, "idle": covered(idle(report)),
             "overlapped": covered(report["communication"]) - exposed}
-
-
-def profile_figure(reports: list[dict], title: str = "") -> Figure:
-    """One row per rank on the step's time axis: its compute spans, the communication above them,
-    and grey where it does neither (idle)."""
-    height = 1.3 + 0.6 * len(reports)
-    figure = Figure(figsize=(9, height))
-    axes = figure.subplots()
-    for rank, report in enumerate(reports):
-        y = len(reports) - 1 - rank
-        for spans, color, lane in ((idle(report), IDLE, (y - 0.35, 0.7)),
-                                   (report["compute"], COMPUTE, (y - 0.35, 0.4)),
-                                   (report["communication"], COMMUNICATE, (y + 0.1, 0.25))):
-            axes.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e in union(spans)], lane, facecolors=color)
-    axes.set_yticks(range(len(reports)), [f"rank {r}" for r in reversed(range(len(reports)))])
-    axes.set_xlabel("milliseconds since the step began")
-    axes.legend(handles=[Patch(color=color, label=label) for color, label in
-                         ((COMPUTE, "compute"), (COMMUNICATE, "communication"), (IDLE, "idle"))],
-                loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    axes.set_title("\n".join(part for part in (title, shared_cores(len(reports))) if part), fontsize=10)
-    figure.subplots_adjust(left=0.08, right=0.84, bottom=0.5 / height, top=1 - 0.5 / height)
-    return figure
 
 
 def format_ranges() -> list[tuple[str, int, int, float, float, float]]:
