@@ -60,6 +60,45 @@ def relay_cost(messages: int = 800, elements: int = 256) -> dict[str, float]:
     return {"gloo": gloo, "relay": relayed}
 
 
+def link_fidelity(students: int = 4, seed: int = 7, busy: int = 0) -> str:
+    """How close lesson 01's reference `measure_link` comes to the links the relay slows: a class of
+    `students` handing in the solution, graded at the default --jobs beside `busy` processes that
+    spin on a core each; each case's fitted alpha and beta against the link's, and the score."""
+    import dataclasses
+
+    from edulib.grading import CHECKS
+
+    root, found = Path(__file__).resolve().parents[2], []
+    checks = CHECKS["lesson01_data_parallelism"]
+    index = next(n for n, check in enumerate(checks) if check.name == "measure the link")
+    judge = checks[index].judge
+
+    def recording(case: object, answer: object) -> None:
+        (alpha, beta), (link_alpha, link_beta) = answer[0], case.expect["link"]
+        found.append((link_alpha, alpha, link_beta, beta))
+        judge(case, answer)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    checks[index] = dataclasses.replace(checks[index], judge=recording)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for student in range(students):
+                (Path(folder) / f"s{student}").mkdir()
+                shutil.copy(root / "solutions" / "lesson01_data_parallelism.py", Path(folder) / f"s{student}")
+            rows = grade(Path(folder), progress=False, seed=seed)
+    finally:
+        checks[index] = dataclasses.replace(checks[index], judge=judge)
+        for spinner in spinners:
+            spinner.kill()
+    scored = [r for r in rows if r.check.startswith("measure the link")]
+    table = [(f"{a * 1e3:.1f} ms", f"{got_a * 1e3:.1f} ms", f"{(got_a - a) * 1e3:+.1f} ms",
+              f"{1 / b / 1e6:.2f} MB/s", f"{got_b / b:.3f}") for a, got_a, b, got_b in found]
+    return (f"lesson 01's measure_link (the solution) on {len(found)} slowed links, {students} students at "
+            f"--jobs {default_jobs()} beside {busy} busy processes, on {platform.node()} ({os.cpu_count()} "
+            f"cores): {sum(r.points for r in scored)} of {sum(r.max_points for r in scored)} points\n\n"
+            + format_table(["link alpha", "fitted alpha", "fitted - link", "link 1 / beta",
+                            "fitted beta / link's"], table))
+
+
 def bench_grade(students: int = 30) -> str:
     """Time `edulib grade` on the solutions and on a class of `students` (half of them hand in
     the solutions, half the untouched exercises), one student at a time and one per core, against
