@@ -475,12 +475,12 @@ class Relay:
             self.slots[index].outgoing += data
         self.flush()
 
-    def _after(self, nbytes: int, start: float | None = None) -> float:
-        """When something of `nbytes` started at `start` (now by default) is through the link."""
+    def _after(self, nbytes: int) -> float:
+        """When something of `nbytes` that starts now is through the link (0: no link, at once)."""
         if self.link is None:
             return 0.0
         alpha, beta = self.link
-        return (time.monotonic() if start is None else start) + alpha + beta * nbytes
+        return time.monotonic() + alpha + beta * nbytes
 
     def _refuse(self, index: int, problem: str) -> None:
         self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
