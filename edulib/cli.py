@@ -129,8 +129,8 @@ def _tour_command(options: argparse.Namespace) -> int:
 
 def _bench_command(options: argparse.Namespace) -> int:
     """`edulib bench WHAT` (launch, allreduce, attention, compression, dp, energy, grade, memory, moe,
-    pipedream, pipeline, plan, tp, train): against a baseline or the model; allreduce and pipeline also save
-    theirs for the explorers."""
+    pipedream, pipeline, plan, plan-scale, tp, train): against a baseline or the model; allreduce and
+    pipeline also save theirs for the explorers."""
     from edulib import bench
     from edulib.measured import results_path
 
@@ -145,6 +145,8 @@ def _bench_command(options: argparse.Namespace) -> int:
                                    save_to=results_path(), trace=options.trace))
     elif options.what == "plan":
         print(bench.bench_planner())
+    elif options.what == "plan-scale":
+        print(bench.bench_planner_scale())
     elif options.what == "memory":
         print(bench.bench_memory(tuple(options.world_sizes), backend=options.backend))
     elif options.what == "attention":
@@ -269,7 +271,8 @@ def _plan_command(options: argparse.Namespace) -> int:
         bar = bars.get(phase) or bars.setdefault(phase, progress_bar(phase, total))
         bar.update(done - bar.n)
 
-    found = plan(model, cluster, options.microbatches, progress=None if options.quiet else progress)
+    found = plan(model, cluster, options.microbatches, clusters=options.clusters,
+                 progress=None if options.quiet else progress)
     for bar in bars.values():  # the inter-op pass may stop early: its bar says where
         bar.close()
     print(describe_plan(found, operators=options.operators))
@@ -368,8 +371,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     """`edulib bench WHAT`: speed against a baseline measured in the same run."""
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
     bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
-                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan", "tp",
-                                        "train"])
+                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan",
+                                        "plan-scale", "tp", "train"])
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
@@ -390,6 +393,9 @@ def _add_plan(commands: argparse._SubParsersAction) -> None:
     planner.add_argument("--nodes", type=_whole, default=2)
     planner.add_argument("--devices", type=_whole, default=8, help="devices per node")
     planner.add_argument("--microbatches", type=_whole, default=16)
+    planner.add_argument("--clusters", type=_whole, default=None,
+                         help="operator clusters (runs of whole layers) the stages are cut from; "
+                              "default: one per layer, at most 16")
     planner.add_argument("--tflops", type=_positive, default=100.0, help="peak TFLOP/s per device")
     planner.add_argument("--efficiency", type=_positive, default=1.0,
                          help="the fraction of peak that kernels sustain, at most 1")

@@ -15,6 +15,26 @@ PYTHON = os.fsencode(sys.executable)  # ranks of this session's Python, not anot
 _shared: list[Pool] = []
 
 
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "").encode()  # this test worker's name under xdist
+
+
+def owned_by_this_worker(pid: str) -> bool:
+    """Whether a process belongs to this test worker: under pytest-xdist, a rank started by another
+    worker is none of its business. A rank inherits the worker's environment; a sandboxed one
+    (a cleared environment) is a descendant of the worker, or dies with its sandbox."""
+    if not WORKER:
+        return True
+    with open(f"/proc/{pid}/environ", "rb") as file:
+        if b"PYTEST_XDIST_WORKER=" + WORKER + b"\0" in file.read():
+            return True
+    while pid not in ("0", "1"):
+        with open(f"/proc/{pid}/stat") as file:
+            pid = file.read().rsplit(")", 1)[1].split()[1]
+        if int(pid) == os.getpid():
+            return True
+    return False
+
+
 def rank_processes() -> set[int]:
     """Process ids of every live edulib rank that this session's Python runs (zombies count as gone)."""
     found = set()
@@ -27,7 +47,7 @@ def rank_processes() -> set[int]:
             if RANK_MARK not in command or PYTHON not in command:
                 continue
             with open(f"/proc/{entry}/stat") as file:
-                if file.read().rsplit(")", 1)[1].split()[0] != "Z":
+                if file.read().rsplit(")", 1)[1].split()[0] != "Z" and owned_by_this_worker(entry):
                     found.add(int(entry))
         except OSError:
             continue

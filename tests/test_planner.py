@@ -43,6 +43,7 @@ from edulib.planner.intra import (
     exhaustive_sharding,
     ilp,
     least_memory,
+    price_tier,
     priced_paths,
     strategies,
     viterbi,
@@ -119,9 +120,11 @@ def test_every_priced_path_of_one_sweep_equals_that_stage_priced_alone(seed):
                 if last < first:
                     assert paths.seconds[n, price, c] == paths.bytes[n, price, c] == np.inf
                     continue
-                alone = chain_optimum(table.part(first, last), paths.prices[n, price], in_flight)
+                # priced with its tier's micro-batches in flight (3 shares 2's sweep), bytes its own
+                alone = chain_optimum(table.part(first, last), paths.prices[n, price], price_tier(in_flight))
                 assert paths.seconds[n, price, c] == pytest.approx(alone.time, rel=1e-9)
                 assert paths.bytes[n, price, c] == pytest.approx(alone.memory(in_flight), rel=1e-9)
+    assert [price_tier(n) for n in range(1, 18)] == [1, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 16, 16]
     # and a sweep whose rows begin at their own operators equals a sweep from each
     firsts = [0, 2, 5]
     together = list(viterbi(table, 0, [0.0, 1e-9, 0.0], begins=firsts))

@@ -94,6 +94,36 @@ def test_the_planners_stage_table_sweeps_once_per_mesh_and_not_again_for_another
         assert any(t < float("inf") for t in table.time.ravel())
 
 
+def _planner_work(monkeypatch, layers: int, nodes: int, memory_gib: float) -> int:
+    """Cells the planner's Viterbi sweeps fill (rows x strategies x the strategies before, per
+    operator) to plan a small GPT of `layers` on `nodes` x 4 devices, from fresh tables."""
+    from edulib.planner import Cluster, inter, intra
+    from edulib.planner.graph import gpt_graph
+
+    cells, sweep = [], intra.viterbi
+
+    def counted(table, *args: object, **kwargs: object):
+        for step in sweep(table, *args, **kwargs):
+            cells.append(step.cost.size * (len(table.options[step.v - 1]) if step.v else 1))
+            yield step
+    monkeypatch.setattr(intra, "viterbi", counted)
+    intra.costs.cache_clear()
+    cluster = Cluster.from_speeds(nodes, 4, memory_gib=memory_gib)
+    inter.plan(gpt_graph(layers, 512, 8, 256, 4, vocab=0), cluster)
+    return sum(cells)
+
+
+def test_the_planners_work_doubles_with_the_layers_and_at_most_doubles_with_the_nodes(monkeypatch):
+    # 16 and 32 layers both plan on the default 16 operator clusters; the memory doubles with the
+    # model, so that the same stages overflow it and are priced (a test at ample memory prices none)
+    base = _planner_work(monkeypatch, 16, 2, 0.2)
+    assert base > 1.5 * _planner_work(monkeypatch, 16, 2, 64), "no stage was priced: memory is not tight"
+    layers = _planner_work(monkeypatch, 32, 2, 0.4) / base
+    nodes = _planner_work(monkeypatch, 16, 4, 0.2) / base
+    assert layers < 2.1, f"twice the layers took {layers:.2f}x the work"
+    assert nodes < 2.1, f"twice the nodes took {nodes:.2f}x the work"
+
+
 @pytest.mark.parametrize("name", ["1f1b", "zb_v"])
 def test_the_energy_dag_and_its_curves_take_time_in_proportion_to_the_actions(name):
     from edulib.energy.frontier import curves_for, pipeline_dag

@@ -34,7 +34,7 @@ from edulib.bench.pipeline import (
     pipeline_memory,
     write_traces,
 )
-from edulib.bench.planner import bench_executed_plan, bench_planner
+from edulib.bench.planner import bench_executed_plan, bench_planner, bench_planner_scale
 from edulib.bench.timing import fit_link, fit_overhead, median_slowest
 from edulib.bench.tp import bench_tp
 from edulib.bench.train import bench_resident, bench_train
@@ -43,6 +43,6 @@ from edulib.bench.zero import bench_memory
 __all__ = ["AGREEMENT_FROM", "MEMORY_SCHEDULES", "agreement", "bench_allreduce", "bench_attention",
            "bench_compression", "bench_data_parallel", "bench_energy", "bench_executed_plan",
            "bench_grade", "bench_launch", "bench_memory", "bench_moe", "bench_pipedream", "bench_pipeline",
-           "bench_planner", "bench_resident", "bench_split_backward", "bench_tp", "bench_train", "fit_link",
-           "fit_overhead",
+           "bench_planner", "bench_planner_scale", "bench_resident", "bench_split_backward", "bench_tp",
+           "bench_train", "fit_link", "fit_overhead",
            "measure_pipeline", "median_slowest", "pipeline_link", "pipeline_memory", "write_traces"]

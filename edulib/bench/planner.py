@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import tracemalloc
 
 from edulib.comm.cost import fit_alpha_beta
 from edulib.compare import disagreements
@@ -13,7 +14,8 @@ from edulib.lessons.collectives import ping_pong
 from edulib.lessons.plans import plan_reference, plan_step
 from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet_graph
 from edulib.planner.baselines import compare
-from edulib.planner.inter import plan
+from edulib.planner.inter import CLUSTERS, Plan, plan
+from edulib.planner.intra import costs
 from edulib.table import format_bytes, format_table
 
 
@@ -78,3 +80,43 @@ def measured_against_predicted(pool: Pool, memory: float, batch: int = 8, microb
     return {"plan": found, "problems": disagreements(reports, reference),
             "measured": max(r["seconds"] for r in reports), "predicted": found.latency,
             "flops": flops, "alpha": alpha, "beta": beta, "share": share}
+
+
+def bench_planner_scale(layers: tuple[int, ...] = (24, 48, 96), nodes: tuple[int, ...] = (2, 4, 16),
+                        devices: int = 8, microbatches: int = 16) -> str:
+    """The planner's search time and peak memory (Python's allocations, NumPy's included) for GPT
+    models of `layers` on `nodes` x `devices`, each beside the model of half its layers on the same
+    cluster (doubling the layers should cost about 2x); then the plan quality that bounding the
+    operator clusters costs: GPT-24's latency with `CLUSTERS` clusters against one per layer."""
+    rows, seconds, quality = [], {}, []
+    for count in nodes:
+        for depth in layers:
+            found, peak = _measured_plan(depth, count, devices, microbatches, None)
+            seconds[(depth, count)] = found.search_seconds
+            half = seconds.get((depth // 2, count))
+            rows.append((f"GPT-{depth}", f"{count} x {devices}", f"{found.search_seconds:.1f} s",
+                         f"{half and found.search_seconds / half:.2f}x" if half else "-",
+                         f"{peak / 2**20:.0f} MiB", len(found.stages), f"{found.latency * 1e3:.1f} ms"))
+        bounded = _measured_plan(24, count, devices, microbatches, None)[0]
+        every = _measured_plan(24, count, devices, microbatches, 24)[0]
+        quality.append((f"{count} x {devices}",
+                        *(f"{p.latency * 1e3:.2f} ms ({p.search_seconds:.1f} s)" for p in (every, bounded)),
+                         f"{bounded.latency / every.latency:.4f}x"))
+    return (f"GPT (hidden 1024) on `Cluster.from_speeds` defaults (100 TFLOP/s, 16 GiB per device), "
+            f"{microbatches} micro-batches, on {platform.node()}\n\n"
+            + format_table(["model", "cluster", "search", "vs half the layers", "peak memory", "stages",
+                            "latency"], rows)
+            + f"\n\nGPT-24: one cluster per layer against at most {CLUSTERS} (the default)\n\n"
+            + format_table(["cluster", "24 clusters", f"{CLUSTERS} clusters", "latency ratio"], quality))
+
+
+def _measured_plan(layers: int, nodes: int, devices: int, microbatches: int,
+                   clusters: int | None) -> tuple[Plan, int]:
+    """A fresh search (no tables kept from another) and its peak bytes allocated."""
+    costs.cache_clear()
+    tracemalloc.start()
+    try:
+        found = plan(gpt_graph(layers), Cluster.from_speeds(nodes, devices), microbatches, clusters=clusters)
+        return found, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -42,6 +42,10 @@ from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
+# Operator clusters a plan merges a model's layers into unless told otherwise: like Alpa's fixed
+# layer count, it bounds the stage table (and the search) whatever the depth of the model.
+CLUSTERS = 16
+
 
 def cluster_operators(graph: Graph, count: int) -> list[tuple[int, int]]:
     """Merge operators into at most `count` runs of whole layers with about equal FLOPs.
@@ -347,11 +351,12 @@ def build_plan(graph: Graph, cluster: Cluster, microbatches: int, table: StageTa
 def plan(graph: Graph, cluster: Cluster, microbatches: int = 16, clusters: int | None = None,
          submeshes: Sequence[tuple[int, int]] | None = None, stages: int | None = None,
          progress: Progress | None = None) -> Plan:
-    """Alpa's hierarchical search: the inter-op program over stage costs from the intra-op pass."""
+    """Alpa's hierarchical search: the inter-op program over stage costs from the intra-op pass,
+    on the model's layers merged into `clusters` runs (at most `CLUSTERS` by default)."""
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches must be a whole number, 1 or more; got {microbatches!r}")
     started = time.perf_counter()
-    ranges = cluster_operators(graph, clusters or len({op.layer for op in graph.operators}))
+    ranges = cluster_operators(graph, clusters or min(len({op.layer for op in graph.operators}), CLUSTERS))
     submeshes = list(submeshes or cluster.submeshes())
     stages = min(stages or len(ranges), len(ranges), cluster.size)
     table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages, progress=progress)

@@ -270,20 +270,25 @@ def viterbi(table: Costs, first: int = 0, prices: Sequence[float] = (0.0,),
         return tuple(np.broadcast_to(values, cost.shape)
                      for values in (cost, start, table.weight[v], table.activation[v]))
 
-    active, every_row = int(np.searchsorted(own, first, side="right")), np.arange(len(price))[:, None]
+    active = int(np.searchsorted(own, first, side="right"))
     step = ViterbiStep(first, *begun(first, slice(0, active)),
                        np.zeros((active, len(table.options[first])), int))
     yield step
     for v in range(first + 1, len(table.options)):
         edge = table.edge[(v - 1, v)]
+        width = edge.shape[0]  # strategies of v - 1
         total = step.cost[:, None, :] + np.ascontiguousarray(edge.T)  # [row, strategy of v, of v - 1]
         back = np.argmin(total, axis=2)  # (along the last axis: the faster way)
-        rows, columns = every_row[:active], np.arange(back.shape[1])
-        found = (total[rows, columns, back] + table.node[v]
+        # flat positions of each choice: in `total`, in the step before's [row, strategy] and in `edge`
+        chosen = back.ravel() + width * np.arange(back.size)
+        before = (back + width * np.arange(active)[:, None]).ravel()
+        hop = edge.ravel()[back.ravel() * edge.shape[1] + np.tile(np.arange(back.shape[1]), active)]
+        seconds, weight, activation = (np.ascontiguousarray(kept).ravel()[before].reshape(back.shape)
+                                       for kept in (step.seconds, step.weight, step.activation))
+        found = (total.ravel()[chosen].reshape(back.shape) + table.node[v]
                  + price[:active] * training_bytes(table.weight[v], table.activation[v], flight[:active]),
-                 step.seconds[rows, back] + edge[back, columns] + table.node[v],
-                 step.weight[rows, back] + table.weight[v],
-                 step.activation[rows, back] + table.activation[v])
+                 seconds + hop.reshape(back.shape) + table.node[v],
+                 weight + table.weight[v], activation + table.activation[v])
         now = int(np.searchsorted(own, v, side="right"))
         if now > active:  # rows whose paths begin here
             fresh = begun(v, slice(active, now))
@@ -364,13 +369,20 @@ def _frontier(seconds: np.ndarray, used: np.ndarray, back: np.ndarray, index: np
 PRICES = np.concatenate([[0.0], np.geomspace(1e-5, 1e2, 36), [1e4, 1e6, 1e8]])
 
 
+def price_tier(in_flight: int) -> int:
+    """The micro-batches in flight a priced sweep weighs activations by for `in_flight`: the power
+    of two at or below it, so that 1 to 16 in flight share five sweeps, not sixteen."""
+    return 1 << (int(in_flight).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class PricedPaths:
     """For each (first operator, micro-batches in flight) of `starts`, price and last operator (of
     `lasts`), the cheapest path at that price from first to last as a stage (it takes its input
-    whole and hands its output on whole): its seconds and bytes per device (inf where last comes
-    before first). Each is the exact optimum of seconds + price x bytes, so the fastest that fits a
-    memory is an upper bound on the ILP's answer, and exact where the time optimum (price 0) fits."""
+    whole and hands its output on whole): its seconds and its bytes per device with that many in
+    flight (inf where last comes before first). Each is the exact optimum of seconds + price x bytes
+    with `price_tier(in flight)` micro-batches in flight, so the fastest that fits a memory is an
+    upper bound on the ILP's answer, and exact where the time optimum (price 0) fits."""
 
     starts: tuple[tuple[int, int], ...]
     lasts: tuple[int, ...]
@@ -384,28 +396,29 @@ class PricedPaths:
 
 
 def priced_paths(table: Costs, starts: tuple[tuple[int, int], ...], lasts: tuple[int, ...]) -> PricedPaths:
-    """`PricedPaths` of a chain. No memory is involved, so each start's are kept with the tables (a
+    """`PricedPaths` of a chain. No memory is involved, so the sweeps are kept with the tables (a
     cluster that changes only its memory, or only links this mesh does not use, reuses them); those
-    not kept yet come from one Viterbi sweep whose rows are every such (start, price). A start's
-    prices are `PRICES` times the seconds per byte of the slowest strategies from its first
+    not kept yet come from one Viterbi sweep whose rows are every such (first, tier, price). A
+    start's prices are `PRICES` times the seconds per byte of the slowest strategies from its first
     operator on over their fewest bytes."""
-    missing = [start for start in starts if (start, lasts) not in table.kept]
+    tiers = [(first, price_tier(flight)) for first, flight in starts]
+    missing = sorted({tier for tier in tiers if (tier, lasts) not in table.kept})
     if missing:
         firsts, flights = (np.array(column) for column in zip(*missing, strict=True))
         counts = sorted(set(flights))
         fewest = np.cumsum(fewest_bytes(table, counts)[:, ::-1], axis=1)[:, ::-1]  # from each operator on
         slowest = np.cumsum([n.max() for n in table.node][::-1])[::-1]
         scale = slowest[firsts] / np.maximum(fewest[np.searchsorted(counts, flights), firsts], 1e-30)
-        prices = scale[:, None] * PRICES  # [start, price]
-        in_flight = np.repeat(flights, len(PRICES))
-        seconds, weight, activation = _path_ends(table, prices.reshape(-1), in_flight,
-                                                 np.repeat(firsts, len(PRICES)), lasts)
-        nbytes = training_bytes(weight, activation, in_flight[:, None])
+        prices = scale[:, None] * PRICES  # [tier, price]
+        found = _path_ends(table, prices.reshape(-1), np.repeat(flights, len(PRICES)),
+                           np.repeat(firsts, len(PRICES)), lasts)
         shape = (len(missing), len(PRICES), len(lasts))
-        for n, start in enumerate(missing):
-            table.kept[(start, lasts)] = (prices[n], seconds.reshape(shape)[n], nbytes.reshape(shape)[n])
-    kept = [table.kept[(start, lasts)] for start in starts]
-    return PricedPaths(starts, lasts, *(np.stack(part) for part in zip(*kept, strict=True)))
+        for n, tier in enumerate(missing):
+            table.kept[(tier, lasts)] = (prices[n], *(part.reshape(shape)[n] for part in found))
+    prices, seconds, weight, activation = zip(*(table.kept[(tier, lasts)] for tier in tiers), strict=True)
+    flights = np.array([flight for _, flight in starts], dtype=float)[:, None, None]
+    return PricedPaths(starts, lasts, np.stack(prices), np.stack(seconds),
+                       training_bytes(np.stack(weight), np.stack(activation), flights))
 
 
 def fastest_paths(table: Costs, firsts: tuple[int, ...], lasts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
