@@ -62,6 +62,14 @@ def wait_until_gone(pids: set[int], seconds: float = 30.0) -> set[int]:
     return alive
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), the cells of a notebook run in one kernel, so on one
+    worker; so do the tests of a file whose module fixture is costly (its `xdist_group` mark)."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture(scope="session")
 def pool4():
     """Four gloo ranks shared by every test that only needs healthy ranks."""

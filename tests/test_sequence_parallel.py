@@ -46,8 +46,8 @@ def test_sequence_parallel_layer_equals_the_unsplit_layer(ranks, pool4):
             for part in ("forward", "backward", "recompute"):
                 assert counted.get(part, 0) == expected[part], (part, counted)
     # an all-gather plus a reduce-scatter move what one all-reduce moves
-    assert [_by_part(r["transfers"])["forward"] for r in split] == \
-           [_by_part(r["transfers"])["forward"] for r in plain]
+    assert [_by_part(r["transfers"]).get("forward", 0) for r in split] == \
+           [_by_part(r["transfers"]).get("forward", 0) for r in plain]  # (0 bytes on one rank)
     # the LayerNorms and the row layers' biases are replicated: the same gradient on every rank
     names = split[0]["replicated"]
     assert {"norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"} <= set(names)

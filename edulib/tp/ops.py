@@ -165,13 +165,15 @@ class _GatheredLinear(Function):
 
 
 def f(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:
-    """Identity forward, all-reduce backward: where a replicated input enters a parallel region."""
-    return _F.apply(x, group, algorithm)
+    """Identity forward, all-reduce backward: where a replicated input enters a parallel region
+    (over a group of one rank, the identity both ways: no autograd node, no copy)."""
+    return x if dist.get_world_size(group) == 1 else _F.apply(x, group, algorithm)
 
 
 def g(x: torch.Tensor, group=None, algorithm: str = "builtin") -> torch.Tensor:
-    """All-reduce forward, identity backward: where partial sums leave a parallel region."""
-    return _G.apply(x, group, algorithm)
+    """All-reduce forward, identity backward: where partial sums leave a parallel region (over a
+    group of one rank, the identity both ways)."""
+    return x if dist.get_world_size(group) == 1 else _G.apply(x, group, algorithm)
 
 
 def gather(x: torch.Tensor, dim: int = -1, group=None, algorithm: str = "builtin") -> torch.Tensor:
