@@ -7,6 +7,7 @@ capabilities add their steps to `STEPS`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -428,15 +429,19 @@ STEPS: list[TourStep] = [
 ]
 
 
-def tour(world_size: int = 4, backend: str = "auto", steps: list[TourStep] | None = None) -> bool:
-    """Run every step on one pool of ranks, print the table, and return whether all passed."""
+def tour(world_size: int = 4, backend: str = "auto", steps: list[TourStep] | None = None,
+         pool: Pool | None = None) -> bool:
+    """Run every step on one pool of ranks (a new one, or `pool`, of `world_size` ranks, left
+    open), print the table, and return whether all passed."""
     steps = STEPS if steps is None else steps
     check_world_size(world_size)
+    if pool is not None and pool.world_size != world_size:
+        raise ValueError(f"the tour on {world_size} ranks was given a pool of {pool.world_size}")
     resolved = resolve_backend(backend, world_size)
     print(f"edulib tour: {world_size} ranks, backend {resolved}\n", flush=True)
     rows, ok = [], 0
     bar = progress_bar("edulib tour", len(steps) + 1)
-    with Pool(world_size, backend) as pool:
+    with contextlib.nullcontext(pool) if pool is not None else Pool(world_size, backend) as pool:
         pool.start()
         bar.update(1)  # the ranks are up: on a small machine, the longest wait
         for step in steps:

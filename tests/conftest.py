@@ -70,10 +70,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
+TIMEOUT = 120.0  # a shared pool's collectives: minutes of margin for a slow or busy machine
+SPARE_RANKS = 12  # ranks kept idle in the shared pools besides pool4's (each holds a few hundred MB)
+_asked: set[int] = set()  # the world sizes the running test asked `pools` for
+
+
 @pytest.fixture(scope="session")
 def pool4():
     """Four gloo ranks shared by every test that only needs healthy ranks."""
-    with Pool(4, backend="gloo", timeout=20) as pool:
+    with Pool(4, backend="gloo", timeout=TIMEOUT) as pool:
         pool.start()
         _shared.append(pool)
         yield pool
@@ -82,19 +87,32 @@ def pool4():
 
 @pytest.fixture(scope="session")
 def pools(pool4):
-    """A shared pool of gloo ranks per world size, started when first asked for (`pools(8)`)."""
+    """A shared pool of gloo ranks per world size, started when first asked for (`pools(8)`); past
+    `SPARE_RANKS`, the pools asked for least recently (and not by the running test) are closed."""
     made = {4: pool4}
 
     def pool_of(world: int) -> Pool:
+        _asked.add(world)
         if world not in made:
-            made[world] = Pool(world, backend="gloo", timeout=120)
+            made[world] = Pool(world, backend="gloo", timeout=TIMEOUT)
+            while sum(made) - 4 > SPARE_RANKS and (idle := [w for w in made if w not in _asked and w != 4]):
+                _shared.remove(pool := made.pop(idle[0]))
+                pool.close()
             made[world].start()
             _shared.append(made[world])
+        made[world] = made.pop(world)  # (most recently asked for last)
         return made[world]
     yield pool_of
     for world, pool in made.items():
         if world != 4:
             pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _pools_asked_for():
+    """Which shared pools the running test asked for: `pools` closes none of them."""
+    _asked.clear()
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -32,11 +32,17 @@ def test_tour_verifies_every_step_and_prints_the_table(capsys):
 
 
 @pytest.mark.parametrize("world_size", [6, 8])
-def test_tour_passes_on_a_whole_node_and_on_a_rank_count_that_is_no_power_of_two(world_size, capsys):
+def test_tour_passes_on_a_whole_node_and_on_a_rank_count_that_is_no_power_of_two(world_size, pools, capsys):
     """8 ranks are an instructor's GPU node; 6 divides nothing evenly by 4 (PipeDream needs enough
-    mini-batches to fill 8 stages, and ZeRO's bytes per rank x 6 must round back to the whole)."""
-    assert tour(world_size=world_size, backend="gloo") is True
+    mini-batches to fill 8 stages, and ZeRO's bytes per rank x 6 must round back to the whole). Over
+    10 s: every step of the tour, on the suite's shared ranks (8 ranks share 2 cores)."""
+    assert tour(world_size=world_size, backend="gloo", pool=pools(world_size)) is True
     assert capsys.readouterr().out.rstrip().endswith(f"{len(STEPS)} of {len(STEPS)} checks ok")
+
+
+def test_a_tour_given_ranks_of_another_count_is_refused(pool4):
+    with pytest.raises(ValueError, match="the tour on 2 ranks was given a pool of 4"):
+        tour(world_size=2, backend="gloo", pool=pool4)
 
 
 def _wrong(pool) -> str:

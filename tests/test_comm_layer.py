@@ -66,9 +66,9 @@ def test_every_collective_and_algorithm_on_groups_equals_numpy_and_counts_what_i
 
 
 @pytest.mark.parametrize("algorithm", ["builtin", "pairwise", "naive"])
-def test_all_to_all_with_uneven_splits(algorithm):
-    with Pool(3, backend="gloo", timeout=20) as pool:
-        reports = pool.run(ranks.uneven_all_to_all, algorithm)
+def test_all_to_all_with_uneven_splits(algorithm, pools):
+    pool = pools(3)
+    reports = pool.run(ranks.uneven_all_to_all, algorithm)
     for rank, report in enumerate(reports):
         pieces = [list(torch.split(r["input"], r["splits"])) for r in reports]
         assert torch.equal(report["output"], torch.cat([pieces[j][rank] for j in range(3)]))

@@ -17,10 +17,10 @@ LARGE_ODD = 10_007
 
 
 @pytest.mark.parametrize("world_size", range(1, 9))
-def test_every_schedule_on_real_ranks(world_size):
+def test_every_schedule_on_real_ranks(world_size, pools):
     lengths = sorted({0, 1, max(world_size - 1, 0), world_size + 1, LARGE_ODD})
-    with Pool(world_size, backend="gloo", timeout=30) as pool:
-        per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), lengths, ["float32", "int64"])
+    pool = pools(world_size)
+    per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), lengths, ["float32", "int64"])
     cases = list(zip(*per_rank, strict=True))
     assert len(cases) == len(COLLECTIVE_SCHEDULES) * len(lengths) * 2
     problems = [problem for reports in cases
@@ -29,12 +29,12 @@ def test_every_schedule_on_real_ranks(world_size):
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
-def test_every_schedule_in_small_segments(world_size):
+def test_every_schedule_in_small_segments(world_size, pools):
     # 7-element segments: every message of 10 007 elements travels in many pieces, each added or
     # copied in as it lands; a piece must not change what this rank still sends in that round
-    with Pool(world_size, backend="gloo", timeout=30) as pool:
-        per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"],
-                            segment=7)
+    pool = pools(world_size)
+    per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"],
+                        segment=7)
     problems = [problem for reports in zip(*per_rank, strict=True)
                 for problem in collective_disagreements(reports[0]["name"], list(reports))]
     assert not problems, "\n".join(problems[:20])

@@ -3,45 +3,39 @@ ledger's K/V exchanges and each rank's blocks against their closed forms."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from edulib.compare import disagreements
 from edulib.cp import LAYOUTS, balance, blocks_per_rank, ring_attention_bytes, shard_sequence, token_ranges
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.context_parallelism import ring_reference, ring_step
 
 HEADS, WIDTH = 2, 4  # ring_step's defaults
 
 
-def _pool(ranks: int, pool4):
-    return contextlib.nullcontext(pool4) if ranks == 4 else Pool(ranks, backend="gloo", timeout=30)
-
-
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_ring_attention_equals_full_attention(ranks, pool4):
-    with _pool(ranks, pool4) as pool:
-        for tokens in (4 * ranks, 4 * ranks + 3):  # the second does not divide evenly
-            for layout in LAYOUTS:
-                for causal in (True, False):
-                    reports = pool.run(ring_step, tokens, layout, causal)
-                    reference = ring_reference(tokens, causal)
-                    problems = disagreements(reports, reference, atol=1e-5)
-                    assert not problems, (tokens, layout, causal, problems[:2])
-                    if tokens > 4 * ranks:  # the check can fail: the other mask
-                        assert disagreements(reports, ring_reference(tokens, not causal), atol=1e-5)
-                    closed = ring_attention_bytes(tokens, ranks, HEADS * WIDTH, layout=layout)
-                    for report, expected in zip(reports, closed, strict=True):
-                        sends = [t for t in report["transfers"] if t.operation == "send"]
-                        assert sum(t.direction == "forward" for t in sends) == ranks - 1  # K/V exchanges
-                        # backward: K, V and their gradients N-1 times, then the gradients home
-                        assert sum(t.direction == "backward" for t in sends) == (ranks if ranks > 1 else 0)
-                        for part in ("forward", "backward"):
-                            assert sum(t.nbytes for t in sends if t.direction == part) == expected[part]
-                    computed = [len(r["trace"]) for r in reports]
-                    assert computed == blocks_per_rank(ranks, layout, causal)
+def test_ring_attention_equals_full_attention(ranks, pools):
+    pool = pools(ranks)
+    for tokens in (4 * ranks, 4 * ranks + 3):  # the second does not divide evenly
+        for layout in LAYOUTS:
+            for causal in (True, False):
+                reports = pool.run(ring_step, tokens, layout, causal)
+                reference = ring_reference(tokens, causal)
+                problems = disagreements(reports, reference, atol=1e-5)
+                assert not problems, (tokens, layout, causal, problems[:2])
+                if tokens > 4 * ranks:  # the check can fail: the other mask
+                    assert disagreements(reports, ring_reference(tokens, not causal), atol=1e-5)
+                closed = ring_attention_bytes(tokens, ranks, HEADS * WIDTH, layout=layout)
+                for report, expected in zip(reports, closed, strict=True):
+                    sends = [t for t in report["transfers"] if t.operation == "send"]
+                    assert sum(t.direction == "forward" for t in sends) == ranks - 1  # K/V exchanges
+                    # backward: K, V and their gradients N-1 times, then the gradients home
+                    assert sum(t.direction == "backward" for t in sends) == (ranks if ranks > 1 else 0)
+                    for part in ("forward", "backward"):
+                        assert sum(t.nbytes for t in sends if t.direction == part) == expected[part]
+                computed = [len(r["trace"]) for r in reports]
+                assert computed == blocks_per_rank(ranks, layout, causal)
 
 
 def test_the_blocks_closed_forms():

@@ -29,42 +29,42 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_every_method_holds_the_weights_of_single_process_training(ranks):
+def test_every_method_holds_the_weights_of_single_process_training(ranks, pools):
     reference, _ = data_parallel_reference(STEPS, batch=BATCH)
     problems = []
-    with Pool(ranks, backend="gloo", timeout=30) as pool:
-        for shards in (1, 2) if ranks == 4 else (1,):
-            for report in pool.run(parameter_server_train, STEPS, shards=shards, batch=BATCH):
-                if report["role"] == "worker" and not _close(report["parameters"], reference):
-                    problems.append(f"synchronous parameter server, {shards} shards")
-        for overlap, bucket in ((True, 1 << 20), (True, 256), (False, 256)):
-            runs = pool.run(data_parallel_train, STEPS, bucket_bytes=bucket, overlap=overlap, batch=BATCH)
-            for report in runs:
-                if not _close(report["parameters"], reference):
-                    problems.append(f"data parallel, overlap {overlap}, buckets of {bucket} B")
-        for parameters in pool.run(torch_ddp_train, STEPS, batch=BATCH):
-            if not _close(parameters, reference):
-                problems.append("DistributedDataParallel")
+    pool = pools(ranks)
+    for shards in (1, 2) if ranks == 4 else (1,):
+        for report in pool.run(parameter_server_train, STEPS, shards=shards, batch=BATCH):
+            if report["role"] == "worker" and not _close(report["parameters"], reference):
+                problems.append(f"synchronous parameter server, {shards} shards")
+    for overlap, bucket in ((True, 1 << 20), (True, 256), (False, 256)):
+        runs = pool.run(data_parallel_train, STEPS, bucket_bytes=bucket, overlap=overlap, batch=BATCH)
+        for report in runs:
+            if not _close(report["parameters"], reference):
+                problems.append(f"data parallel, overlap {overlap}, buckets of {bucket} B")
+    for parameters in pool.run(torch_ddp_train, STEPS, batch=BATCH):
+        if not _close(parameters, reference):
+            problems.append("DistributedDataParallel")
     assert not problems, problems
 
 
 @pytest.mark.parametrize("ranks_", [2, 4])
-def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_):
+def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_, pools):
     reference, _ = data_parallel_reference(STEPS, batch=BATCH)
     problems = []
-    with Pool(ranks_, backend="gloo", timeout=30) as pool:
-        for algorithm in ["builtin", *comm.ALGORITHMS]:
-            reports = pool.run(data_parallel_train, STEPS, bucket_bytes=600, batch=BATCH, algorithm=algorithm)
-            for rank, report in enumerate(reports):
-                if not _close(report["parameters"], reference):
-                    problems.append(f"{algorithm}: rank {rank}'s weights differ from one process's")
-                schedule = comm.schedule_for("all_reduce", algorithm, ranks_)
-                counted = STEPS * sum(comm.bytes_sent(schedule, 4 * size, 4)[rank]
-                                      for size in report["bucket_sizes"])
-                if report["bytes_sent"] != counted or not counted:
-                    problems.append(f"{algorithm}: rank {rank} sent {report['bytes_sent']} bytes, "
-                                    f"its buckets' schedules count {counted}")
-            assert len(reports[0]["bucket_sizes"]) > 1  # several buckets, uneven ones
+    pool = pools(ranks_)
+    for algorithm in ["builtin", *comm.ALGORITHMS]:
+        reports = pool.run(data_parallel_train, STEPS, bucket_bytes=600, batch=BATCH, algorithm=algorithm)
+        for rank, report in enumerate(reports):
+            if not _close(report["parameters"], reference):
+                problems.append(f"{algorithm}: rank {rank}'s weights differ from one process's")
+            schedule = comm.schedule_for("all_reduce", algorithm, ranks_)
+            counted = STEPS * sum(comm.bytes_sent(schedule, 4 * size, 4)[rank]
+                                  for size in report["bucket_sizes"])
+            if report["bytes_sent"] != counted or not counted:
+                problems.append(f"{algorithm}: rank {rank} sent {report['bytes_sent']} bytes, "
+                                f"its buckets' schedules count {counted}")
+        assert len(reports[0]["bucket_sizes"]) > 1  # several buckets, uneven ones
     assert not problems, "\n".join(problems)
 
 
@@ -81,19 +81,19 @@ def test_no_sync_accumulates_micro_batches_and_reduces_once(pool4, algorithm):
             assert torch.allclose(grad, reference[name], atol=1e-6), name
 
 
-def test_the_server_keeps_only_the_versions_staleness_needs():
-    with Pool(3, backend="gloo", timeout=30) as pool:
-        for staleness in (0, 1, 3):
-            server = pool.run(parameter_server_train, 6, staleness=staleness, batch=8)[0]
-            assert server["role"] == "server" and server["versions_kept"] == staleness + 1
+def test_the_server_keeps_only_the_versions_staleness_needs(pools):
+    pool = pools(3)
+    for staleness in (0, 1, 3):
+        server = pool.run(parameter_server_train, 6, staleness=staleness, batch=8)[0]
+        assert server["role"] == "server" and server["versions_kept"] == staleness + 1
 
 
-def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
+def test_stale_gradients_change_the_weights_but_the_loss_still_falls(pools):
     steps = 30
     reference, _ = data_parallel_reference(steps, batch=BATCH)
-    with Pool(4, backend="gloo", timeout=30) as pool:
-        workers = [r for r in pool.run(parameter_server_train, steps, staleness=2, batch=BATCH)
-                   if r["role"] == "worker"]
+    pool = pools(4)
+    workers = [r for r in pool.run(parameter_server_train, steps, staleness=2, batch=BATCH)
+               if r["role"] == "worker"]
     assert [w["ages"][:4] for w in workers] == [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2]]
     assert not _close(workers[0]["parameters"], reference)
     for worker in workers:
@@ -101,10 +101,10 @@ def test_stale_gradients_change_the_weights_but_the_loss_still_falls():
         assert last < first
 
 
-def test_small_buckets_make_more_buckets():
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        assert pool.run(data_parallel_train, 1, bucket_bytes=1 << 20)[0]["buckets"] == 1
-        assert pool.run(data_parallel_train, 1, bucket_bytes=256)[0]["buckets"] == 4  # one per parameter here
+def test_small_buckets_make_more_buckets(pools):
+    pool = pools(2)
+    assert pool.run(data_parallel_train, 1, bucket_bytes=1 << 20)[0]["buckets"] == 1
+    assert pool.run(data_parallel_train, 1, bucket_bytes=256)[0]["buckets"] == 4  # one per parameter here
 
 
 def _differing_replicas() -> None:

@@ -3,49 +3,43 @@ same way, with the all-to-all bytes against the closed form for the routing that
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from edulib.compare import disagreements
 from edulib.ep import route
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.expert_parallelism import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
 from tests.ranks import moe_with_an_empty_rank
 
 TOKENS, HIDDEN, EXPERTS = 6, 8, 4
 
 
-def _pool(ranks: int, pool4):
-    return contextlib.nullcontext(pool4) if ranks == 4 else Pool(ranks, backend="gloo", timeout=30)
-
-
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_expert_parallel_moe_equals_the_dense_layer(ranks, pool4):
-    with _pool(ranks, pool4) as pool:
-        for k in (1, 2):
-            for capacity in (None, 1.0):
-                for starve in (None, ranks - 1):  # Megatron-LM issue 1877: a rank gets no tokens
-                    args = (TOKENS, HIDDEN, EXPERTS, k, capacity, 0, starve)
-                    reports = pool.run(moe_step, *args)
-                    reference, traffic = moe_reference(ranks, *args)
-                    problems = disagreements(reports, reference, atol=1e-5)
-                    assert not problems, (k, capacity, starve, problems[:2])
-                    sends = [r["rows"]["send"] for r in reports]
-                    receives = [r["rows"]["receive"] for r in reports]
-                    assert sends == traffic
-                    assert receives == [list(column) for column in zip(*sends, strict=True)]
-                    if capacity is None:
-                        assert all(sum(row) == TOKENS * k for row in sends)
-                    else:
-                        assert all(sum(row) <= TOKENS * k for row in sends)
-                    if starve is not None and ranks > 1:
-                        assert sum(receives[starve]) == 0
-                    assert [dispatched_bytes(r["transfers"]) for r in reports] == \
-                           [all_to_all_bytes(traffic, rank, HIDDEN * 4) for rank in range(ranks)]
-                    router = [r["gradients"]["router.weight"] for r in reports]
-                    assert all(torch.equal(g, router[0]) for g in router)  # summed over the ranks
+def test_expert_parallel_moe_equals_the_dense_layer(ranks, pools):
+    pool = pools(ranks)
+    for k in (1, 2):
+        for capacity in (None, 1.0):
+            for starve in (None, ranks - 1):  # Megatron-LM issue 1877: a rank gets no tokens
+                args = (TOKENS, HIDDEN, EXPERTS, k, capacity, 0, starve)
+                reports = pool.run(moe_step, *args)
+                reference, traffic = moe_reference(ranks, *args)
+                problems = disagreements(reports, reference, atol=1e-5)
+                assert not problems, (k, capacity, starve, problems[:2])
+                sends = [r["rows"]["send"] for r in reports]
+                receives = [r["rows"]["receive"] for r in reports]
+                assert sends == traffic
+                assert receives == [list(column) for column in zip(*sends, strict=True)]
+                if capacity is None:
+                    assert all(sum(row) == TOKENS * k for row in sends)
+                else:
+                    assert all(sum(row) <= TOKENS * k for row in sends)
+                if starve is not None and ranks > 1:
+                    assert sum(receives[starve]) == 0
+                assert [dispatched_bytes(r["transfers"]) for r in reports] == \
+                       [all_to_all_bytes(traffic, rank, HIDDEN * 4) for rank in range(ranks)]
+                router = [r["gradients"]["router.weight"] for r in reports]
+                assert all(torch.equal(g, router[0]) for g in router)  # summed over the ranks
     assert disagreements(reports, moe_reference(ranks, TOKENS, HIDDEN, EXPERTS, 1)[0], atol=1e-5)
 
 

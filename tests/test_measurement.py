@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from edulib.footprint import training_footprint
-from edulib.launch import Pool
 from edulib.lessons.measurement import (
     Timing,
     accumulated_gradients,
@@ -44,13 +43,13 @@ def test_accumulated_micro_batches_give_the_large_batchs_gradient(micro_batches)
     assert all(torch.allclose(a, w, atol=1e-7) for a, w in zip(accumulated, whole, strict=True))
 
 
-def test_no_sync_all_reduces_once_per_bucket_per_step_and_keeps_the_gradient():
+def test_no_sync_all_reduces_once_per_bucket_per_step_and_keeps_the_gradient(pools):
     model = mlp(16, 2)
     inputs, targets = regression_batch(2 * 4 * 8, 16)  # 2 ranks, 4 micro-batches of 8
     whole = torch.autograd.grad(nn.functional.mse_loss(model(inputs), targets), list(model.parameters()))
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        synced = pool.run(accumulation_step, 4, False, bucket_bytes=1100)
-        quiet = pool.run(accumulation_step, 4, True, bucket_bytes=1100)
+    pool = pools(2)
+    synced = pool.run(accumulation_step, 4, False, bucket_bytes=1100)
+    quiet = pool.run(accumulation_step, 4, True, bucket_bytes=1100)
     buckets = synced[0]["buckets"]
     assert buckets == 2  # bias (64 B) and weight (1,024 B) of each layer: 1,088 B per 1,100-byte bucket
     for report in synced:
@@ -72,10 +71,10 @@ def test_measured_bytes_per_part_are_the_footprint_rules(precision):
     assert found["activations"] > 0
 
 
-def test_a_profiled_steps_compute_communication_and_idle_add_up_to_its_wall_time(tmp_path):
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        reports = pool.run(profile_step, width=128, depth=2, batch=16, bucket_bytes=70_000,
-                           trace=str(tmp_path / "step"))  # a layer's weight and bias: 66,048 bytes a bucket
+def test_a_profiled_steps_compute_communication_and_idle_add_up_to_its_wall_time(tmp_path, pools):
+    pool = pools(2)
+    reports = pool.run(profile_step, width=128, depth=2, batch=16, bucket_bytes=70_000,
+                       trace=str(tmp_path / "step"))  # a layer's weight and bias: 66,048 bytes a bucket
     for rank, report in enumerate(reports):
         parts = breakdown(report)
         total = parts["compute"] + parts["communication"] + parts["idle"]
@@ -95,9 +94,9 @@ def test_the_breakdown_of_spans_made_by_hand():
     assert breakdown(report) == {"compute": 2.0, "communication": 1.0, "idle": 1.0, "overlapped": 1.0}
 
 
-def test_an_async_all_reduce_is_timed_both_ways():
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        per_rank = pool.run(time_async_allreduce, 1 << 12, 3)
+def test_an_async_all_reduce_is_timed_both_ways(pools):
+    pool = pools(2)
+    per_rank = pool.run(time_async_allreduce, 1 << 12, 3)
     for times in per_rank:
         assert len(times["returned"]) == len(times["waited"]) == 3
         assert min(times["returned"] + times["waited"]) > 0

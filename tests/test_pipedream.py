@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.pipelines import pipedream_reference, pipedream_train
 from edulib.models import cut_into_stages, mlp
 from edulib.pp import async_1f1b, build_schedule, parse_actions, simulate
@@ -113,9 +113,9 @@ def _same_updates_as_the_replay(pool, p: int) -> list[str]:
     return problems
 
 
-def test_two_ranks_make_exactly_the_updates_of_a_one_process_replay_with_their_staleness():
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        problems = _same_updates_as_the_replay(pool, 2)
+def test_two_ranks_make_exactly_the_updates_of_a_one_process_replay_with_their_staleness(pools):
+    pool = pools(2)
+    problems = _same_updates_as_the_replay(pool, 2)
     assert not problems, "\n".join(problems)
 
 

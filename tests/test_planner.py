@@ -20,7 +20,7 @@ from edulib.hybrid.plan import (
     plan_model,
     stage_layouts,
 )
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.plans import plan_reference, plan_step
 from edulib.models import mlp, small_cnn
 from edulib.planner import intra
@@ -348,12 +348,12 @@ def test_no_strategy_splits_a_loop_unevenly():
         f"{a},{b}" for a in "boi-" for b in "boi-"}
 
 
-def test_a_plan_for_three_ranks_runs_and_computes_one_process_gradients():
+def test_a_plan_for_three_ranks_runs_and_computes_one_process_gradients(pools):
     found = plan(language_model_graph(), local_cluster(3, flops=1e8, alpha=1e-5, beta=1e-9, memory=160e3))
     stages = stage_layouts(found)
     assert [stage.mesh for stage in stages] == [(1, 1), (2, 1)]  # a pipeline, sharded inside
-    with Pool(3, backend="gloo", timeout=60) as pool:
-        assert not disagreements(pool.run(plan_step, stages), plan_reference())
+    pool = pools(3)
+    assert not disagreements(pool.run(plan_step, stages), plan_reference())
 
 
 class _Residual(torch.nn.Module):

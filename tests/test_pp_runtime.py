@@ -26,26 +26,26 @@ def _schedules(p: int) -> list:
 
 
 @pytest.mark.parametrize("p", [2, 4])
-def test_every_schedule_trains_exactly_like_the_unsplit_model(p):
+def test_every_schedule_trains_exactly_like_the_unsplit_model(p, pools):
     reference = reference_gradients(mlp(WIDTH, DEPTH), *regression_batch(BATCH, WIDTH))
     problems = []
-    with Pool(p, backend="gloo", timeout=30) as pool:
-        for schedule in _schedules(p):
-            reports = pool.run(pipeline_step, schedule, width=WIDTH, depth=DEPTH, batch=BATCH)
-            got = {name: grad for report in reports for name, grad in report["gradients"].items()}
-            if set(got) != set(reference):
-                problems.append(f"{schedule.name}: gradients for {sorted(got)}")
-                continue
-            worst = max((got[name] - reference[name]).abs().max().item() for name in reference)
-            if worst > 1e-6:
-                problems.append(f"{schedule.name}: largest gradient difference {worst:.2e}")
-            timeline = measured_timeline(schedule, reports)
-            for device, row in enumerate(schedule.actions):
-                ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
-                if [e.action for e in ran] != list(row):
-                    problems.append(f"{schedule.name}: device {device} ran out of order")
-                if any(a.end > b.start + 1e-9 for a, b in zip(ran, ran[1:], strict=False)):
-                    problems.append(f"{schedule.name}: device {device} overlapped two actions")
+    pool = pools(p)
+    for schedule in _schedules(p):
+        reports = pool.run(pipeline_step, schedule, width=WIDTH, depth=DEPTH, batch=BATCH)
+        got = {name: grad for report in reports for name, grad in report["gradients"].items()}
+        if set(got) != set(reference):
+            problems.append(f"{schedule.name}: gradients for {sorted(got)}")
+            continue
+        worst = max((got[name] - reference[name]).abs().max().item() for name in reference)
+        if worst > 1e-6:
+            problems.append(f"{schedule.name}: largest gradient difference {worst:.2e}")
+        timeline = measured_timeline(schedule, reports)
+        for device, row in enumerate(schedule.actions):
+            ran = sorted((e for e in timeline.events if e.device == device), key=lambda e: e.start)
+            if [e.action for e in ran] != list(row):
+                problems.append(f"{schedule.name}: device {device} ran out of order")
+            if any(a.end > b.start + 1e-9 for a, b in zip(ran, ran[1:], strict=False)):
+                problems.append(f"{schedule.name}: device {device} overlapped two actions")
     assert not problems, "\n".join(problems)
 
 
@@ -72,25 +72,25 @@ def test_split_cuts_into_nearly_equal_consecutive_pieces():
         cut_into_stages(mlp(4, 7), 8)
 
 
-def test_messages_of_any_dtype_and_shape_train_like_the_unsplit_model():
+def test_messages_of_any_dtype_and_shape_train_like_the_unsplit_model(pools):
     """bf16 stages, token ids into the first stage, and stages whose outputs narrow, each message's
     shape and dtype inferred from one forward pass; on 1F1B and on zero bubble's split backward."""
     from tests.ranks import typed_batch, typed_model, typed_pipeline
 
     problems = []
-    with Pool(2, backend="gloo", timeout=30) as pool:
-        for kind, name in itertools.product(("bf16", "tokens", "narrowing"), ("1f1b", "zero_bubble")):
-            model = typed_model(kind)
-            for x, target in zip(*typed_batch(kind, 4), strict=True):
-                (torch.nn.functional.mse_loss(model(x), target) / 4).backward()
-            reports = pool.run(typed_pipeline, kind, name)
-            found = {key: grad for report in reports for key, grad in report.items()}
-            tolerance = 2e-2 if kind == "bf16" else 1e-6
-            for key, parameter in model.named_parameters():
-                got = found.get(key)
-                if got is None or got.dtype != parameter.dtype or not torch.allclose(
-                        got.float(), parameter.grad.float(), atol=tolerance):
-                    problems.append(f"{kind}, {name}: the gradient of {key}")
+    pool = pools(2)
+    for kind, name in itertools.product(("bf16", "tokens", "narrowing"), ("1f1b", "zero_bubble")):
+        model = typed_model(kind)
+        for x, target in zip(*typed_batch(kind, 4), strict=True):
+            (torch.nn.functional.mse_loss(model(x), target) / 4).backward()
+        reports = pool.run(typed_pipeline, kind, name)
+        found = {key: grad for report in reports for key, grad in report.items()}
+        tolerance = 2e-2 if kind == "bf16" else 1e-6
+        for key, parameter in model.named_parameters():
+            got = found.get(key)
+            if got is None or got.dtype != parameter.dtype or not torch.allclose(
+                    got.float(), parameter.grad.float(), atol=tolerance):
+                problems.append(f"{kind}, {name}: the gradient of {key}")
     assert not problems, problems
 
 

@@ -3,22 +3,16 @@ tensor parallelism's bytes, and t times less activation memory, each against its
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from edulib.compare import disagreements
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.tensor_parallelism import sequence_parallel_reference, sequence_parallel_step
 from edulib.recompute import korthikanti_bytes
 from edulib.tp.sequence import activation_bytes, layer_traffic
 
 BATCH, TOKENS, HIDDEN, HEADS = 2, 8, 16, 4
-
-
-def _pool(ranks: int, pool4):
-    return contextlib.nullcontext(pool4) if ranks == 4 else Pool(ranks, backend="gloo", timeout=30)
 
 
 def _by_part(transfers) -> dict[str, int]:
@@ -29,13 +23,13 @@ def _by_part(transfers) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_sequence_parallel_layer_equals_the_unsplit_layer(ranks, pool4):
+def test_sequence_parallel_layer_equals_the_unsplit_layer(ranks, pools):
     reference, unsplit_bytes = sequence_parallel_reference(BATCH, TOKENS, HIDDEN, HEADS)
     assert unsplit_bytes == activation_bytes(TOKENS, BATCH, HIDDEN, HEADS)
-    with _pool(ranks, pool4) as pool:
-        plain = pool.run(sequence_parallel_step, False, BATCH, TOKENS, HIDDEN, HEADS)
-        split = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS)
-        forgot = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS, sync_replicated=False)
+    pool = pools(ranks)
+    plain = pool.run(sequence_parallel_step, False, BATCH, TOKENS, HIDDEN, HEADS)
+    split = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS)
+    forgot = pool.run(sequence_parallel_step, True, BATCH, TOKENS, HIDDEN, HEADS, sync_replicated=False)
     for reports, sequence_parallel in ((plain, False), (split, True)):
         assert not disagreements(reports, reference)
         for report in reports:
@@ -95,13 +89,13 @@ def test_activation_bytes_rejects_nonsense():
         activation_bytes(8, 2, 16, 4, 0)
 
 
-def test_the_gathered_linear_does_only_the_backward_work_that_is_needed(pool4):
+def test_the_gathered_linear_does_only_the_backward_work_that_is_needed(pools):
     """Frozen weights: their gradient is not computed, so the input is not gathered again for it;
     the input's gradient is still reduce-scattered."""
     from tests.ranks import frozen_sequence_parallel_bytes
 
-    with _pool(2, pool4) as pool:
-        trained, frozen = (pool.run(frozen_sequence_parallel_bytes, freeze) for freeze in (False, True))
+    pool = pools(2)
+    trained, frozen = (pool.run(frozen_sequence_parallel_bytes, freeze) for freeze in (False, True))
     assert trained[0]["recompute"] > 0 and frozen[0].get("recompute", 0) == 0
     assert frozen[0]["backward"] == trained[0]["backward"] > 0
 

@@ -66,11 +66,11 @@ def _expected(kind: str, ranks: int, algorithm: str) -> Traffic:
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_every_layer_equals_its_full_module_and_sends_what_the_table_says(ranks):
+def test_every_layer_equals_its_full_module_and_sends_what_the_table_says(ranks, pools):
     problems = []
-    with Pool(ranks, backend="gloo", timeout=30) as pool:
-        for algorithm in ["builtin", *ALGORITHMS] if ranks > 1 else ["builtin"]:
-            problems += _check_layers(pool, ranks, algorithm)
+    pool = pools(ranks)
+    for algorithm in ["builtin", *ALGORITHMS] if ranks > 1 else ["builtin"]:
+        problems += _check_layers(pool, ranks, algorithm)
     assert not problems, "\n".join(problems)
 
 

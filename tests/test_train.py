@@ -85,6 +85,7 @@ def _covering() -> list[TrainConfig]:
 
 
 COVERING = _covering()
+FIRST_OF_EACH_PRECISION = [next(c for c in COVERING if c.precision == p) for p in ("fp32", "bf16")]
 
 
 def _name(config: TrainConfig) -> str:
@@ -123,9 +124,10 @@ def test_every_pair_of_options_trains_like_one_process(config, pools):
             assert all(held[kind] <= 1.1 * formula[kind] for kind in formula), (held, formula)
         assert (held["optimizer"] > 0) == (config.optimizer == "adamw")  # SGD keeps no state (in fp32,
         assert held["parameters"] > 0 and held["activations"] > 0  # nor master weights)
-    other = reference(TrainConfig(**{**config.__dict__, "seed": 1}))  # the comparison can fail
-    assert not torch.allclose(weights["1.attention.qkv.weight"], other["weights"]["1.attention.qkv.weight"],
-                              atol=1e-3)
+    if config in FIRST_OF_EACH_PRECISION:  # the comparison can fail (once a precision: a reference run
+        other = reference(TrainConfig(**{**config.__dict__, "seed": 1}))  # costs as much as the check)
+        assert not torch.allclose(weights["1.attention.qkv.weight"],
+                                  other["weights"]["1.attention.qkv.weight"], atol=1e-3)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

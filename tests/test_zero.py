@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edulib.footprint import GB, devices_to_fit, largest_model, sharded_bytes
-from edulib.launch import Pool, RankError
+from edulib.launch import RankError
 from edulib.lessons.data_parallelism import zero_reference, zero_train
 from tests import ranks
 
@@ -33,48 +33,40 @@ def test_the_zero_papers_figure_comes_from_the_formulas():
         sharded_bytes(1, 2, 4)
 
 
-def _pool(ranks: int, pool4):
-    return pool4 if ranks == 4 else Pool(ranks, backend="gloo", timeout=60)
-
-
 @pytest.mark.parametrize("ranks, algorithm", [(1, "builtin"), (2, "ring"), (3, "halving_doubling"),
                                               (4, "builtin")])
-def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ranks, algorithm, pool4):
+def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ranks, algorithm, pools):
     reference, _ = zero_reference(STEPS, batch=BATCH)
-    pool = _pool(ranks, pool4)
-    try:
-        for stage in range(4):
-            for report in pool.run(zero_train, stage, STEPS, batch=BATCH, algorithm=algorithm):
-                worst = (report["parameters"] - reference).abs().max().item()
-                assert worst < 1e-6, (stage, worst)
-            accumulated = pool.run(zero_train, stage, STEPS, batch=BATCH, microbatches=3)
-            assert (accumulated[0]["parameters"] - reference).abs().max().item() < 1e-6, stage
-            if ranks in (2, 4):  # Ψ divides: every rank holds exactly the formula's bytes
-                mixed = pool.run(zero_train, stage, STEPS, batch=BATCH, precision="bf16",
-                                 algorithm=algorithm)
-                want = sharded_bytes(PSI, ranks, stage, "bf16")
-                for report in mixed:
-                    held = report["bytes_held"]
-                    assert (held["parameters"], held["gradients"], held["optimizer"]) == (
-                        want.weights, want.gradients, want.optimizer), (stage, held)
-                    # one all-reduce's worth at stages 0-2, one and a half at stage 3, in bf16
-                    elements = (3 if stage == 3 else 2) * PSI * (ranks - 1) / ranks
-                    assert report["bytes_sent"] == STEPS * 2 * elements, (stage, report["bytes_sent"])
-                    if stage == 3:  # the peak adds one unit's weights and gradients, gathered
-                        assert report["peak"] == sum(held.values()) + 2 * 2 * max(report["units"])
-    finally:
-        if pool is not pool4:
-            pool.close()
+    pool = pools(ranks)
+    for stage in range(4):
+        for report in pool.run(zero_train, stage, STEPS, batch=BATCH, algorithm=algorithm):
+            worst = (report["parameters"] - reference).abs().max().item()
+            assert worst < 1e-6, (stage, worst)
+        accumulated = pool.run(zero_train, stage, STEPS, batch=BATCH, microbatches=3)
+        assert (accumulated[0]["parameters"] - reference).abs().max().item() < 1e-6, stage
+        if ranks in (2, 4):  # Ψ divides: every rank holds exactly the formula's bytes
+            mixed = pool.run(zero_train, stage, STEPS, batch=BATCH, precision="bf16",
+                             algorithm=algorithm)
+            want = sharded_bytes(PSI, ranks, stage, "bf16")
+            for report in mixed:
+                held = report["bytes_held"]
+                assert (held["parameters"], held["gradients"], held["optimizer"]) == (
+                    want.weights, want.gradients, want.optimizer), (stage, held)
+                # one all-reduce's worth at stages 0-2, one and a half at stage 3, in bf16
+                elements = (3 if stage == 3 else 2) * PSI * (ranks - 1) / ranks
+                assert report["bytes_sent"] == STEPS * 2 * elements, (stage, report["bytes_sent"])
+                if stage == 3:  # the peak adds one unit's weights and gradients, gathered
+                    assert report["peak"] == sum(held.values()) + 2 * 2 * max(report["units"])
 
 
-def test_a_rank_that_owns_nothing_still_trains():
+def test_a_rank_that_owns_nothing_still_trains(pools):
     reference, _ = zero_reference(STEPS, batch=BATCH, width=1, depth=1)  # 2 parameters
-    with Pool(3, backend="gloo", timeout=30) as pool:
-        for stage in (1, 2, 3):
-            reports = pool.run(zero_train, stage, STEPS, batch=BATCH, width=1, depth=1)
-            assert reports[2]["bytes_held"]["optimizer"] == 0  # rank 2's shard is empty
-            for report in reports:
-                assert torch.allclose(report["parameters"], reference, atol=1e-6)
+    pool = pools(3)
+    for stage in (1, 2, 3):
+        reports = pool.run(zero_train, stage, STEPS, batch=BATCH, width=1, depth=1)
+        assert reports[2]["bytes_held"]["optimizer"] == 0  # rank 2's shard is empty
+        for report in reports:
+            assert torch.allclose(report["parameters"], reference, atol=1e-6)
 
 
 def test_mixed_precision_keeps_16_bytes_per_parameter_and_stays_close_to_fp32(pool4):

@@ -6,6 +6,7 @@ trainer does not support raises a ValueError that names it and says why.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -225,8 +226,11 @@ class TrainConfig:
         return bool(self.checkpoint) and (step % every == 0 or step == self.steps)
 
     def pipeline(self) -> Schedule:
-        """The pipeline schedule for pp devices."""
-        return build_schedule(self.schedule, self.pp, self.microbatches, self.chunks)
+        """The pipeline schedule for pp devices (schedules are frozen: each one is built once)."""
+        return _schedule(self.schedule, self.pp, self.microbatches, self.chunks)
+
+
+_schedule = functools.lru_cache(maxsize=1024)(build_schedule)
 
 
 def _number(value: object) -> bool:
