@@ -70,6 +70,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
+SLOW = 10.0  # seconds: a test slower than this says why in its docstring
+_undocumented: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Note on each report whether the test has a docstring (a notebook cell has none to give)."""
+    outcome = yield
+    function = getattr(item, "function", None)
+    outcome.get_result().user_properties.append(("documented", function is None or bool(function.__doc__)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep the tests slower than `SLOW` that do not say why (under xdist, on the controller too)."""
+    if report.duration > SLOW and not dict(report.user_properties).get("documented", True):
+        _undocumented.append(f"{report.duration:.1f}s {report.when} {report.nodeid}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """List the slow tests whose docstring does not say why they are slow."""
+    if _undocumented:
+        terminalreporter.section(f"over {SLOW:g} s with no docstring to say why")
+        for line in _undocumented:
+            terminalreporter.line(line)
+
+
 TIMEOUT = 120.0  # a shared pool's collectives: minutes of margin for a slow or busy machine
 SPARE_RANKS = 12  # ranks kept idle in the shared pools besides pool4's (each holds a few hundred MB)
 _asked: set[int] = set()  # the world sizes the running test asked `pools` for

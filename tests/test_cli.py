@@ -101,6 +101,8 @@ def test_a_bad_world_size_in_python_is_an_error_before_the_header(capsys):
 
 
 def test_grading_writes_no_file_unless_asked(tmp_path, monkeypatch, capsys):
+    """Grading a solution twice through the command line (a sandboxed tree each, 10-15 s in all): no file
+    unless --report asks for one."""
     monkeypatch.chdir(tmp_path)
     solution = os.path.join(ROOT, "solutions", "lesson01_data_parallelism.py")
     assert main(["grade", solution]) == 0
@@ -260,6 +262,8 @@ def test_plan_on_an_impossible_cluster_is_a_clear_error(capsys):
 
 
 def test_the_executed_plan_benchmark_sets_the_measured_step_beside_the_prediction():
+    """The benchmark's own run (fitting the link, planning, one executed trial on 4 ranks: over 10 s)
+    prints a ratio that agrees with its two columns."""
     from edulib.bench import bench_executed_plan
 
     report = bench_executed_plan(ranks=4, trials=1)

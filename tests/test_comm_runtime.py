@@ -18,6 +18,8 @@ LARGE_ODD = 10_007
 
 @pytest.mark.parametrize("world_size", range(1, 9))
 def test_every_schedule_on_real_ranks(world_size, pools):
+    """Every collective schedule on real ranks, five lengths, two dtypes (over 10 s at 8 ranks on 2
+    cores)."""
     lengths = sorted({0, 1, max(world_size - 1, 0), world_size + 1, LARGE_ODD})
     pool = pools(world_size)
     per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), lengths, ["float32", "int64"])
@@ -30,8 +32,10 @@ def test_every_schedule_on_real_ranks(world_size, pools):
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
 def test_every_schedule_in_small_segments(world_size, pools):
-    # 7-element segments: every message of 10 007 elements travels in many pieces, each added or
-    # copied in as it lands; a piece must not change what this rank still sends in that round
+    """Every schedule again in 7-element segments: thousands of messages a schedule (over 10 s on 5
+    ranks sharing 2 cores)."""
+    # every message of 10 007 elements travels in many pieces, each added or copied in as it lands;
+    # a piece must not change what this rank still sends in that round
     pool = pools(world_size)
     per_rank = pool.run(run_many, list(COLLECTIVE_SCHEDULES), [5, 23, LARGE_ODD], ["float32", "int64"],
                         segment=7)

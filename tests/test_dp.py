@@ -50,6 +50,7 @@ def test_every_method_holds_the_weights_of_single_process_training(ranks, pools)
 
 @pytest.mark.parametrize("ranks_", [2, 4])
 def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_, pools):
+    """Data parallelism trained on each of the all-reduces in turn (over 10 s on 4 ranks)."""
     reference, _ = data_parallel_reference(STEPS, batch=BATCH)
     problems = []
     pool = pools(ranks_)
@@ -289,6 +290,8 @@ def _bad_wrapper(kind: str) -> None:
     ("stranger", "a unit must be one of the model's own submodules; \\['Linear'\\]"),
     ("bf16 model", "the model must arrive in fp32")])
 def test_the_wrappers_refuse_what_they_cannot_do(kind, message, pool4):
+    """A refusal raised on the ranks fails the call, so the shared pool starts its 4 ranks again (about 10
+    s of CPU)."""
     with pytest.raises(RankError, match=message):
         pool4.run(_bad_wrapper, kind)
 
@@ -303,6 +306,7 @@ FSDP_PAIRS = [("sgd", "fp32", "builtin", False, False, 2), ("adamw", "bf16", "ri
 @pytest.mark.parametrize("optimizer, compute, algorithm, prefetch, halves, microbatches", FSDP_PAIRS)
 def test_fully_sharded_data_parallel_trains_like_fsdp2(optimizer, compute, algorithm, prefetch, halves,
                                                        microbatches, pool4):
+    """Each combination trains both edulib's FSDP and torch's FSDP2 on 4 ranks (several seconds each)."""
     reports = pool4.run(ranks.fsdp_against_torch, optimizer, compute, algorithm, prefetch, halves,
                         microbatches)
     tolerance = 1e-5 if compute == "fp32" else 2e-2  # bf16 compute: the same rounding, summed apart

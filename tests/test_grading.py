@@ -59,6 +59,7 @@ def _worth(result) -> int:
 
 
 def test_the_solutions_score_full_marks_on_every_hidden_case():
+    """Every solution graded on every case, visible and hidden, as a class would be (over 30 s)."""
     results = grade(ROOT / "solutions", progress=False)
     assert {r.exercise for r in results} == set(CHECKS)
     missed = [f"{r.exercise}/{r.check}: {r.feedback}" for r in results if r.points != _worth(r)]
@@ -120,6 +121,7 @@ def test_the_reference_ring_passes_the_hidden_cases_of_other_seeds():
 
 
 def test_untouched_exercises_say_not_implemented_with_the_hint():
+    """Every exercise as released, each a sandboxed tree that imports torch (over 20 s)."""
     results = grade(ROOT / "exercises", progress=False)
     assert results and all(r.points == 0 for r in results)
     for result in results:
@@ -384,6 +386,7 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "weight stash on real ranks (optional)", "rank 0: the final"),
 ])
 def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
+    """A graded tree per mistake, on real ranks, visible and hidden cases (over 10 s each)."""
     source = (ROOT / "solutions" / f"{name}.py").read_text()
     assert source.count(wrong) == 1, wrong
     path = _submit(tmp_path, name, source.replace(wrong, right))
@@ -451,6 +454,7 @@ def test_ring_attention_that_never_passes_keys_on_scores_zero(tmp_path):
 
 
 def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
+    """The loop spins until its 3 s of CPU are spent, once a case (over 10 s)."""
     path = _submit(tmp_path, "lesson01_data_parallelism", """
         def server_step(parameters, gradients, lr):
             while True:
@@ -464,6 +468,7 @@ def test_a_planted_infinite_loop_scores_zero_at_its_cpu_limit(tmp_path):
 
 
 def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
+    """The deadlock is only found when the check's time runs out, visible and hidden case (over 20 s)."""
     path = _submit(tmp_path, "lesson02_allreduce", """
         import torch
         import torch.distributed as dist
@@ -514,6 +519,7 @@ def test_the_students_graded_at_once_must_be_a_whole_number(tmp_path, jobs):
 
 
 def test_a_class_is_graded_per_student_with_missing_rows_warnings_and_reports(tmp_path, monkeypatch, capsys):
+    """A small class graded for real, a sandboxed tree per student and exercise (over 20 s)."""
     course = tmp_path / "submissions"
     alice = _submit(course / "alice", "notes", "").parent
     shutil.copy(ROOT / "solutions" / "lesson01_data_parallelism.py", alice)

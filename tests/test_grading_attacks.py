@@ -469,6 +469,7 @@ def test_secrets_on_disk_and_in_the_environment_never_reach_the_feedback(tmp_pat
 
 
 def test_hidden_cases_come_from_a_secret_seed_that_is_recorded(tmp_path):
+    """The same submission graded twice, to see two seeds (over 10 s)."""
     path = tmp_path / "s" / "lesson05_sharding.py"
     path.parent.mkdir()
     path.write_text((ROOT / "solutions" / "lesson05_sharding.py").read_text())
@@ -699,6 +700,7 @@ def test_100_mb_of_output_does_not_cost_a_correct_answer(tmp_path):
 
 
 def test_30_mb_printed_by_a_rank_does_not_cost_a_correct_answer(tmp_path):
+    """30 MB through a rank's pipes, then every case of the exercise graded (over 10 s)."""
     solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
     wrong, right = "    bounds = shard_bounds(length, dist.get_world_size())\n", (
         "    if dist.get_rank() == 0:\n        print('y' * 30_000_000)\n"

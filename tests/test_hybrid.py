@@ -33,6 +33,7 @@ def test_every_group_comes_from_one_grid():
 
 @pytest.mark.parametrize("world, shapes", [(2, [(2, 1, 1), (1, 1, 2)]), (4, [(2, 1, 2), (1, 2, 2)])])
 def test_every_all_reduce_trains_the_grid_like_one_process(world, shapes, pools):
+    """Every grid shape trained on each all-reduce beside one process (over 10 s at 8 ranks)."""
     for dp, pp, tp in shapes:
         config = TrainConfig(dp=dp, pp=pp, tp=tp, microbatches=2, batch=2 * dp, hidden=16, heads=2, tokens=8,
                              steps=3)

@@ -126,6 +126,8 @@ def test_the_planners_work_doubles_with_the_layers_and_at_most_doubles_with_the_
 
 @pytest.mark.parametrize("name", ["1f1b", "zb_v"])
 def test_the_energy_dag_and_its_curves_take_time_in_proportion_to_the_actions(name):
+    """Seven timed rounds of each size, each sample at least 30 ms, for two functions: a growth ratio
+    needs repeats (over 10 s)."""
     from edulib.energy.frontier import curves_for, pipeline_dag
     from edulib.energy.gpu import A100
 

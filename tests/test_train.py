@@ -94,6 +94,8 @@ def _name(config: TrainConfig) -> str:
 
 @pytest.mark.parametrize("config", COVERING, ids=_name)
 def test_every_pair_of_options_trains_like_one_process(config, pools):
+    """20 steps of a real run on up to 8 ranks beside one process's (several configs over 10 s on 2
+    cores)."""
     reports = pools(config.world).run(train, config)
     want = reference(config)
     losses = reports[0]["losses"]
@@ -163,6 +165,7 @@ def test_the_learning_rate_warms_up_then_holds_or_decays_by_the_closed_form():
 
 
 def test_the_covering_configs_hold_every_pair_that_the_trainer_accepts():
+    """Builds every accepted config again to list the pairs they hold (over 10 s: about 100,000 configs)."""
     held = set().union(*(_pairs((c, tuple(getattr(c, name) for name in FREE))) for c in COVERING))
     assert _every_pair([c for c in _accepted() if c.world <= 8]) <= held
     assert {c.schedule for c in COVERING} == set(SCHEDULES) and {c.zero for c in COVERING} == {None, 1, 2, 3}
@@ -239,6 +242,7 @@ SMALL = ["--hidden", "16", "--heads", "2", "--tokens", "8", "--batch", "4", "--s
 
 
 def test_the_train_command_prints_the_run_beside_one_process(capsys, tmp_path):
+    """A whole `edulib train` on 4 fresh ranks with a checkpoint, beside one process (over 10 s)."""
     from edulib.cli import main
 
     assert main(["train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--eval-every", "3", *SMALL,

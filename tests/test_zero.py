@@ -116,6 +116,8 @@ def _half_model():
 
 
 def test_a_master_weight_must_be_fp32(pool4):
+    """The refusal fails the call, so the shared pool starts its 4 ranks again before the check after it
+    (over 10 s)."""
     with pytest.raises(RankError, match="the model must arrive in fp32"):
         pool4.run(_half_model)
     reference, _ = zero_reference(1)  # the shared pool still trains correctly afterwards
