@@ -15,26 +15,6 @@ PYTHON = os.fsencode(sys.executable)  # ranks of this session's Python, not anot
 _shared: list[Pool] = []
 
 
-WORKER = os.environ.get("PYTEST_XDIST_WORKER", "").encode()  # this test worker's name under xdist
-
-
-def owned_by_this_worker(pid: str) -> bool:
-    """Whether a process belongs to this test worker: under pytest-xdist, a rank started by another
-    worker is none of its business. A rank inherits the worker's environment; a sandboxed one
-    (a cleared environment) is a descendant of the worker, or dies with its sandbox."""
-    if not WORKER:
-        return True
-    with open(f"/proc/{pid}/environ", "rb") as file:
-        if b"PYTEST_XDIST_WORKER=" + WORKER + b"\0" in file.read():
-            return True
-    while pid not in ("0", "1"):
-        with open(f"/proc/{pid}/stat") as file:
-            pid = file.read().rsplit(")", 1)[1].split()[1]
-        if int(pid) == os.getpid():
-            return True
-    return False
-
-
 def rank_processes() -> set[int]:
     """Process ids of every live edulib rank that this session's Python runs (zombies count as gone)."""
     found = set()
@@ -47,7 +27,7 @@ def rank_processes() -> set[int]:
             if RANK_MARK not in command or PYTHON not in command:
                 continue
             with open(f"/proc/{entry}/stat") as file:
-                if file.read().rsplit(")", 1)[1].split()[0] != "Z" and owned_by_this_worker(entry):
+                if file.read().rsplit(")", 1)[1].split()[0] != "Z":
                     found.add(int(entry))
         except OSError:
             continue
@@ -60,14 +40,6 @@ def wait_until_gone(pids: set[int], seconds: float = 30.0) -> set[int]:
     while (alive := pids & rank_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), the cells of a notebook run in one kernel, so on one
-    worker; so do the tests of a file whose module fixture is costly (its `xdist_group` mark)."""
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 SLOW = 10.0  # seconds: a test slower than this says why in its docstring
@@ -83,7 +55,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Keep the tests slower than `SLOW` that do not say why (under xdist, on the controller too)."""
+    """Keep the tests slower than `SLOW` that do not say why."""
     if report.duration > SLOW and not dict(report.user_properties).get("documented", True):
         _undocumented.append(f"{report.duration:.1f}s {report.when} {report.nodeid}")
 

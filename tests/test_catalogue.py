@@ -17,8 +17,6 @@ import pytest
 from edulib.grading import CHECKS, grade
 from edulib.grading import sandbox as bubblewrap
 
-pytestmark = pytest.mark.xdist_group("test_catalogue")  # (xdist: one worker runs the one class run)
-
 CATALOGUE = Path(__file__).with_name("catalogue")
 SEED = 4242
 EXPECT = re.compile(r"^# expect: (?P<check>.+?) = (?P<score>full|0)\s*$")

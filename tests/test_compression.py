@@ -14,7 +14,6 @@ from edulib.lessons.data_parallelism import (
     torch_powersgd_train,
 )
 
-pytestmark = pytest.mark.xdist_group("test_compression")  # (xdist: one worker shares the module's runs)
 STEPS, WIDTH, DEPTH, BATCH, LR = 120, 32, 2, 32, 0.2
 
 
