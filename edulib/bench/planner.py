@@ -97,8 +97,8 @@ def bench_planner_scale(layers: tuple[int, ...] = (24, 48, 96), nodes: tuple[int
             rows.append((f"GPT-{depth}", f"{count} x {devices}", f"{found.search_seconds:.1f} s",
                          f"{half and found.search_seconds / half:.2f}x" if half else "-",
                          f"{peak / 2**20:.0f} MiB", len(found.stages), f"{found.latency * 1e3:.1f} ms"))
-        bounded = _measured_plan(24, count, devices, microbatches, None)[0]
-        every = _measured_plan(24, count, devices, microbatches, 24)[0]
+        bounded = _timed_plan(24, count, devices, microbatches, None)
+        every = _timed_plan(24, count, devices, microbatches, 24)
         quality.append((f"{count} x {devices}",
                         *(f"{p.latency * 1e3:.2f} ms ({p.search_seconds:.1f} s)" for p in (every, bounded)),
                          f"{bounded.latency / every.latency:.4f}x"))
@@ -110,13 +110,21 @@ def bench_planner_scale(layers: tuple[int, ...] = (24, 48, 96), nodes: tuple[int
             + format_table(["cluster", "24 clusters", f"{CLUSTERS} clusters", "latency ratio"], quality))
 
 
+def _timed_plan(layers: int, nodes: int, devices: int, microbatches: int, clusters: int | None) -> Plan:
+    """A fresh search (no tables kept from another), timed."""
+    costs.cache_clear()
+    return plan(gpt_graph(layers), Cluster.from_speeds(nodes, devices), microbatches, clusters=clusters)
+
+
 def _measured_plan(layers: int, nodes: int, devices: int, microbatches: int,
                    clusters: int | None) -> tuple[Plan, int]:
-    """A fresh search (no tables kept from another) and its peak bytes allocated."""
+    """A fresh search (no tables kept from another), timed, and its peak bytes allocated, measured
+    in a second search (tracing every allocation would slow the timed one down 2-3x)."""
+    found = _timed_plan(layers, nodes, devices, microbatches, clusters)
     costs.cache_clear()
     tracemalloc.start()
     try:
-        found = plan(gpt_graph(layers), Cluster.from_speeds(nodes, devices), microbatches, clusters=clusters)
+        plan(gpt_graph(layers), Cluster.from_speeds(nodes, devices), microbatches, clusters=clusters)
         return found, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
