@@ -371,7 +371,7 @@ PRICES = np.concatenate([[0.0], np.geomspace(1e-5, 1e2, 36), [1e4, 1e6, 1e8]])
 
 def price_tier(in_flight: int) -> int:
     """The micro-batches in flight a priced sweep weighs activations by for `in_flight`: the power
-    of two at or below it, so that 1 to 16 in flight share five sweeps, not sixteen."""
+    of two at or below it, so that 1 to 16 in flight share five sets of a sweep's rows, not sixteen."""
     return 1 << (int(in_flight).bit_length() - 1)
 
 
