@@ -1,7 +1,8 @@
 """Start torch.distributed ranks from a notebook cell or a script: `run` once, or keep a `Pool`.
 
-Every rank is a fresh Python process in its own session that joins one process group through a
-store that this process hosts on 127.0.0.1 (so no port can be taken between choosing it and
+Every rank is a Python process of its own, in its own session, forked from a warm fork server
+(`edulib.forkserver`; spawned fresh for NCCL, or with start="spawn"), that joins one process group
+through a store that this process hosts on 127.0.0.1 (so no port can be taken between choosing it and
 using it). A failure anywhere comes back as one `RankError` naming the rank, with that rank's
 traceback; a deadlock comes back as a `RankTimeout` naming the rank and the operation it was
 stuck in; an interrupt stops every rank. No rank outlives a call, a closed pool or this process.
@@ -24,10 +25,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from edulib import forkserver
 from edulib.checks import check_choice, check_world_size
 
 BACKENDS = ("auto", "gloo", "nccl")
-START_METHODS = ("spawn", "fork")
+START_METHODS = ("auto", "forkserver", "spawn", "fork")
 DEFAULT_TIMEOUT = 60.0
 START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
 GRACE = 2.0  # past the timeout, before stopping a rank from outside (gloo's own error comes first)
@@ -96,7 +98,7 @@ class _Rank:
     """The launcher's handle on one rank process and its two pipes."""
 
     rank: int
-    process: subprocess.Popen | _Forked
+    process: subprocess.Popen | _Forked | forkserver.Served
     commands: Connection
     results: Connection
     raw: bytearray = field(default_factory=bytearray)
@@ -151,7 +153,7 @@ class Pool:
     """
 
     def __init__(self, world_size: int, backend: str = "auto",
-                 timeout: float = DEFAULT_TIMEOUT, start: str = "spawn", join: Callable | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, start: str = "auto", join: Callable | None = None,
                  wires: list[tuple[int, int]] | None = None) -> None:
         self.world_size = check_world_size(world_size)
         self.start_method = check_choice(start, START_METHODS, "start")
@@ -164,6 +166,8 @@ class Pool:
             raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
         self.timeout = float(timeout)
         self.backend = resolve_backend(backend, world_size)
+        if self.start_method == "auto":  # a GPU rank is spawned: nothing of CUDA can cross a fork
+            self.start_method = "spawn" if self.backend == "nccl" else "forkserver"
         self._ranks: list[_Rank] = []
         self._store: Any = None
         _open_pools.add(self)
@@ -262,6 +266,8 @@ class Pool:
             if self.start_method == "fork":
                 wire = tuple(self.wires[rank]) if self.wires else ()
                 process = _fork(argv[3:], keep=(command_read, result_write, *wire))
+            elif self.start_method == "forkserver":
+                process = forkserver.fork(argv[3:-2], (command_read, result_write), _rank_environment(self))
             else:
                 process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, env=_rank_environment(self),

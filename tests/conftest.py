@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from edulib.forkserver import RANK_NAME
 from edulib.launch import Pool
 
 RANK_MARK = b"edulib.rank import serve"
@@ -24,8 +25,12 @@ def rank_processes() -> set[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as file:
                 command = file.read()
-            if RANK_MARK not in command or PYTHON not in command:
+            if PYTHON not in command:
                 continue
+            if RANK_MARK not in command:  # a rank forked by the fork server carries the server's argv
+                with open(f"/proc/{entry}/comm", "rb") as file:
+                    if file.read().strip() != RANK_NAME:
+                        continue
             with open(f"/proc/{entry}/stat") as file:
                 if file.read().rsplit(")", 1)[1].split()[0] != "Z":
                     found.add(int(entry))

@@ -1,0 +1,189 @@
+"""A warm process that forks ranks, so a rank starts in milliseconds instead of importing torch.
+
+A rank started as a fresh interpreter spends about 2.5 s of CPU importing torch before it does
+anything. The fork server is one such interpreter per launching process, started the first time a
+pool needs it: it imports torch and the edulib modules its launcher has imported, and then forks
+each rank on request. It runs no torch computation (a process forked after an OpenMP parallel
+region can hang) and no code of a notebook, test or student, so every rank starts from the same
+clean state as a spawned one; each request carries the launcher's environment, import path and
+folder, which the rank takes on before it serves. Python's multiprocessing has the same idea under
+the same name; the launcher's own pipes and rank protocol are kept, so this module only forks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+_SERVE = "import sys; from edulib.forkserver import serve; serve(int(sys.argv[1]))"
+_MESSAGE = 1 << 20  # bytes of one request: an environment, an import path and a few names
+_SKIPPED = ("edulib.widgets", "edulib.viz")  # what no rank needs (matplotlib, ipywidgets)
+RANK_NAME = b"edulib-rank"  # a forked rank in `ps -o comm` and /proc/PID/comm (its argv is the server's)
+
+
+class Served:
+    """A rank forked by the fork server, with the part of Popen's interface that a Pool uses.
+
+    The rank is the server's child, not ours: the server reaps it and writes its exit code on the
+    rank's status pipe, which `wait` reads."""
+
+    def __init__(self, pid: int, stdout: Any, status: int) -> None:
+        self.pid, self.stdout, self.returncode, self._status = pid, stdout, None, status
+
+    def wait(self) -> int:
+        """Block until the rank has ended and been reaped; its exit code (minus a signal's number)."""
+        if self.returncode is None:
+            with os.fdopen(self._status, "rb") as status:
+                said = status.read().strip()
+            self.returncode = int(said) if said else -signal.SIGKILL  # the server itself was killed
+        return self.returncode
+
+
+class _Client:
+    """This process's connection to its fork server."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.socket = ours
+        self.process = subprocess.Popen([sys.executable, "-c", _SERVE, str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, start_new_session=True,
+                                        env={**os.environ, "PYTHONPATH": os.pathsep.join(_path())})
+        theirs.close()
+
+    def fork(self, argv: list[str], keep: tuple[int, int], environment: dict[str, str]) -> Served:
+        """Have the server fork a rank that runs `edulib.rank.serve(argv + keep)` with the two
+        pipe ends `keep` and this process's modules, path and folder."""
+        output_read, output_write = os.pipe()
+        status_read, status_write = os.pipe()
+        modules = sorted(name for name in sys.modules
+                         if name.startswith("edulib.") and not name.startswith(_SKIPPED))
+        request = pickle.dumps({"argv": argv, "environment": environment, "path": _path(),
+                                "folder": os.getcwd(), "modules": modules})
+        try:
+            with self.lock:
+                socket.send_fds(self.socket, [request], [*keep, output_write, status_write])
+                reply = self.socket.recv(_MESSAGE)
+        finally:
+            os.close(output_write)
+            os.close(status_write)
+        if not reply:
+            os.close(status_read)
+            os.close(output_read)
+            raise OSError("the fork server ended before it forked a rank")
+        return Served(int(reply), os.fdopen(output_read, "rb"), status_read)
+
+    def close(self) -> None:
+        """End the server (it exits when its socket closes) and reap it."""
+        self.socket.close()
+        self.process.wait()
+
+
+_client: _Client | None = None
+
+
+def fork(argv: list[str], keep: tuple[int, int], environment: dict[str, str]) -> Served:
+    """Fork a rank from this process's fork server, starting the server first if need be."""
+    global _client
+    if _client is None or _client.pid != os.getpid() or _client.process.poll() is not None:
+        _client = _Client()
+        atexit.register(_client.close)
+    return _client.fork(argv, keep, environment)
+
+
+def _path() -> list[str]:
+    return list(dict.fromkeys(os.path.abspath(entry or os.curdir) for entry in sys.path))
+
+
+def serve(fd: int) -> None:
+    """The server's loop: fork a rank for each request, reap each rank and write its exit code on
+    its status pipe; exit when the launcher's socket closes."""
+    import torch  # noqa: F401 - what every rank needs, imported once for all of them
+    import torch.distributed  # noqa: F401
+
+    import edulib.rank  # noqa: F401
+
+    connection = socket.socket(fileno=fd)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    statuses: dict[int, int] = {}
+    while True:
+        ready, _, _ = select.select([connection, wake_read], [], [])
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            _reap(statuses)
+        if connection in ready:
+            request, fds, _, _ = socket.recv_fds(connection, _MESSAGE, 4)
+            if not request:
+                return
+            pid = _fork_rank(pickle.loads(request), fds)
+            for end in fds[:3]:
+                os.close(end)
+            statuses[pid] = fds[3]
+            connection.send(str(pid).encode())
+
+
+def _reap(statuses: dict[int, int]) -> None:
+    """Write the exit code of every rank that has ended on its status pipe."""
+    while statuses:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        end = statuses.pop(pid, None)
+        if end is not None:
+            os.write(end, str(os.waitstatus_to_exitcode(status)).encode())
+            os.close(end)
+
+
+def _fork_rank(request: dict, fds: list[int]) -> int:
+    """Fork one rank: it takes on the launcher's environment, path and folder, then serves."""
+    for name in request["modules"]:  # in the server, so later ranks find them imported too
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - the rank imports it again and reports what went wrong
+            pass
+    command, result, output, status = fds
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from edulib.launch import close_all_but
+
+        os.setsid()
+        if sys.platform == "linux":
+            import ctypes
+
+            ctypes.CDLL(None).prctl(15, RANK_NAME, 0, 0, 0)  # PR_SET_NAME
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        close_all_but({0, 1, 2, command, result})  # other ranks' pipes, this server's socket
+        os.environ.clear()
+        os.environ.update(request["environment"])
+        sys.path[:] = request["path"]
+        os.chdir(request["folder"])
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        from edulib.rank import serve as serve_rank
+
+        serve_rank([*request["argv"], str(command), str(result)])
+    finally:
+        os._exit(1)
