@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any
 
-_SERVE = "import sys; from edulib.forkserver import serve; serve(int(sys.argv[1]))"
+_SERVE = "import sys; from edulib.forkserver import serve_forks; serve_forks(int(sys.argv[1]))"
 _MESSAGE = 1 << 20  # bytes of one request: an environment, an import path and a few names
 _SKIPPED = ("edulib.widgets", "edulib.viz")  # what no rank needs (matplotlib, ipywidgets)
 RANK_NAME = b"edulib-rank"  # a forked rank in `ps -o comm` and /proc/PID/comm (its argv is the server's)
@@ -105,7 +105,7 @@ def _path() -> list[str]:
     return list(dict.fromkeys(os.path.abspath(entry or os.curdir) for entry in sys.path))
 
 
-def serve(fd: int) -> None:
+def serve_forks(fd: int) -> None:
     """The server's loop: fork a rank for each request, reap each rank and write its exit code on
     its status pipe; exit when the launcher's socket closes."""
     import torch  # noqa: F401 - what every rank needs, imported once for all of them

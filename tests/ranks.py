@@ -856,3 +856,18 @@ def on_the_gpu(fn, *args: object, **kwargs: object) -> tuple[object, int]:
     """Run `fn` on this rank and say how many bytes its GPU allocated at most meanwhile."""
     torch.cuda.reset_peak_memory_stats()
     return fn(*args, **kwargs), torch.cuda.max_memory_allocated()
+
+
+def where_am_i(module: str) -> dict:
+    """What a rank finds of its launcher: its folder, an environment variable, a module on its path,
+    its thread budget, and a sum over the group."""
+    import importlib
+    import os
+
+    import torch.distributed as dist
+
+    total = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(total)
+    return {"folder": os.getcwd(), "marker": os.environ.get("EDULIB_TEST_MARKER"),
+            "module": getattr(importlib.import_module(module), "VALUE", None),
+            "threads": torch.get_num_threads(), "sum": total.item(), "ppid": os.getppid()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import subprocess
 import sys
@@ -225,3 +226,68 @@ def test_keyword_arguments_reach_every_rank(pool4):
     assert pool4.run(ranks.echo_keywords, 1, third="c") == [(rank, 1, None, "c") for rank in range(4)]
     with pytest.raises(TypeError, match="unexpected keyword argument 'fourth'"):
         ranks.echo_keywords(1, fourth=4)
+
+
+def test_forked_ranks_take_on_the_launchers_folder_environment_and_path(tmp_path, monkeypatch):
+    """A rank forked by the fork server sees what a spawned one sees: the caller's folder, its
+    environment, a module on its import path, a fair share of the cores; both sum alike."""
+    (tmp_path / "beside_the_notebook.py").write_text("VALUE = 42\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("EDULIB_TEST_MARKER", "seen")
+    found = {}
+    for start in ("forkserver", "spawn"):
+        with Pool(2, backend="gloo", start=start) as pool:
+            found[start] = pool.run(ranks.where_am_i, "beside_the_notebook")
+    for fork, spawn in zip(found["forkserver"], found["spawn"], strict=True):
+        assert fork["ppid"] != spawn["ppid"]  # the server's children, not this process's
+        del fork["ppid"], spawn["ppid"]
+        assert fork == spawn == {"folder": str(tmp_path), "marker": "seen", "module": 42,
+                                 "threads": 1, "sum": 3.0}
+
+
+def test_one_fork_server_starts_every_pool_and_ends_with_its_launcher():
+    """Pools one after another are forked by the same server (one interpreter, started once), and
+    the server and its ranks end when the launcher is killed."""
+    code = textwrap.dedent("""
+        import os
+        from edulib.launch import Pool
+        from tests import ranks
+        parents = set()
+        for _ in range(3):
+            with Pool(2, backend="gloo", timeout=60) as pool:
+                parents |= {report["ppid"] for report in pool.run(ranks.where_am_i, "tests.ranks")}
+        pool = Pool(2, backend="gloo", timeout=60)
+        pool.start()
+        print(*parents, *pool.pids, flush=True)
+        os.kill(os.getpid(), 9)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    server, *pids = map(int, done.stdout.split())
+    assert len(pids) == 2 and server not in pids  # (one parent for all three pools)
+    assert not wait_until_gone(set(pids))
+    deadline = time.monotonic() + 30
+    while server in _live() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server not in _live()
+
+
+def _live() -> set[int]:
+    """Every process that has not ended (a zombie counts as ended)."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_default_start_forks_from_the_server_on_gloo():
+    """Ranks on gloo come from the fork server unless spawn is asked for; an unknown start is refused."""
+    assert Pool(2, backend="gloo").start_method == "forkserver"
+    assert Pool(2, backend="gloo", start="spawn").start_method == "spawn"
+    with pytest.raises(ValueError, match="forkserver"):
+        Pool(2, backend="gloo", start="vfork")

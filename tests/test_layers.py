@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "edulib"
 # above the axes, with the trainer that composes them.
 LAYERS: list[tuple[str, ...]] = [
     ("edulib", "checks", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),
-    ("launch", "rank"),
+    ("launch", "forkserver", "rank"),
     ("comm",),
     ("models", "split_backward", "recompute"),
     ("dp", "tp", "pp", "cp", "ep"),
