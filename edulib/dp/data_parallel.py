@@ -161,10 +161,11 @@ class GradientBuckets:
         used = self._used() if self.find_unused else None  # after the buckets: one order on every rank
         ranks = dist.get_world_size(self.group)
         for index, (flat, _, _) in sorted(self._launched.items()):
+            flat.div_(ranks)  # the bucket's sum, averaged at once
             offset = 0
             for parameter in self.buckets[index]:
                 count = parameter.numel()
-                average = flat[offset:offset + count].view_as(parameter) / ranks
+                average = flat[offset:offset + count].view_as(parameter)
                 offset += count
                 if used is not None and id(parameter) not in used:
                     continue  # no rank reached it: no gradient, as in one process

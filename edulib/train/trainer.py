@@ -362,7 +362,6 @@ class _Averaging:
         self.reduces = [times for s in sorted(self.wrappers) for wrapper in self.wrappers[s]
                         for times in wrapper.finish_gradient_synchronization()[1].values()]
         self.tied()
-        self._measure()
         if keep_gradients:
             self.kept = {id(w): torch.zeros_like(w) if w.grad is None else w.grad.detach().clone()
                          for w in self.own}
@@ -396,9 +395,10 @@ class _Averaging:
 
     def _measure(self) -> None:
         """Note the most bytes this rank's weights, gradients and optimizer state have held, counted
-        from the tensors: its own at the step, and the most ZeRO's held at any moment (its shards,
-        the units it gathered, its master weights and state)."""
-        now = {"parameters": tensor_bytes(w.data for w in self.own),
+        from the tensors once a step, after the update (when its gradients and its optimizer's state
+        are both held): its own, and the most ZeRO's held at any moment (its shards, the units it
+        gathered, its master weights and state)."""
+        now = {"parameters": tensor_bytes(self.own),
                "gradients": tensor_bytes(w.grad for w in self.own),
                "optimizer": tensor_bytes(optimizer_state(self.optimizer)) if self.optimizer else 0}
         if self.zero is not None:
