@@ -109,9 +109,11 @@ def _environment(variables: dict[str, str]):
 def bench_resident(backend: str = "gloo") -> str:
     """The most resident memory of 2 data-parallel ranks training a 25M-parameter model (hidden 512,
     8 blocks) beyond a tiny one's, with no ZeRO and with ZeRO-3 (per block), and PyTorch's DDP and
-    FSDP2 (per block) alike, each on fresh ranks, under glibc's allocator as it comes (which keeps
-    what is freed) and with large blocks mapped (given back to the kernel when freed, as a caching
-    allocator would reuse them); beside the parameter bytes the trainer reports and the formula's."""
+    FSDP2 (per block) alike, each on freshly spawned ranks (a rank forked from the fork server would
+    share its heap and keep its allocator's settings), under glibc's allocator as it comes (which
+    keeps what is freed) and with large blocks mapped (given back to the kernel when freed, as a
+    caching allocator would reuse them); beside the parameter bytes the trainer reports and the
+    formula's."""
     base = dict(dp=2, heads=4, tokens=32, batch=4, microbatches=2, steps=3, weight_decay=0.0)
     big = TrainConfig(hidden=512, layers=8, **base)
     runs = {"tiny": (TrainConfig(hidden=16, layers=2, **base), None), "no ZeRO": (big, None),
@@ -122,7 +124,7 @@ def bench_resident(backend: str = "gloo") -> str:
         found = {}
         with _environment(variables):
             for name, (config, kind) in runs.items():
-                with Pool(2, backend, timeout=600) as pool:
+                with Pool(2, backend, timeout=600, start="spawn") as pool:
                     found[name] = pool.run(resident_train, config, kind)
         tiny = max(r["resident"] for r in found["tiny"])
         beyond = {name: max(r["resident"] for r in reports) - tiny for name, reports in found.items()}
