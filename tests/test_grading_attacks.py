@@ -1184,3 +1184,19 @@ def test_no_student_code_runs_where_the_ranks_pipes_are(tmp_path):
     points, results, _ = _class(tmp_path, {"snooper": body}, name="lesson02_allreduce")
     rows = [r for r in results if r.check.startswith(("halving-doubling", "ring all-reduce"))]
     assert all(r.points == r.max_points for r in rows), [r.feedback for r in rows]
+
+
+def test_two_graders_on_one_machine_never_share_a_trees_user():
+    """Two graders choosing a user for a tree at the same moment (before either tree runs as it)
+    choose different ones: each holds a lock on its choice while it is in use."""
+    code = ("import sys\nfrom edulib.grading.sandbox import user_of_its_own\n"
+            "with user_of_its_own() as uid:\n    print(uid, flush=True)\n    sys.stdin.read()\n")
+    with bubblewrap.user_of_its_own() as mine:
+        other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        theirs = int(other.stdout.readline())
+        other.stdin.close()
+        assert other.wait(timeout=60) == 0
+    assert mine != theirs
+    with bubblewrap.user_of_its_own() as again:  # let go: the lowest free user is chosen again
+        assert again == mine

@@ -18,12 +18,14 @@ students as root. That mode is recorded as not contained.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -157,18 +159,36 @@ _reserving = threading.Lock()
 @contextlib.contextmanager
 def user_of_its_own(wanted: bool = True) -> Iterator[int | None]:
     """A user id of the tree's own while the block runs (None unless `wanted`): no process runs as
-    it, nor does another tree this grader runs beside it (one chosen but not started yet included)."""
+    it, nor does another tree this grader, or another grader on this machine, runs beside it (one
+    chosen but not started yet included: each holds a lock on the id's file while it is in use)."""
     if not wanted:
         yield None
         return
     with _reserving:
-        uid = own_user(_reserved)
+        held_elsewhere: set[int] = set()
+        while (held := _lock_user(uid := own_user(_reserved | held_elsewhere))) is None:
+            held_elsewhere.add(uid)
         _reserved.add(uid)
     try:
         yield uid
     finally:
         with _reserving:
+            os.close(held)
             _reserved.discard(uid)
+
+
+def _lock_user(uid: int) -> int | None:
+    """An exclusive lock on the user id's file (its open descriptor), or None where another process
+    holds it."""
+    folder = Path(tempfile.gettempdir()) / "edulib-users"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    held = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        return None
+    return held
 
 
 def as_user(uid: int, argv: Sequence[str]) -> list[str]:
