@@ -127,7 +127,7 @@ def test_the_launch_benchmark_prints_its_baseline_and_ratios():
 
     report = bench_launch(world_size=2, repeats=1, calls=2)
     ratios = [line for line in report.splitlines() if re.search(r"\d\.\d+x$", line)]
-    assert len(ratios) == 3 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
+    assert len(ratios) == 4 and "(baseline)" in ratios[0] and ratios[0].endswith(" 1.00x")
 
 
 def test_agreement_counts_predictions_within_a_quarter_and_the_right_fastest():
