@@ -172,4 +172,26 @@ def bench_train(steps: int = 12, backend: str = "gloo") -> str:
             f"micro-batches, AdamW), 2 ranks, {backend} on {platform.node()}; median of {steps - 1} "
             "steps, slowest rank; bytes: weights, gradients and optimizer state, the most a rank held\n\n"
             + format_table(["PyTorch's own", "torch (ms)", "edulib (ms)", "edulib / torch", "tokens/s",
-                            "edulib bytes", "torch bytes"], rows))
+                            "edulib bytes", "torch bytes"], rows)
+            + "\n\n" + _tiny_step(backend=backend))
+
+
+def _tiny_step(rounds: int = 7, backend: str = "gloo") -> str:
+    """The step of a tiny model (hidden 32, 8 blocks) on one rank beside PyTorch's DDP, where the
+    step is short enough that every Python call per step shows: `rounds` runs of 30 steps each,
+    the two loops alternating, and the median of their ratios (one run moves by a tenth)."""
+    config = TrainConfig(hidden=32, heads=4, layers=8, tokens=16, batch=16, microbatches=1, steps=30,
+                         lr=1e-3, weight_decay=0.0)
+    rows, ratios = [], []
+    with Pool(1, backend, timeout=600) as pool:
+        pool.run(train, config, weights=False)  # warm: the first run builds and imports
+        pool.run(torch_train, config, "ddp")
+        for _ in range(rounds):
+            ours = statistics.median(pool.run(train, config, weights=False)[0]["seconds"][1:])
+            theirs = statistics.median(pool.run(torch_train, config, "ddp")[0]["seconds"][1:])
+            ratios.append(ours / theirs)
+            rows.append((f"{theirs * 1e3:.2f}", f"{ours * 1e3:.2f}", f"{ours / theirs:.2f}x"))
+    return (f"the tiny model (hidden 32, 8 blocks, 16 tokens, batch 16, AdamW) on 1 rank, {backend}: "
+            f"{rounds} runs of 29 warm steps (medians), alternating; the median ratio "
+            f"{statistics.median(ratios):.2f}x\n\n"
+            + format_table(["DDP (ms)", "edulib (ms)", "edulib / torch"], rows))
