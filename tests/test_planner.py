@@ -94,6 +94,10 @@ def test_the_ilp_equals_exhaustive_search_with_and_without_memory(seed, monkeypa
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_chain_program_equals_exhaustive_search_and_the_priced_one_fits(seed):
+    """The chain's dynamic program equals exhaustive search over every sharding of a random 6-node
+    chain, and the priced sweep's fastest path within a memory budget is never faster than the
+    ILP's optimum there (and equals the plain program without a budget). Slow on some seeds (up to 11 s): the
+    exhaustive search is the reference, and its work grows as the mesh's shardings to the sixth."""
     rng = np.random.default_rng(100 + seed)
     graph, mesh = random_graph(rng, 6, chain=True), MESHES[seed % len(MESHES)]
     table = costs(graph, mesh)
