@@ -67,7 +67,7 @@ from edulib.table import format_table
 from edulib.tp import sequence
 from edulib.tp.grid import grid_bytes, grid_shapes
 from edulib.train import TrainConfig, reference, train
-from edulib.train.trainer import agrees, disagreement
+from edulib.train.report import agrees, disagreement
 
 
 class TourCheckFailed(Exception):

@@ -783,11 +783,11 @@ def train_without_the_sequence_parallel_sum(config) -> dict:
     LayerNorms) keep each rank's own part of their gradient, never summed over the group."""
     from edulib.train import trainer
 
-    summing, trainer._sum_over = trainer._sum_over, lambda *args, **kwargs: None
+    summing, trainer.sum_over = trainer.sum_over, lambda *args, **kwargs: None
     try:
         return trainer.train(config)
     finally:
-        trainer._sum_over = summing  # the pool's ranks serve other tests next
+        trainer.sum_over = summing  # the pool's ranks serve other tests next
 
 
 def item_calls(config) -> int:

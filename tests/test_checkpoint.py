@@ -10,8 +10,9 @@ import torch
 import torch.distributed.checkpoint
 
 from edulib.train import TrainConfig, reference, train
+from edulib.train.averaging import optimizer_of
 from edulib.train.checkpoint import directory, load_checkpoint
-from edulib.train.trainer import model_of, optimizer_of
+from edulib.train.stages import model_of
 
 MODEL = {"hidden": 16, "heads": 2, "layers": 2, "tokens": 8, "batch": 4, "steps": 6}
 ONE = {}  # one process: `reference`

@@ -8,7 +8,7 @@ import pytest
 from edulib import comm
 from edulib.comm import Grid
 from edulib.train import TrainConfig, reference, train
-from edulib.train.trainer import agrees, disagreement
+from edulib.train.report import agrees, disagreement
 from tests.ranks import process_groups
 
 

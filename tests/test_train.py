@@ -18,7 +18,8 @@ from edulib.launch import RankError
 from edulib.pp.schedules import SCHEDULES
 from edulib.train import TrainConfig, reference, text_batch, train
 from edulib.train.data import part
-from edulib.train.trainer import AGREE, agrees, disagreement, model_of
+from edulib.train.report import AGREE, agrees, disagreement
+from edulib.train.stages import model_of
 from tests import ranks
 
 FACTORS = {"dp": (1, 2), "pp": (1, 2), "tp": (1, 2), "cp": (1, 2), "schedule": SCHEDULES,

@@ -22,9 +22,10 @@ from edulib.models import cut_into_stages
 from edulib.rank import device, finish_queued_work
 from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
+from edulib.train.averaging import optimizer_of
 from edulib.train.data import text_batch
 from edulib.train.model import lm_loss
-from edulib.train.trainer import model_of, optimizer_of
+from edulib.train.stages import model_of
 
 _KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import model_of
+from edulib.train.stages import model_of
 
 
 def generate_text(config: TrainConfig, weights: dict[str, torch.Tensor], prompt: bytes, tokens: int,

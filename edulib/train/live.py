@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt
 
 from edulib.launch import Pool
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import TRAFFIC_AXES, train
+from edulib.train.report import TRAFFIC_AXES
+from edulib.train.trainer import train
 
 
 def train_live(pool: Pool, config: TrainConfig, beside: list[float] | None = None, every: float = 0.5

@@ -7,7 +7,7 @@ import statistics
 from edulib.comm.groups import Grid
 from edulib.table import format_bytes, format_rate, format_table
 from edulib.train.config import TrainConfig
-from edulib.train.trainer import AGREE, TRAFFIC_AXES, agrees, disagreement
+from edulib.train.report import AGREE, TRAFFIC_AXES, agrees, disagreement
 
 ROWS = 20  # steps shown at most; the others are left out evenly
 
