@@ -61,9 +61,10 @@ def relay_cost(messages: int = 800, elements: int = 256) -> dict[str, float]:
 
 
 def link_fidelity(students: int = 4, seed: int = 7, busy: int = 0) -> str:
-    """How close lesson 01's reference `measure_link` comes to the links the relay slows: a class of
-    `students` handing in the solution, graded at the default --jobs beside `busy` processes that
-    spin on a core each; each case's fitted alpha and beta against the link's, and the score."""
+    """How close the data-parallelism exercise's reference `measure_link` comes to the links the
+    relay slows: a class of `students` handing in the solution, graded at the default --jobs beside
+    `busy` processes that spin on a core each; each case's fitted alpha and beta against the
+    link's, and the score."""
     import dataclasses
 
     from edulib.grading import CHECKS

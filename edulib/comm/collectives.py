@@ -1,7 +1,7 @@
 """The one communication layer: every collective and message edulib sends goes through here.
 
 Each collective takes `algorithm=`: "builtin" runs torch.distributed's own; any other name runs
-that edulib schedule (lesson 02's) for the collective asked, on any process group, sub-groups
+that edulib schedule for the collective asked, on any process group, sub-groups
 included. Either way the ledger writes down what left this rank. Ranks inside a group are
 numbered as in the group (`root`); point-to-point peers are global ranks, as in torch.
 """

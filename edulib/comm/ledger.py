@@ -1,6 +1,6 @@
 """The ledger: every collective and message edulib sends is written down, by one rule.
 
-"Bytes" are what leave this rank, the rule of lesson 02: a ring all-reduce of M bytes on N ranks
+"Bytes" are what leave this rank, the lecture's rule: a ring all-reduce of M bytes on N ranks
 is 2(N-1)M/N, not M. Each entry also keeps `size`, the bytes of the tensor handed to the call,
 so a lesson can show both and the formula between them. `label` says what a part of a training
 step the message belongs to ("forward", "backward", "gradients"), set by `labelled`.

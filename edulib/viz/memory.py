@@ -1,4 +1,4 @@
-"""Memory per device under each ZeRO stage, with activations by recomputation mode (lesson 05)."""
+"""Memory per device under each ZeRO stage, with activations by recomputation mode."""
 
 from __future__ import annotations
 

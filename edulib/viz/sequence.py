@@ -1,4 +1,4 @@
-"""Sequence, context and expert parallelism drawn (lessons 06 and 07): ring attention's blocks from a real
+"""Sequence, context and expert parallelism drawn: ring attention's blocks from a real
 run, an MoE layer's traffic matrix, and activation memory and traffic per rank for TP, TP + SP and
 context parallelism on top."""
 

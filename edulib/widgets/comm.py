@@ -1,4 +1,4 @@
-"""The communication-cost explorer of lesson 02: ranks, message size, latency and bandwidth, and
+"""The communication-cost explorer: ranks, message size, latency and bandwidth, and
 the times `edulib bench allreduce` measured here, where it has run."""
 
 from __future__ import annotations

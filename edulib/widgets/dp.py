@@ -1,4 +1,4 @@
-"""The bandwidth explorer of lesson 01: where a parameter server becomes the bottleneck."""
+"""The bandwidth explorer: where a parameter server becomes the bottleneck."""
 
 from __future__ import annotations
 

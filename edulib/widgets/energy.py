@@ -1,4 +1,4 @@
-"""The frontier explorer of lesson 10: schedule, stages, micro-batches and how many GPU clocks
+"""Perseus's frontier explorer: schedule, stages, micro-batches and how many GPU clocks
 Perseus may choose from, with the frontier and the bloat it removes."""
 
 from __future__ import annotations

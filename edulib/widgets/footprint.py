@@ -1,4 +1,4 @@
-"""The memory-footprint explorer of lesson 00: model size, precision, optimizer, device memory."""
+"""The memory-footprint explorer: model size, precision, optimizer, device memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The memory explorer of lesson 05: model, devices, precision and recomputation against each ZeRO stage."""
+"""The memory explorer: model, devices, precision and recomputation against each ZeRO stage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bubble explorer of lesson 04: schedule, stages, micro-batches, chunks, backward cost, and
+"""The bubble explorer: schedule, stages, micro-batches, chunks, backward cost, and
 the bubble `edulib bench pipeline` measured here for the same schedule, where it has run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The plan explorer of lesson 09: change the cluster and watch Alpa's plan change."""
+"""The plan explorer: change the cluster and watch Alpa's plan change."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The long-context explorer of lesson 06: activation memory and traffic per rank for TP, TP + SP
+"""The long-context explorer: activation memory and traffic per rank for TP, TP + SP
 and context parallelism, as the sequence, the model and the splits change."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The serving explorer of lesson 09: JellyBean's plan for the lecture's vehicle tracking as the
+"""The serving explorer: JellyBean's plan for the lecture's vehicle tracking as the
 network's price and the accuracy target move."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The traffic explorer of lesson 03: data against tensor parallelism, by batch, width and ranks."""
+"""The traffic explorer: data against tensor parallelism, by batch, width and ranks."""
 
 from __future__ import annotations
 
