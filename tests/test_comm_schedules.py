@@ -194,3 +194,25 @@ def test_alpha_comes_from_small_messages_and_beta_from_large_ones():
     assert fit_alpha_beta(bent) == pytest.approx((50e-6, 0.4e-9), rel=1e-3)
     # few sizes: one least-squares line through them
     assert fit_alpha_beta({256: 1e-5 + 256e-9, 4096: 1e-5 + 4096e-9}) == pytest.approx((1e-5, 1e-9))
+
+
+def test_every_all_reduce_is_one_record_that_every_list_derives_from():
+    """The registry is the one place an all-reduce is named: the lectures' six (each with its closed
+    form) and the further ones, the figures' colours and the trainer's choices all come from it."""
+    from edulib.comm import ALGORITHMS, ALL_REDUCES, FURTHER
+    from edulib.train.config import CHOICES
+    from edulib.viz.comm import ALGORITHM_COLOURS
+
+    lecture = [name for name, algorithm in ALL_REDUCES.items() if algorithm.lecture]
+    assert list(ALGORITHMS) == lecture and len(lecture) == 6
+    assert list(FURTHER) == [name for name in ALL_REDUCES if name not in lecture]
+    assert all(ALL_REDUCES[name].closed_form is not None for name in lecture)
+    assert ALGORITHM_COLOURS == {name: algorithm.colour for name, algorithm in ALL_REDUCES.items()}
+    assert len(set(ALGORITHM_COLOURS.values())) == len(ALL_REDUCES)
+    assert set(CHOICES["algorithm"]) >= {"builtin", *lecture}
+
+
+@pytest.mark.parametrize("name", ["double_binary_tree", "hierarchical"])
+def test_an_all_reduce_without_a_closed_form_is_refused_by_name_never_priced_as_another(name):
+    with pytest.raises(ValueError, match=f"unknown all_reduce algorithm with a closed form '{name}'"):
+        formula(name, 4, 1000, alpha=1.0, beta=0.01)

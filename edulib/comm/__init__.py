@@ -4,6 +4,7 @@ what leaves each rank, and the process groups of a `Grid`, made once."""
 
 from edulib.comm.algorithms import (
     ALGORITHMS,
+    ALL_REDUCES,
     COLLECTIVE_SCHEDULES,
     FOR_COLLECTIVE,
     FURTHER,
@@ -34,7 +35,7 @@ from edulib.comm.ledger import Transfer, count_communication, labelled
 from edulib.comm.schedule import COLLECTIVES, CollectiveSchedule, Message, chunk_bounds
 from edulib.comm.simulate import expected, simulate_collective
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "COLLECTIVE_SCHEDULES", "CollectiveSchedule", "Cost",
+__all__ = ["ALGORITHMS", "ALL_REDUCES", "COLLECTIVES", "COLLECTIVE_SCHEDULES", "CollectiveSchedule", "Cost",
            "FOR_COLLECTIVE", "FURTHER", "Grid", "Message", "Transfer", "algorithm_for", "all_gather",
            "all_gather_chunks", "all_reduce", "all_to_all", "barrier", "broadcast", "build_collective",
            "bytes_sent", "chunk_bounds", "cost", "count_communication", "expected", "formula",

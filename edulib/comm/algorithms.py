@@ -11,6 +11,7 @@ after it, the p = 2^k remaining ranks run the algorithm, and the odd ones hand t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from edulib.checks import check_choice, check_world_size
@@ -218,16 +219,108 @@ def hierarchical(nodes: int, per_node: int) -> CollectiveSchedule:
                     nodes * per_node, tuple(rounds))
 
 
-ALGORITHMS: dict[str, Callable[[int], CollectiveSchedule]] = {
-    "naive": naive_allreduce, "parameter_server": parameter_server, "ring": ring, "tree": tree,
-    "butterfly": butterfly, "halving_doubling": halving_doubling,
-}
+@dataclass(frozen=True)
+class Terms:
+    """What an all-reduce's closed form is written in: N ranks, M bytes (the whole tensor), the
+    link's alpha and beta, gamma a byte added, the messages a round of swaps costs a rank (`sides`:
+    1 full-duplex, 2 half) and LogGP's per-message `overhead` (None: every message pays alpha)."""
+
+    n: int
+    m: float
+    alpha: float
+    beta: float
+    gamma: float
+    sides: int
+    overhead: float | None
+
+    def many(self, k: int, size: float) -> float:
+        """One rank's k messages of `size` bytes in one round, one after another."""
+        if self.overhead is None:
+            return k * (self.alpha + self.beta * size)
+        return self.alpha + (k - 1) * self.overhead + k * self.beta * size
+
+    def folding(self) -> tuple[int, int, int, int, float]:
+        """p, the largest power of two <= N; rem = N - p; log2 p; and the rounds and seconds that
+        folding the rem extra ranks in before and out after costs (none for a power of two)."""
+        p = 1 << (self.n.bit_length() - 1)
+        rem = self.n - p
+        rounds = 2 if rem else 0
+        seconds = rounds * (self.alpha + self.beta * self.m) + (self.gamma * self.m if rem else 0.0)
+        return p, rem, p.bit_length() - 1, rounds, seconds
+
+
+ClosedCost = tuple[int, float, float, float]  # rounds, the most bytes a rank sends, all bytes, seconds
+
+
+def _naive_cost(t: Terms) -> ClosedCost:
+    """One round; every rank takes M from each of the N-1 others and adds it."""
+    n, m = t.n, t.m
+    return 1, (n - 1) * m, n * (n - 1) * m, t.sides * t.many(n - 1, m) + (n - 1) * t.gamma * m
+
+
+def _parameter_server_cost(t: Terms) -> ClosedCost:
+    """The server takes N-1 messages of M in and adds them, then sends N-1 out."""
+    n, m = t.n, t.m
+    return 2, (n - 1) * m, 2 * (n - 1) * m, 2 * t.many(n - 1, m) + (n - 1) * t.gamma * m
+
+
+def _ring_cost(t: Terms) -> ClosedCost:
+    """2(N-1) rounds of M/N, the first N-1 adding what arrives."""
+    n, m = t.n, t.m
+    return (2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
+            2 * (n - 1) * t.sides * (t.alpha + t.beta * m / n) + (n - 1) * t.gamma * m / n)
+
+
+def _tree_cost(t: Terms) -> ClosedCost:
+    """Every non-root sends M up and receives M down; the root sends log2 N times."""
+    n, m, depth = t.n, t.m, _ceil_log2(t.n)
+    return 2 * depth, depth * m, 2 * (n - 1) * m, 2 * depth * (t.alpha + t.beta * m) + depth * t.gamma * m
+
+
+def _butterfly_cost(t: Terms) -> ClosedCost:
+    """log2 p rounds in which all p ranks swap M and add it."""
+    m, (p, rem, steps, fold_rounds, fold_time) = t.m, t.folding()
+    return (steps + fold_rounds, steps * m + (m if rem else 0), p * steps * m + 2 * rem * m,
+            steps * (t.sides * (t.alpha + t.beta * m) + t.gamma * m) + fold_time)
+
+
+def _halving_doubling_cost(t: Terms) -> ClosedCost:
+    """log2 p halvings (M/2, M/4, ..., each added) and as many doublings."""
+    m, (p, rem, steps, fold_rounds, fold_time) = t.m, t.folding()
+    return (2 * steps + fold_rounds, 2 * (p - 1) * m / p + (m if rem else 0), 2 * (p - 1) * m + 2 * rem * m,
+            t.sides * (2 * steps * t.alpha + 2 * t.beta * m * (p - 1) / p) + t.gamma * m * (p - 1) / p
+            + fold_time)
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """One all-reduce algorithm, all that any part of edulib reads of it: its builder, its closed
+    form (`cost.formula`; None where none is written: its cost is counted from the schedule), its
+    colour in every figure, and whether it is one of the lectures' six or goes further."""
+
+    build: Callable[[int], CollectiveSchedule]
+    closed_form: Callable[[Terms], ClosedCost] | None
+    colour: str
+    lecture: bool = True
+
+
 # Going further: all-reduces beyond the lectures' six (the hierarchical one is built for a
 # cluster shape with `hierarchical(nodes, per_node)`; by name it assumes 2 nodes when it can).
-FURTHER: dict[str, Callable[[int], CollectiveSchedule]] = {
-    "double_binary_tree": double_binary_tree,
-    "hierarchical": lambda n: hierarchical(2, n // 2) if n % 2 == 0 else hierarchical(1, n),
+ALL_REDUCES: dict[str, AllReduce] = {
+    "naive": AllReduce(naive_allreduce, _naive_cost, "#c44e52"),
+    "parameter_server": AllReduce(parameter_server, _parameter_server_cost, "#8172b3"),
+    "ring": AllReduce(ring, _ring_cost, "#55a868"),
+    "tree": AllReduce(tree, _tree_cost, "#937860"),
+    "butterfly": AllReduce(butterfly, _butterfly_cost, "#da8bc3"),
+    "halving_doubling": AllReduce(halving_doubling, _halving_doubling_cost, "#4c72b0"),
+    "double_binary_tree": AllReduce(double_binary_tree, None, "#ccb974", lecture=False),
+    "hierarchical": AllReduce(lambda n: hierarchical(2, n // 2) if n % 2 == 0 else hierarchical(1, n), None,
+                              "#64b5cd", lecture=False),
 }
+ALGORITHMS: dict[str, Callable[[int], CollectiveSchedule]] = {
+    name: algorithm.build for name, algorithm in ALL_REDUCES.items() if algorithm.lecture}
+FURTHER: dict[str, Callable[[int], CollectiveSchedule]] = {
+    name: algorithm.build for name, algorithm in ALL_REDUCES.items() if not algorithm.lecture}
 COLLECTIVE_SCHEDULES: dict[str, Callable[[int], CollectiveSchedule]] = {
     **ALGORITHMS, **FURTHER, "reduce_scatter": reduce_scatter_schedule, "all_gather": all_gather_schedule,
     "broadcast": broadcast_schedule, "reduce": reduce_schedule, "all_to_all": pairwise_all_to_all,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edulib.checks import check_choice
-from edulib.comm.algorithms import ALGORITHMS, FOR_COLLECTIVE
+from edulib.comm.algorithms import ALL_REDUCES, BUILTIN_COUNTED_AS, FOR_COLLECTIVE, Terms
 from edulib.comm.schedule import CollectiveSchedule, chunk_bounds
 
 Link = Callable[[int, int], tuple[float, float]]  # (src, dst) -> (alpha, beta) of that link
@@ -119,19 +119,16 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     naive ones and the parameter server's send several).
     """
     sides = 1 if duplex else 2  # what a round of swaps costs a rank, in messages
-
-    def many(k: int, size: float) -> float:
-        """One rank's k messages of `size` bytes in one round, one after another."""
-        if overhead is None:
-            return k * (alpha + beta * size)
-        return alpha + (k - 1) * overhead + k * beta * size
-
+    terms = Terms(world_size, nbytes, alpha, beta, gamma, sides, overhead)
     check_choice(collective, FOR_COLLECTIVE, "collective")
-    closed = ALGORITHMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
+    closed = ({name: a.closed_form for name, a in ALL_REDUCES.items() if a.closed_form}
+              if collective == "all_reduce" else FOR_COLLECTIVE[collective])
     check_choice(name, ["builtin", *closed], f"{collective} algorithm with a closed form")
     n, m = world_size, nbytes
     if n == 1:
         return Cost(0, 0, 0, 0.0)
+    if collective == "all_reduce":
+        return Cost(*closed[BUILTIN_COUNTED_AS[collective] if name == "builtin" else name](terms))
     if collective in ("reduce_scatter", "all_gather", "all_to_all"):
         # ring: N-1 rounds of M/N; pairwise swaps: N-1 rounds for a power of two, else N with
         # one rank idle; naive all-to-all: one round, N-1 messages of M/N each, sent one by one
@@ -139,38 +136,15 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
         if collective == "all_to_all":
             rounds = 1 if name == "naive" else n - 1 if n & (n - 1) == 0 else n
         if collective == "all_to_all" and name == "naive":  # all of a rank's messages in one round
-            return Cost(1, (n - 1) * m / n, (n - 1) * m, sides * many(n - 1, m / n))
+            return Cost(1, (n - 1) * m / n, (n - 1) * m, sides * terms.many(n - 1, m / n))
         added = gamma * m / n if collective == "reduce_scatter" else 0.0
         return Cost(rounds, (n - 1) * m / n, (n - 1) * m,
                     max(rounds, n - 1) * (sides * (alpha + beta * m / n) + added))
-    if collective in ("broadcast", "reduce"):  # a binomial tree: the root talks log2 N times
-        depth = math.ceil(math.log2(n))
-        most = depth * m if collective == "broadcast" else m  # a reduce's root only receives
-        added = gamma * m if collective == "reduce" else 0.0
-        return Cost(depth, most, (n - 1) * m, depth * (alpha + beta * m + added))
-    p = 1 << (n.bit_length() - 1)
-    rem, steps = n - p, p.bit_length() - 1
-    fold_rounds = 2 if rem else 0
-    fold_time = fold_rounds * (alpha + beta * m) + (gamma * m if rem else 0.0)  # folding in adds M
-    if name == "naive":  # one round; every rank takes M from each of the N-1 others and adds it
-        return Cost(1, (n - 1) * m, n * (n - 1) * m, sides * many(n - 1, m) + (n - 1) * gamma * m)
-    if name == "parameter_server":  # the server takes N-1 messages of M in and adds them, then sends N-1 out
-        return Cost(2, (n - 1) * m, 2 * (n - 1) * m, 2 * many(n - 1, m) + (n - 1) * gamma * m)
-    if name in ("ring", "builtin"):  # 2(N-1) rounds of M/N, the first N-1 adding what arrives
-        return Cost(2 * (n - 1), 2 * (n - 1) * m / n, 2 * (n - 1) * m,
-                    2 * (n - 1) * sides * (alpha + beta * m / n) + (n - 1) * gamma * m / n)
-    if name == "tree":  # every non-root sends M up and receives M down; the root sends log2 N times
-        depth = math.ceil(math.log2(n))
-        return Cost(2 * depth, depth * m, 2 * (n - 1) * m,
-                    2 * depth * (alpha + beta * m) + depth * gamma * m)
-    if name == "butterfly":  # log2 p rounds in which all p ranks swap M and add it
-        return Cost(steps + fold_rounds, steps * m + (m if rem else 0),
-                    p * steps * m + 2 * rem * m, steps * (sides * (alpha + beta * m) + gamma * m) + fold_time)
-    # halving_doubling: log2 p halvings (M/2, M/4, ..., each added) and as many doublings
-    return Cost(2 * steps + fold_rounds, 2 * (p - 1) * m / p + (m if rem else 0),
-                2 * (p - 1) * m + 2 * rem * m,
-                sides * (2 * steps * alpha + 2 * beta * m * (p - 1) / p) + gamma * m * (p - 1) / p
-                + fold_time)
+    # broadcast and reduce: a binomial tree, the root talks log2 N times
+    depth = math.ceil(math.log2(n))
+    most = depth * m if collective == "broadcast" else m  # a reduce's root only receives
+    added = gamma * m if collective == "reduce" else 0.0
+    return Cost(depth, most, (n - 1) * m, depth * (alpha + beta * m + added))
 
 
 BANDWIDTH_FROM = 2**20  # messages this large are timed by their bytes: beta is fitted on them

@@ -7,14 +7,13 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from edulib.comm.algorithms import ALGORITHMS
+from edulib.comm.algorithms import ALGORITHMS, ALL_REDUCES
 from edulib.comm.cost import formula
 from edulib.comm.schedule import CollectiveSchedule
 from edulib.table import format_table
 
 OP_COLOURS = {"reduce": "#dd8452", "copy": "#4c72b0"}
-ALGORITHM_COLOURS = dict(zip(ALGORITHMS, ["#c44e52", "#8172b3", "#55a868", "#937860",
-                                          "#da8bc3", "#4c72b0"], strict=True))
+ALGORITHM_COLOURS = {name: algorithm.colour for name, algorithm in ALL_REDUCES.items()}
 
 
 def schedule_figure(schedule: CollectiveSchedule, columns: int = 4) -> Figure:
