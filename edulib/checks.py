@@ -24,3 +24,12 @@ def check_count(value: Any, what: str, unit: str = "") -> int:
 def check_world_size(world_size: Any) -> int:
     """Return world_size if it is a whole number of ranks, 1 or more; otherwise say what is allowed."""
     return check_count(world_size, "world_size", "ranks")
+
+
+def equal_part(size: int, parts: int, index: int, what: str) -> slice:
+    """Part `index` of `size` cut into `parts` equal, contiguous parts (the one rule every split of
+    a tensor over ranks follows), or an error naming `what` if they would not be equal."""
+    if size % parts:
+        raise ValueError(f"{what} ({size}) must divide evenly among {parts} ranks; use a multiple of {parts}")
+    step = size // parts
+    return slice(index * step, (index + 1) * step)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edulib.checks import check_choice
+from edulib.checks import check_choice, equal_part
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
 from edulib.recompute import saved_activation_bytes
@@ -75,8 +75,7 @@ def parallel(kind: str, full: nn.Module, algorithm: str = "builtin"):
 def _mine(size: int, parts: int, rank: int, dim: int = -1) -> tuple:
     """The index of a rank's equal slice of dimension `dim` (of length `size`): the last one, or
     the sequence (dim 1 of (batch, tokens, hidden))."""
-    step = size // parts
-    part = slice(rank * step, (rank + 1) * step)
+    part = equal_part(size, parts, rank, f"dimension {dim}")
     return (..., part) if dim == -1 else (slice(None),) * dim + (part,)
 
 

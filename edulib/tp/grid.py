@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
-from edulib.checks import check_count
+from edulib.checks import check_count, equal_part
 from edulib.tp.linear import TensorParallelLinear
 
 
@@ -73,14 +73,6 @@ class TensorGrid:
             "depth": comm.members_group([places[r, c, k] for k in range(shape.depth)], "grid")}
 
 
-def _part(size: int, parts: int, index: int, what: str) -> slice:
-    """Part `index` of `parts` equal parts of `size`, or an error if they are not equal."""
-    if size % parts:
-        raise ValueError(f"{what} ({size}) must divide evenly into {parts} parts; use a multiple of {parts}")
-    step = size // parts
-    return slice(index * step, (index + 1) * step)
-
-
 def block_of(shape: GridShape, place: tuple[int, int, int], out_features: int, in_features: int,
              transpose: bool = False) -> tuple[slice, slice, slice]:
     """Where the grid's rank at (row, column, depth) sits in a weight (out x in): its part of the
@@ -89,9 +81,9 @@ def block_of(shape: GridShape, place: tuple[int, int, int], out_features: int, i
     row, column, level = place
     (o, outs), (i, ins) = ((column, shape.columns), (row, shape.rows)) if transpose else (
         (row, shape.rows), (column, shape.columns))
-    out = _part(out_features, outs, o, "the output features")
-    rows = _part(out.stop - out.start, shape.depth, level, "each part's output features, over the depth,")
-    columns = _part(in_features, ins, i, "the input features")
+    out = equal_part(out_features, outs, o, "the output features")
+    rows = equal_part(out.stop - out.start, shape.depth, level, "each part's output features over the depth")
+    columns = equal_part(in_features, ins, i, "the input features")
     return out, slice(out.start + rows.start, out.start + rows.stop), columns
 
 

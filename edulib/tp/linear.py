@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from edulib.checks import equal_part
 from edulib.split_backward import LinearParts, record
 from edulib.tp.ops import f, g, gather_shards, labelled_sum
 
@@ -36,11 +37,8 @@ def even_share(size: int, group, what: str) -> range:
     for each in group if isinstance(group, (list, tuple)) else (group,):
         count = dist.get_world_size(each)
         part, parts = part * count + dist.get_rank(each), parts * count
-    if size % parts:
-        raise ValueError(f"{what} ({size}) must divide evenly among {parts} ranks; "
-                         f"use a multiple of {parts}")
-    step = size // parts
-    return range(part * step, (part + 1) * step)
+    mine = equal_part(size, parts, part, what)
+    return range(mine.start, mine.stop)
 
 
 class ParallelModule(nn.Module):

@@ -20,6 +20,7 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 from edulib import comm
+from edulib.checks import equal_part
 from edulib.split_backward import input_only
 
 
@@ -37,23 +38,16 @@ def _all_gather(tensor: torch.Tensor, direction: str, group, dim: int, algorithm
         return torch.cat(gathered.unbind(0), dim=dim)
 
 
-def _parts(tensor: torch.Tensor, group, dim: int) -> int:
-    """The group's size, once it is known to divide dimension `dim` evenly."""
-    parts = dist.get_world_size(group)
-    if tensor.shape[dim] % parts:
-        raise ValueError(f"dimension {dim} ({tensor.shape[dim]}) must divide evenly among {parts} "
-                         f"ranks; use a multiple of {parts}")
-    return parts
-
-
 def _own_slice(tensor: torch.Tensor, group, dim: int) -> torch.Tensor:
     """This rank's equal part of dimension `dim`."""
-    return tensor.chunk(_parts(tensor, group, dim), dim=dim)[dist.get_rank(group)].contiguous()
+    mine = equal_part(tensor.shape[dim], dist.get_world_size(group), dist.get_rank(group), f"dimension {dim}")
+    return tensor.narrow(dim, mine.start, mine.stop - mine.start).contiguous()
 
 
 def _reduce_scatter(tensor: torch.Tensor, direction: str, group, dim: int, algorithm: str) -> torch.Tensor:
     """This rank's equal part of dimension `dim` of the group's sum of `tensor`, labelled."""
-    parts = _parts(tensor, group, dim)
+    parts = dist.get_world_size(group)
+    equal_part(tensor.shape[dim], parts, 0, f"dimension {dim}")  # (or an error: the parts would differ)
     moved = tensor.movedim(dim, 0).contiguous()  # each rank's part is now one flat chunk
     with comm.labelled(direction):
         mine = comm.reduce_scatter(moved, comm.algorithm_for("reduce_scatter", algorithm), group)
