@@ -14,8 +14,14 @@ from tests.ranks import process_groups
 
 def test_every_group_comes_from_one_grid():
     grid = Grid(dp=2, pp=2, tp=2)
-    assert [grid.coordinates(rank) for rank in (0, 1, 2, 5, 7)] == [
+    assert [tuple(grid.where(rank)[axis] for axis in ("dp", "pp", "tp")) for rank in (0, 1, 2, 5, 7)] == [
         (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    assert [grid.rank(dp=d, pp=p, tp=t) for d, p, t in ((0, 0, 0), (1, 0, 1), (1, 1, 1))] == [0, 5, 7]
+    assert Grid(dp=2, cp=3, tp=2).rank(cp=2, tp=1) == 5  # dp, pp, cp, ep, tp: outermost first
+    with pytest.raises(TypeError):
+        Grid(2, 2, 2)  # sizes are named: the axes' order cannot be guessed
+    with pytest.raises(ValueError, match="unknown grid axis 'd'"):
+        grid.rank(d=1)
     assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert grid.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert grid.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]

@@ -65,18 +65,18 @@ def twin(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
 AXES = ("dp", "pp", "cp", "ep", "tp")  # outermost first: tensor-parallel neighbours are adjacent ranks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Grid:
-    """The (data, pipeline, context, expert, tensor) shape of the ranks; rank = row-major index.
-
-    Every process group derives from it and is made once per process (`group`).
+    """The (data, pipeline, context, expert, tensor) shape of the ranks, in `AXES` order everywhere
+    (its fields, `shape`, `where`, `rank`); rank = row-major index. Sizes and places are named,
+    never positional. Every process group derives from it and is made once per process (`group`).
     """
 
     dp: int = 1
     pp: int = 1
-    tp: int = 1
     cp: int = 1
     ep: int = 1
+    tp: int = 1
     shape: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,14 +95,11 @@ class Grid:
         """A rank's coordinate along every axis."""
         return dict(zip(AXES, map(int, np.unravel_index(rank, self.shape)), strict=True))
 
-    def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """(d, p, t) of a rank."""
-        place = self.where(rank)
-        return place["dp"], place["pp"], place["tp"]
-
-    def rank(self, d: int = 0, p: int = 0, t: int = 0, c: int = 0, e: int = 0) -> int:
-        """The rank at (d, p, t) (and c, e along the context and expert axes)."""
-        return int(np.ravel_multi_index((d, p, c, e, t), self.shape))
+    def rank(self, **place: int) -> int:
+        """The rank at a place named by axis (`rank(dp=1, tp=0)`; an axis left out is at 0)."""
+        for axis in place:
+            check_choice(axis, AXES, "grid axis")
+        return int(np.ravel_multi_index(tuple(place.get(axis, 0) for axis in AXES), self.shape))
 
     def groups(self, *axes: str) -> list[list[int]]:
         """Every group of ranks that differ only along `axes` (one or more), each in rank order."""

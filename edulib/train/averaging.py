@@ -84,7 +84,7 @@ def tied_gradients(config: TrainConfig, schedule, grid: Grid, held: nn.ModuleLis
         return lambda: None
     names = {"0.tokens.weight", f"{config.layers + 1}.out.weight"}
     copies = [w for w in held.parameters() if sources[id(w)][0] in names]
-    ends = [sorted({grid.rank(d, 0, t, c), grid.rank(d, schedule.device_of(last), t, c)})
+    ends = [sorted({grid.rank(dp=d, tp=t, cp=c), grid.rank(dp=d, pp=schedule.device_of(last), tp=t, cp=c)})
             for d, c, t in itertools.product(range(config.dp), range(config.cp), range(config.tp))]
     alone = sorted(set(range(grid.size)) - {r for pair in ends for r in pair})
     group = subgroup(ends + [[r] for r in alone])

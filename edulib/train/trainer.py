@@ -138,7 +138,7 @@ class _Run:
         self.position = self.d * config.cp + self.c  # in its dp x cp group
         self.experts = {id(w) for w in self.averaging.experts}
         self.averaging.count_once(self.counted)
-        neighbours = {q: grid.rank(self.d, q, self.t, self.c) for q in range(config.pp)}
+        neighbours = {q: grid.rank(dp=self.d, pp=q, tp=self.t, cp=self.c) for q in range(config.pp)}
         self.links = Links({q: [r] for q, r in neighbours.items()}, neighbours)
         self.pipeline = set(neighbours.values())
         self.context_ranks = set(dist.get_process_group_ranks(self.context.group)) if self.context else set()

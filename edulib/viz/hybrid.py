@@ -26,8 +26,8 @@ def grid_figure(grid: Grid) -> Figure:
     axes = figure.subplots()
 
     def place(rank: int) -> tuple[float, float]:
-        d, p, t = grid.coordinates(rank)
-        return d * (grid.tp + 0.8) + t, -p
+        where = grid.where(rank)
+        return where["dp"] * (grid.tp + 0.8) + where["tp"], -where["pp"]
 
     arc = np.linspace(0, 1, 30)
     for axis in ("dp", "pp", "tp"):
@@ -38,7 +38,7 @@ def grid_figure(grid: Grid) -> Figure:
                           linewidth=2.5, linestyle="--" if axis == "dp" else "-", zorder=1)
     for rank in range(grid.size):
         x, y = place(rank)
-        d, p, t = grid.coordinates(rank)
+        d, p, t = (grid.where(rank)[axis] for axis in ("dp", "pp", "tp"))
         axes.text(x, y, f"rank {rank}\n({d}, {p}, {t})", ha="center", va="center", fontsize=8, zorder=2,
                   bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#444444"})
     for d in range(grid.dp):
