@@ -92,6 +92,16 @@ class _Client:
 _client: _Client | None = None
 
 
+def close_all_but(keep: set[int]) -> None:
+    """In a process just forked: close every file descriptor it inherited but `keep`."""
+    for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def fork(argv: list[str], keep: tuple[int, int], environment: dict[str, str]) -> Served:
     """Fork a rank from this process's fork server, starting the server first if need be."""
     global _client
@@ -164,7 +174,6 @@ def _fork_rank(request: dict, fds: list[int]) -> int:
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        from edulib.launch import close_all_but
 
         os.setsid()
         if sys.platform == "linux":

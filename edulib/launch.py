@@ -27,11 +27,11 @@ from typing import Any
 
 from edulib import forkserver
 from edulib.checks import check_choice, check_world_size
+from edulib.rank import START_TIMEOUT
 
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
 DEFAULT_TIMEOUT = 60.0
-START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
 GRACE = 2.0  # past the timeout, before stopping a rank from outside (gloo's own error comes first)
 SETTLE = 1.0  # after a rank fails, how long to collect the others' reports before stopping them
 RAW_TAIL = 16_384  # bytes kept of what a rank wrote outside Python (C++ logs, crash reports)
@@ -416,16 +416,6 @@ class _Forked:
         return self.returncode
 
 
-def close_all_but(keep: set[int]) -> None:
-    """In a process just forked: close every file descriptor it inherited but `keep`."""
-    for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
     """Start a rank by forking this process, which has imported torch already: it starts in
     milliseconds rather than seconds. Only for a process that has run no parallel torch work yet
@@ -438,7 +428,7 @@ def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(output_write, 1)
             os.dup2(output_write, 2)
-            close_all_but({0, 1, 2, *keep})
+            forkserver.close_all_but({0, 1, 2, *keep})
             from edulib.rank import serve
             serve(argv)
         finally:

@@ -25,6 +25,8 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
+START_TIMEOUT = 120.0  # every rank imports torch (about 2.5 s each); a busy laptop needs slack
+
 
 def init_process_group(backend: str, rank: int, world_size: int, timeout: float,
                        store: Any = None) -> None:
@@ -178,8 +180,6 @@ def serve(argv: list[str]) -> None:
                            threading.main_thread().ident)).start()
     try:
         import torch.distributed as dist
-
-        from edulib.launch import START_TIMEOUT
 
         if isinstance(port, tuple):  # the pool's own way to join: a function and this rank's wires
             join, wire = port

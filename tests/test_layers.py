@@ -121,3 +121,62 @@ def test_an_upward_import_is_found_wherever_it_is_written(tmp_path, planted, exp
     (tmp_path / "comm.py").write_text("from edulib.checks import check_choice\n")  # looks down: fine
     found = wrong_imports(tmp_path)
     assert len(found) == 1 and expected in found[0], found
+
+
+def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of a module but those under `if TYPE_CHECKING:` (imports for annotations only)."""
+    nodes, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack += node.orelse
+            continue
+        nodes.append(node)
+        stack += ast.iter_child_nodes(node)
+    return nodes
+
+
+def module_edges(root: Path) -> dict[str, set[str]]:
+    """Which edulib modules each module imports when it runs (anywhere in it): `from package import
+    module` names the module, `from module import name` the module."""
+    names = {".".join((root.name, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"):
+             path for path in root.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for module, path in names.items():
+        found = set()
+        for node in _run_time_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module in names:
+                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in names
+                          else node.module for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in names}
+        edges[module] = found - {module}
+    return edges
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every set of modules that import each other, directly or through others."""
+    edges = module_edges(root)
+    reach: dict[str, set[str]] = {module: set() for module in edges}
+    for start in edges:  # (a few hundred modules: a walk from each is instant)
+        stack = list(edges[start])
+        while stack:
+            module = stack.pop()
+            if module not in reach[start]:
+                reach[start].add(module)
+                stack += edges[module]
+    cycles = {tuple(sorted(m for m in reach[start] if start in reach[m]))
+              for start in edges if start in reach[start]}
+    return sorted(map(list, cycles))
+
+
+def test_no_two_modules_import_each_other(tmp_path):
+    assert import_cycles(ROOT) == []
+    package = tmp_path / "edulib"
+    package.mkdir()
+    (package / "launch.py").write_text("def f():\n    from edulib.rank import serve\n")
+    (package / "rank.py").write_text("def g():\n    from edulib.launch import START\n")
+    (package / "comm.py").write_text("import edulib.rank\nimport edulib.train\n")  # no cycle of its own:
+    (package / "train.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                      "    from edulib.comm import x\n")  # train's is for annotations only
+    assert import_cycles(package) == [["edulib.launch", "edulib.rank"]]
