@@ -11,7 +11,7 @@ from edulib.launch import Pool, RankError
 from edulib.lessons.pipelines import pipeline_step
 from edulib.models import cut_into_stages, mlp, reference_gradients, regression_batch
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
-from edulib.pp.runtime import measured_timeline
+from edulib.pp.simulate import measured_timeline
 
 WIDTH, DEPTH, BATCH, MICROBATCHES = 16, 8, 8, 4
 

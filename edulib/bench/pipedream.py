@@ -10,7 +10,7 @@ from edulib.launch import Pool
 from edulib.lessons.pipelines import pipedream_train
 from edulib.pp import async_1f1b, replay
 from edulib.pp.pipedream import steady_bubble
-from edulib.pp.runtime import measured_timeline
+from edulib.pp.simulate import measured_timeline
 from edulib.table import format_bytes, format_table
 
 

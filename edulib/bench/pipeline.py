@@ -16,8 +16,7 @@ from edulib.measured import pipeline_key
 from edulib.measured import save as save_measured
 from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
 from edulib.pp.memory import stage_bytes
-from edulib.pp.runtime import measured_timeline
-from edulib.pp.simulate import model_peaks
+from edulib.pp.simulate import measured_timeline, model_peaks
 from edulib.table import format_bytes, format_table
 
 

@@ -4,8 +4,9 @@ One engine serves both. `validate` runs it with unit times and reports the first
 a missing, repeated or misplaced action, or a deadlock with the action each device is stuck at.
 `simulate` runs it with the given costs and returns every action's start and end, the makespan,
 both of the lecture's bubble fractions and the peak in-flight micro-batches per device.
-`replay` runs a measured step again with every action as long as it took, to see what the
-model leaves out; `measured_costs` reads a measured step's costs back.
+`measured_timeline` sets a real run's times out as a Timeline; `replay` runs a measured step again
+with every action as long as it took, to see what the model leaves out; `measured_costs` reads a
+measured step's costs back.
 """
 
 from __future__ import annotations
@@ -336,6 +337,18 @@ def _given(durations: Mapping[Action, float], action: Action) -> float:
         raise ValueError(f"durations must give every action a time of 0 or more; {action} has "
                          f"{seconds!r}")
     return float(seconds)
+
+
+def measured_timeline(schedule: Schedule, reports: list[dict]) -> Timeline:
+    """The Timeline of a real run, from every device's report (the times each rank's actions really
+    ran, as `edulib.lessons.pipelines.pipeline_step` reports them), on one clock with time 0 at the
+    first start."""
+    origin = min(start for report in reports for _, start, _ in report["events"])
+    events = tuple(Event(device, action, start - origin, end - origin)
+                   for device, report in enumerate(reports) for action, start, end in report["events"])
+    busy = tuple(sum(end - start for _, start, end in report["events"]) for report in reports)
+    return Timeline(schedule, events, max(event.end for event in events), busy,
+                    count_inflight(schedule))
 
 
 def replay(timeline: Timeline, t_comm: float | None = None, overhead: float = 0.0,
