@@ -191,7 +191,7 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
     from edulib.bench import MEMORY_SCHEDULES, bench_pipeline
     from edulib.measured import load
     from edulib.pp import SCHEDULES, build_schedule
-    from edulib.pp.schedules import STAGES_PER_DEVICE
+    from edulib.pp.schedules import SCHEDULE_KINDS
 
     report = bench_pipeline(world_sizes=(2,), microbatches=4, width=16, batch=8, cores=1,
                             save_to=tmp_path / "m.json", trace=tmp_path / "traces")
@@ -217,9 +217,10 @@ def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_co
         assert all(json.loads((stem.with_name(f"{stem.name}_torch") / f"rank{r}.json").read_text())
                    for r in range(2))
     saved = load("pipeline", tmp_path / "m.json")  # what the bubble explorer will name
-    assert sorted(saved) == sorted(f"{name} p=2 m=4 v={STAGES_PER_DEVICE.get(name, 1)}" for name in SCHEDULES)
+    assert sorted(saved) == sorted(f"{name} p=2 m=4 v={SCHEDULE_KINDS[name].stages_per_device}"
+                                   for name in SCHEDULES)
     assert [round(saved[key]["makespan"] * 1e3, 1) for key in
-            (f"{row[0]} p=2 m=4 v={STAGES_PER_DEVICE.get(row[0], 1)}" for row in rows)] == [
+            (f"{row[0]} p=2 m=4 v={SCHEDULE_KINDS[row[0]].stages_per_device}" for row in rows)] == [
         float(row[1]) for row in rows]
 
 

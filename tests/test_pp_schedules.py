@@ -351,8 +351,8 @@ COSTS = [(1.0, 1.0, 1.0), (1.0, 2.0, 0.0), (1.0, 1.5, 0.7), (1.0, 2.0, 1.0), (1.
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("m", [1, 4, 8, 9, 16])
 def test_the_papers_closed_forms_hold_in_the_simulator(name, p, m):
-    """Every schedule's bubble and peak memory against its paper's formula (edulib.pp.formulas)."""
-    from edulib.pp.formulas import closed_form
+    """Every schedule's bubble and peak memory against its paper's formula (`closed_form`)."""
+    from edulib.pp.schedules import closed_form
 
     try:
         schedule = build_schedule(name, p, m)
@@ -371,7 +371,7 @@ def test_the_papers_closed_forms_hold_in_the_simulator(name, p, m):
 
 
 def test_each_schedule_with_a_paper_has_a_closed_form():
-    from edulib.pp.formulas import closed_form
+    from edulib.pp.schedules import closed_form
 
     assert all(closed_form(name, 4, 8, build_schedule(name, 4, 8).chunks, 1.0, 1.0, 1.0) is not None
                for name in SCHEDULES if name != "naive")

@@ -14,7 +14,7 @@ from edulib.launch import Pool
 from edulib.lessons.pipelines import pipeline_step
 from edulib.measured import pipeline_key
 from edulib.measured import save as save_measured
-from edulib.pp import SCHEDULES, build_schedule, measured_costs, replay, simulate
+from edulib.pp import SCHEDULES, build_schedule, closed_form, measured_costs, replay, simulate
 from edulib.pp.memory import stage_bytes
 from edulib.pp.simulate import measured_timeline, model_peaks
 from edulib.table import format_bytes, format_table
@@ -50,7 +50,10 @@ def write_traces(pool: Pool, run: tuple, stem: Path, width: int, batch: int) -> 
              profile_dir=str(recorded))
 
 
-MEMORY_SCHEDULES = ("1f1b", "zero_bubble", "zb_v", "dualpipe_v")
+# The schedules whose paper bounds a device's memory whatever the micro-batches (1F1B's point):
+# its closed form holds as many at 32 micro-batches as at 16.
+MEMORY_SCHEDULES = tuple(name for name in SCHEDULES
+                         if (form := closed_form(name, 4, 16)) and form.held == closed_form(name, 4, 32).held)
 
 
 def pipeline_memory(pool: Pool, stages: int, microbatches: int, width: int, depth: int,

@@ -8,12 +8,16 @@ each device two stages placed in a V (device d holds stages d and 2p - 1 - d), s
 comes back to the device it started on; DualPipeV also runs a forward and a backward of the
 device's two stages as one overlapped step. PipeDream's asynchronous 1F1B runs 1F1B's rows over a
 stream of mini-batches with no flush between them.
+
+Each schedule is one record of `SCHEDULE_KINDS` (its builder, the stages a device holds, its
+paper's closed form of the bubble and the memory); every list of schedules derives from it.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from edulib.checks import check_choice, check_count
 from edulib.pp.schedule import Action, Overlap, Schedule, Step, dependencies
@@ -238,22 +242,121 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     return Schedule("dualpipe_v", p, m, 2, _rows(p, row), placement="v")
 
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zb_v", "dualpipe_v")
-STAGES_PER_DEVICE = {"interleaved_1f1b": 2, "zb_v": 2, "dualpipe_v": 2}  # others: 1
+@dataclass(frozen=True)
+class ClosedForm:
+    """A schedule's bubble (idle time of the busiest device in one step) and peak memory, each
+    with its formula; `relation` says how the simulator's bubble compares: "=", "<=" or ">="."""
+
+    bubble: float
+    bubble_formula: str
+    relation: str
+    held: float
+    held_formula: str
+    source: str
+
+
+# The papers' closed forms, beside the simulator. Costs are per device for its whole share of the
+# model, as `simulate` takes them: t_f a forward, t_b a backward (only the input gradient where the
+# schedule has W) and t_w a weight gradient. The papers write them per stage: F, B (a full
+# backward, input and weights), W, and DualPipe's F&B, a forward and a backward overlapped (here
+# F + B: the pair hides communication, not compute). Memory is counted in micro-batches of one
+# device's layers: a device of the V schedules holds two stages, each half its layers. Each gives
+# None where its paper's conditions do not hold.
+def _flush_form(keeps_all: bool) -> Callable[..., ClosedForm | None]:
+    """GPipe's and 1F1B's: the same bubble; GPipe holds every micro-batch, 1F1B at most p (m >= p)."""
+    def form(p: int, m: int, chunks: int, t_f: float, t_b: float, t_w: float) -> ClosedForm | None:
+        if m < p:
+            return None
+        held, formula = (m, "m") if keeps_all else (p, "p")
+        return ClosedForm((p - 1) * (t_f + t_b + t_w), "(p-1)(F+B)", "=", held, formula,
+                          "GPipe (Huang et al., 2019); 1F1B (Narayanan et al., 2019)")
+    return form
+
+
+def _interleaved_form(p: int, m: int, chunks: int, t_f: float, t_b: float, t_w: float) -> ClosedForm | None:
+    """Megatron-LM's: the bubble divided by the v stages a device holds (m a multiple of p)."""
+    if chunks == 1:
+        return _flush_form(False)(p, m, chunks, t_f, t_b, t_w)
+    if m % p:
+        return None
+    return ClosedForm((p - 1) * (t_f + t_b + t_w) / chunks, "(p-1)(F+B)/v", "=",
+                      min(p * (1 + (p - 1) / (p * chunks)), m), "p(1 + (p-1)/(pv)), or m if fewer",
+                      "Megatron-LM's interleaved schedule (Narayanan et al., 2021)")
+
+
+def _zero_bubble_form(p: int, m: int, chunks: int, t_f: float, t_b: float, t_w: float) -> ClosedForm | None:
+    """ZB-H1's: W fills two of the bubble's slots (m >= p, W no slower than B)."""
+    if m < p or t_w > t_b:
+        return None
+    return ClosedForm((p - 1) * (t_f + t_b - t_w), "(p-1)(F+B-2W)", "=", p, "p", "ZB-H1 (Qi et al., 2024)")
+
+
+def _zb_v_form(p: int, m: int, chunks: int, t_f: float, t_b: float, t_w: float) -> ClosedForm | None:
+    """ZB-V's: only the fill of half-size stages is idle (m >= 2p - 1)."""
+    if m < 2 * p - 1:
+        return None
+    return ClosedForm((p - 1) * t_f / 2, "(p-1)F, the fill", "=" if t_f == t_b == t_w else ">=", p,
+                      "p (2p half-size stages)", "ZB-V (Qi et al., 2024)")
+
+
+def _dualpipe_v_form(p: int, m: int, chunks: int, t_f: float, t_b: float, t_w: float) -> ClosedForm | None:
+    """DualPipeV's: W no slower than B, a forward no slower than a whole backward."""
+    full = t_b + t_w
+    if t_w > t_b or t_f > full:
+        return None
+    f, b, w = t_f / 2, full / 2, t_w / 2  # per stage: each device holds two
+    return ClosedForm((p - 1) * ((f + b) + b - 3 * w), "(PP/2-1)(F&B+B-3W), PP = 2p stages",
+                      "=" if t_f == t_b == t_w else "<=", p + 0.5, "p + 1/2 (PP+1 half-size stages)",
+                      "DualPipeV (DeepSeek-AI, 2024)")
+
+
+@dataclass(frozen=True)
+class ScheduleKind:
+    """One pipeline schedule, all that any part of edulib reads of it: its builder (devices,
+    micro-batches, and stages per device where it takes them), the stages each device holds by
+    default, and its paper's closed form of the bubble and the memory (None: no paper gives one)."""
+
+    build: Callable[..., Schedule]
+    stages_per_device: int = 1
+    closed_form: Callable[[int, int, int, float, float, float], ClosedForm | None] | None = None
+    takes_chunks: bool = False  # other numbers of stages per device than its own
+
+
+SCHEDULE_KINDS: dict[str, ScheduleKind] = {
+    "naive": ScheduleKind(naive),
+    "gpipe": ScheduleKind(gpipe, closed_form=_flush_form(True)),
+    "1f1b": ScheduleKind(one_f_one_b, closed_form=_flush_form(False)),
+    "interleaved_1f1b": ScheduleKind(interleaved_1f1b, 2, _interleaved_form, takes_chunks=True),
+    "zero_bubble": ScheduleKind(zero_bubble, closed_form=_zero_bubble_form),
+    "zb_v": ScheduleKind(zb_v, 2, _zb_v_form),
+    "dualpipe_v": ScheduleKind(dualpipe_v, 2, _dualpipe_v_form),
+}
+SCHEDULES = tuple(SCHEDULE_KINDS)
+
+
+def closed_form(name: str, p: int, m: int, chunks: int = 1, t_f: float = 1.0, t_b: float = 2.0,
+                t_w: float = 0.0) -> ClosedForm | None:
+    """The paper's bubble and memory for schedule `name` on p devices and m micro-batches, or None
+    where no paper gives one (the naive pipeline), or where its conditions do not hold: 1F1B-like
+    schedules need m >= p, ZB-H1 and DualPipeV a weight gradient no slower than B (and DualPipeV a
+    forward no slower than a whole backward), ZB-V m >= 2p - 1."""
+    form = SCHEDULE_KINDS[check_choice(name, SCHEDULES, "schedule")].closed_form
+    return None if form is None else form(p, m, chunks, t_f, t_b, t_w)
 
 
 def build_schedule(name: str, stages: int, microbatches: int, chunks: int | None = None) -> Schedule:
     """A named schedule for `stages` devices, `microbatches` micro-batches, `chunks` stages per
     device (by default the schedule's own: 2 for the interleaved and V schedules, else 1)."""
-    check_choice(name, SCHEDULES, "schedule")
-    own = STAGES_PER_DEVICE.get(name, 1)
+    kind = SCHEDULE_KINDS[check_choice(name, SCHEDULES, "schedule")]
+    own = kind.stages_per_device
     chunks = own if chunks is None else chunks
     for value, what in ((stages, "stages"), (microbatches, "microbatches"), (chunks, "chunks")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{what} must be a whole number, 1 or more; got {value!r}")
-    if name != "interleaved_1f1b" and chunks != own:
+    if not kind.takes_chunks and chunks != own:
+        others = ", ".join(n for n, k in SCHEDULE_KINDS.items() if k.takes_chunks)
         raise ValueError(f"{name} puts {own} stage{'s' * (own > 1)} on each device; got chunks={chunks} "
-                         "(only interleaved_1f1b takes other numbers)")
+                         f"(only {others} takes other numbers)")
     if name == "dualpipe_v" and microbatches < 2 * stages:
         raise ValueError(f"dualpipe_v needs at least as many micro-batches as stages, 2 x {stages} "
                          f"devices = {2 * stages}; got {microbatches}")
@@ -262,6 +365,4 @@ def build_schedule(name: str, stages: int, microbatches: int, chunks: int | None
             raise ValueError(f"interleaved_1f1b sends micro-batches through in groups of one per "
                              f"device, so micro-batches must be a multiple of stages ({stages}); "
                              f"got {microbatches}")
-        return interleaved_1f1b(stages, microbatches, chunks)
-    return {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble,
-            "zb_v": zb_v, "dualpipe_v": dualpipe_v}[name](stages, microbatches)
+    return kind.build(stages, microbatches, chunks) if kind.takes_chunks else kind.build(stages, microbatches)

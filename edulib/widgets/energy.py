@@ -7,11 +7,9 @@ from functools import lru_cache
 from typing import Any
 
 from edulib.energy import A100, GPU, Frontier, pipeline_frontier
-from edulib.pp import build_schedule
+from edulib.pp import SCHEDULES, build_schedule
 from edulib.viz.energy import frontier_figure
 from edulib.widgets.explorer import Choice, Slider, explore
-
-FRONTIER_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble")
 
 
 @lru_cache(maxsize=64)  # the figure and the text of one case share it
@@ -52,7 +50,7 @@ def _draw(**case: Any) -> Any:
 def frontier_explorer(static: bool | None = None) -> Any:
     """Explore Perseus's frontier: schedule, stages, micro-batches and GPU clocks, live."""
     return explore(_draw, {
-        "schedule": Choice("1f1b", FRONTIER_SCHEDULES),
+        "schedule": Choice("1f1b", SCHEDULES),
         "stages": Slider(4, 2, 8, 1, integer=True),
         "microbatches": Slider(8, 2, 16, 2, integer=True),
         "levels": Slider(5, 2, len(A100.frequencies), 1, integer=True)},
