@@ -375,3 +375,20 @@ def test_each_schedule_with_a_paper_has_a_closed_form():
 
     assert all(closed_form(name, 4, 8, build_schedule(name, 4, 8).chunks, 1.0, 1.0, 1.0) is not None
                for name in SCHEDULES if name != "naive")
+
+
+def test_every_schedule_is_one_record_that_every_list_derives_from():
+    """The registry is the one place a schedule is named: the choices of the config, the bubble and
+    frontier explorers and the memory bench come from it, and a schedule's default stages per
+    device are its record's."""
+    from edulib.bench import MEMORY_SCHEDULES
+    from edulib.pp import SCHEDULE_KINDS, SCHEDULES, closed_form
+    from edulib.train.config import CHOICES
+
+    assert SCHEDULES == tuple(SCHEDULE_KINDS) and CHOICES["schedule"] == SCHEDULES
+    for name, kind in SCHEDULE_KINDS.items():
+        assert build_schedule(name, 4, 8).chunks == kind.stages_per_device
+        assert (closed_form(name, 4, 8) is None) == (kind.closed_form is None)
+    assert set(MEMORY_SCHEDULES) <= set(SCHEDULES) and "gpipe" not in MEMORY_SCHEDULES  # GPipe keeps all m
+    with pytest.raises(ValueError, match="unknown schedule 'zb_h2'"):
+        closed_form("zb_h2", 4, 8)
