@@ -226,7 +226,7 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
     assert "the all-gather phase is missing or wrong" in visible.feedback
 
 
-@pytest.mark.parametrize(("name", "body", "check", "what"), [
+IMPORTED = [
     ("lesson02_allreduce", """
         import torch.distributed as dist
 
@@ -311,15 +311,31 @@ def test_a_ring_without_its_all_gather_phase_is_told_so(tmp_path):
         def run_pipeline(actions, stage, inputs, targets, shape, loss):
             execute(actions, 0, {0: stage}, loss, inputs, targets, shape)
      """, "pipeline executor", "the pipeline executor"),
-])
-def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, body, check, what):
-    results = [r for r in grade(_submit(tmp_path, name, body), progress=False) if r.check.startswith(check)]
+]
+
+
+@pytest.fixture(scope="module")
+def imported_graded(tmp_path_factory) -> dict[int, list]:
+    """Every answer imported from edulib or torch is a student of one class: one class run."""
+    folder = tmp_path_factory.mktemp("imported")
+    for index, (name, body, _, _) in enumerate(IMPORTED):
+        _submit(folder / f"imported{index:02d}", name, body)
+    rows = grade(folder, progress=False)
+    return {index: [r for r in rows if r.student == f"imported{index:02d}"] for index in range(len(IMPORTED))}
+
+
+@pytest.mark.parametrize("index", range(len(IMPORTED)),
+                         ids=[f"{name}-{check}" for name, _, check, _ in IMPORTED])
+def test_an_answer_imported_from_edulib_or_torch_scores_zero(imported_graded, index):
+    """One class run grades every imported answer (about 25 s, in the first one's setup)."""
+    _, _, check, what = IMPORTED[index]
+    results = [r for r in imported_graded[index] if r.check.startswith(check)]
     assert [r.points for r in results] == [0, 0]
     assert all(r.feedback.startswith(f"this exercise must implement {what} itself") for r in results), \
         [r.feedback for r in results]
 
 
-@pytest.mark.parametrize(("name", "wrong", "right", "check", "said"), [
+MISTAKES = [
     ("lesson01_data_parallelism", "if self.waiting[index] == 0 and self.overlap:", "if False:",
      "gradient buckets", "with overlap every bucket is launched during backward"),
     ("lesson01_data_parallelism", "if self.buckets[-1] and size + nbytes > bucket_bytes:",
@@ -384,13 +400,29 @@ def test_an_answer_imported_from_edulib_or_torch_scores_zero(tmp_path, name, bod
      "weight stash on real ranks (optional)", "the stash held versions that nothing would ask for again"),
     ("lesson11_pipedream", "version = self.plan[microbatch]", "version = self.latest",
      "weight stash on real ranks (optional)", "rank 0: the final"),
-])
-def test_a_build_it_exercise_with_one_mistake_loses_its_points(tmp_path, name, wrong, right, check, said):
-    """A graded tree per mistake, on real ranks, visible and hidden cases (over 10 s each)."""
-    source = (ROOT / "solutions" / f"{name}.py").read_text()
-    assert source.count(wrong) == 1, wrong
-    path = _submit(tmp_path, name, source.replace(wrong, right))
-    visible, hidden = (r for r in grade(path, progress=False) if r.check in (check, f"{check} (hidden)"))
+]
+
+
+@pytest.fixture(scope="module")
+def mistakes_graded(tmp_path_factory) -> dict[int, list]:
+    """Every planted mistake is a student of one class, handing in the solution with that one
+    mistake: one class run grades them all, two trees at a time (over 100 s)."""
+    folder = tmp_path_factory.mktemp("mistakes")
+    for index, (name, wrong, right, _, _) in enumerate(MISTAKES):
+        source = (ROOT / "solutions" / f"{name}.py").read_text()
+        assert source.count(wrong) == 1, wrong
+        _submit(folder / f"mistake{index:02d}", name, source.replace(wrong, right))
+    rows = grade(folder, progress=False)
+    return {index: [r for r in rows if r.student == f"mistake{index:02d}"] for index in range(len(MISTAKES))}
+
+
+@pytest.mark.parametrize("index", range(len(MISTAKES)),
+                         ids=[f"{name}-{check}-{n}" for n, (name, _, _, check, _) in enumerate(MISTAKES)])
+def test_a_build_it_exercise_with_one_mistake_loses_its_points(mistakes_graded, index):
+    """A graded tree per mistake, on real ranks, visible and hidden cases, all in one class run
+    (about 90 s, in the first one's setup)."""
+    _, _, _, check, said = MISTAKES[index]
+    visible, hidden = (r for r in mistakes_graded[index] if r.check in (check, f"{check} (hidden)"))
     assert visible.points + hidden.points < _worth(visible) + _worth(hidden)
     assert said in visible.feedback + hidden.feedback, (visible.feedback, hidden.feedback)
 
