@@ -176,7 +176,7 @@ def test_a_timeline_opens_in_perfetto_as_a_chrome_trace(measured, pool4, tmp_pat
     import json
 
     from edulib.pp import simulate
-    from edulib.pp.schedule import dependencies
+    from edulib.pp.actions import dependencies
 
     schedule = build_schedule("dualpipe_v" if measured else "interleaved_1f1b", 4, 8)
     if measured:  # a real step, and torch.profiler's own trace of another beside it

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
-from edulib.pp.schedule import Action, Overlap, Schedule
+from edulib.pp.actions import Action, Overlap, Schedule
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

@@ -471,7 +471,7 @@ def test_the_frontier_explorer_falls_back_to_the_1f1b_frontier_and_says_its_bloa
 def test_a_measured_figure_says_when_its_ranks_outnumber_the_cores(monkeypatch):
     import os
 
-    from edulib.pp.schedule import Action
+    from edulib.pp.actions import Action
     from edulib.train import TrainConfig
     from edulib.viz.hybrid import step_figure
 

@@ -37,7 +37,7 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, dijkstra, maximum_flow
 
 from edulib.energy.gpu import A100, GPU
-from edulib.pp.schedule import Schedule, Step, dependencies
+from edulib.pp.actions import Schedule, Step, dependencies
 from edulib.pp.simulate import per_device, validate
 
 Curve = dict[int, float]  # whole time units -> joules

@@ -19,9 +19,9 @@ from torch.profiler import ProfilerActivity, profile
 from edulib import comm
 from edulib.checks import check_choice, check_count
 from edulib.models import cut_into_stages, mlp, regression_batch
+from edulib.pp.actions import Schedule
 from edulib.pp.executor import execute
 from edulib.pp.pipedream import POLICIES, Params, Stash, version_of
-from edulib.pp.schedule import Schedule
 from edulib.pp.schedules import async_1f1b, one_f_one_b
 from edulib.pp.simulate import validate
 

@@ -1,8 +1,8 @@
 """Pipeline parallelism as data: schedules, their lowering to sends and receives, their simulator
 and checker, and the one executor that runs them on real ranks."""
 
+from edulib.pp.actions import KINDS, MESSAGES, Action, Schedule, parse_actions
 from edulib.pp.lower import lower
-from edulib.pp.schedule import KINDS, MESSAGES, Action, Schedule, parse_actions
 from edulib.pp.schedules import SCHEDULE_KINDS, SCHEDULES, async_1f1b, build_schedule, closed_form
 from edulib.pp.simulate import (
     Event,

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from edulib import comm
+from edulib.pp.actions import Action, Schedule, consumer
 from edulib.pp.lower import lower
 from edulib.pp.memory import device_bytes
-from edulib.pp.schedule import Action, Schedule, consumer
 from edulib.recompute import Recomputed
 from edulib.split_backward import Kept, backward_input, backward_weight, recording
 

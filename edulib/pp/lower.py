@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edulib.pp.schedule import Action, Schedule, Step, consumer, dependencies
+from edulib.pp.actions import Action, Schedule, Step, consumer, dependencies
 from edulib.pp.simulate import validate
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from edulib.pp.schedule import Action
+from edulib.pp.actions import Action
 from edulib.split_backward import Kept, backward_input, recording
 
 

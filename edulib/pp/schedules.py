@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edulib.checks import check_choice, check_count
-from edulib.pp.schedule import Action, Overlap, Schedule, Step, dependencies
+from edulib.pp.actions import Action, Overlap, Schedule, Step, dependencies
 
 
 def _rows(p: int, build: Callable[[int], list[Action]]) -> tuple[tuple[Action, ...], ...]:

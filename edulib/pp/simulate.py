@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from edulib.pp.schedule import (
+from edulib.pp.actions import (
     Action,
     Schedule,
     Step,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from edulib.checks import check_choice
 from edulib.comm import ALGORITHMS
 from edulib.cp.layout import LAYOUTS, pieces, token_ranges
-from edulib.pp.schedule import Schedule
+from edulib.pp.actions import Schedule
 from edulib.pp.schedules import SCHEDULES, build_schedule
 from edulib.train.data import VOCAB
 

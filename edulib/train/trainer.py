@@ -32,8 +32,8 @@ from edulib import comm
 from edulib.comm.groups import Grid, subgroup
 from edulib.cp.ring import Context
 from edulib.models import cut_into_stages
+from edulib.pp.actions import Schedule
 from edulib.pp.executor import Links, execute
-from edulib.pp.schedule import Schedule
 from edulib.progress import progress_bar
 from edulib.rank import finish_queued_work
 from edulib.tp.layers import Index, ParallelBlock

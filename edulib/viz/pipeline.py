@@ -9,7 +9,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from edulib.pp.schedule import Action
+from edulib.pp.actions import Action
 from edulib.pp.simulate import Timeline, held_over_time
 
 KIND_COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452", "F&B": "#8172b2"}
