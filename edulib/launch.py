@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from edulib import forkserver
-from edulib.checks import check_choice, check_world_size
+from edulib.arguments import check_choice, check_world_size
 from edulib.rank import START_TIMEOUT
 
 BACKENDS = ("auto", "gloo", "nccl")

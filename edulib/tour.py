@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from edulib import examples
-from edulib.checks import check_world_size
+from edulib.arguments import check_world_size
 from edulib.comm import ALGORITHMS, build_collective, bytes_sent
 from edulib.comm.verify import collective_disagreements
 from edulib.compare import disagreements

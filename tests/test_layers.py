@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "edulib"
 # tensor parallelism splits them. The one language model and its loss (`edulib.train.model`) sit
 # above the axes, with the trainer that composes them.
 LAYERS: list[tuple[str, ...]] = [
-    ("edulib", "checks", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),
+    ("edulib", "arguments", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),
     ("launch", "forkserver", "rank"),
     ("comm",),
     ("models", "split_backward", "recompute"),
@@ -118,7 +118,7 @@ def test_every_import_looks_down_and_no_parallelism_imports_another():
 def test_an_upward_import_is_found_wherever_it_is_written(tmp_path, planted, expected):
     (tmp_path / "tp").mkdir()
     (tmp_path / "tp" / "planted.py").write_text(planted)
-    (tmp_path / "comm.py").write_text("from edulib.checks import check_choice\n")  # looks down: fine
+    (tmp_path / "comm.py").write_text("from edulib.arguments import check_choice\n")  # looks down: fine
     found = wrong_imports(tmp_path)
     assert len(found) == 1 and expected in found[0], found
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from edulib.checks import check_choice, check_world_size
+from edulib.arguments import check_choice, check_world_size
 from edulib.comm.schedule import CollectiveSchedule, Message
 
 Rounds = list[tuple[Message, ...]]

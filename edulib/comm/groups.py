@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch.distributed as dist
 
-from edulib.checks import check_choice
+from edulib.arguments import check_choice
 
 _made: dict[tuple, dist.ProcessGroup] = {}  # by ranks (and a purpose before them)
 _made_in: list[dist.ProcessGroup] = []  # the default group the cached ones were made in

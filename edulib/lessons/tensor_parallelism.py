@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edulib.checks import check_choice, equal_part
+from edulib.arguments import check_choice, equal_part
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
 from edulib.recompute import saved_activation_bytes

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from edulib.checks import equal_part
+from edulib.arguments import equal_part
 from edulib.split_backward import LinearParts, record
 from edulib.tp.ops import f, g, gather_shards, labelled_sum
 

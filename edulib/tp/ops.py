@@ -20,7 +20,7 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 from edulib import comm
-from edulib.checks import equal_part
+from edulib.arguments import equal_part
 from edulib.split_backward import input_only
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from edulib.checks import check_choice, check_count
+from edulib.arguments import check_choice, check_count
 from edulib.cp.cost import ring_attention_bytes
 from edulib.footprint import GB
 from edulib.recompute import korthikanti_bytes
