@@ -2,8 +2,9 @@
 
 A rank started as a fresh interpreter spends about 2.5 s of CPU importing torch before it does
 anything. The fork server is one such interpreter per launching process, started the first time a
-pool needs it: it imports torch and the edulib modules its launcher has imported, and then forks
-each rank on request. It runs no torch computation (a process forked after an OpenMP parallel
+pool needs it: it imports torch (with torch._dynamo, which a rank's first optimizer would import:
+about 1.5 s of CPU a rank) and the edulib modules its launcher has imported, and then forks each
+rank on request. It runs no torch computation (a process forked after an OpenMP parallel
 region can hang) and no code of a notebook, test or student, so every rank starts from the same
 clean state as a spawned one; each request carries the launcher's environment, import path and
 folder, which the rank takes on before it serves. Python's multiprocessing has the same idea under
@@ -119,6 +120,7 @@ def serve_forks(fd: int) -> None:
     """The server's loop: fork a rank for each request, reap each rank and write its exit code on
     its status pipe; exit when the launcher's socket closes."""
     import torch  # noqa: F401 - what every rank needs, imported once for all of them
+    import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (with sympy): about 1.5 s
     import torch.distributed  # noqa: F401
 
     import edulib.rank  # noqa: F401
