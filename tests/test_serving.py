@@ -67,7 +67,7 @@ def test_the_joint_ilp_equals_exhaustive_search_where_the_beam_is_narrower_than_
 
 
 def test_jellybeans_beam_misses_the_optimum_where_the_lesson_says():
-    # the lesson and the README quote this measurement: 40 workflows of 4 operators x 3 models
+    # the lesson and docs/api/planner.md quote this measurement: 40 workflows of 4 operators x 3 models
     gaps = []
     for seed in range(40):
         workflow, infra, accuracy = _random(1000 + seed, operators=4, choices=3)
