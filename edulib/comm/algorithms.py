@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from edulib.arguments import check_choice, check_world_size
 from edulib.comm.schedule import CollectiveSchedule, Message
@@ -219,8 +220,7 @@ def hierarchical(nodes: int, per_node: int) -> CollectiveSchedule:
                     nodes * per_node, tuple(rounds))
 
 
-@dataclass(frozen=True)
-class Terms:
+class Terms(NamedTuple):
     """What an all-reduce's closed form is written in: N ranks, M bytes (the whole tensor), the
     link's alpha and beta, gamma a byte added, the messages a round of swaps costs a rank (`sides`:
     1 full-duplex, 2 half) and LogGP's per-message `overhead` (None: every message pays alpha)."""

@@ -25,6 +25,7 @@ from edulib.comm.algorithms import ALL_REDUCES, BUILTIN_COUNTED_AS, FOR_COLLECTI
 from edulib.comm.schedule import CollectiveSchedule, chunk_bounds
 
 Link = Callable[[int, int], tuple[float, float]]  # (src, dst) -> (alpha, beta) of that link
+CLOSED_FORMS = {name: form.closed_form for name, form in ALL_REDUCES.items() if form.closed_form}  # the six
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,7 @@ def formula(name: str, world_size: int, nbytes: float, alpha: float = 0.0,
     sides = 1 if duplex else 2  # what a round of swaps costs a rank, in messages
     terms = Terms(world_size, nbytes, alpha, beta, gamma, sides, overhead)
     check_choice(collective, FOR_COLLECTIVE, "collective")
-    closed = ({name: a.closed_form for name, a in ALL_REDUCES.items() if a.closed_form}
-              if collective == "all_reduce" else FOR_COLLECTIVE[collective])
+    closed = CLOSED_FORMS if collective == "all_reduce" else FOR_COLLECTIVE[collective]
     check_choice(name, ["builtin", *closed], f"{collective} algorithm with a closed form")
     n, m = world_size, nbytes
     if n == 1:
