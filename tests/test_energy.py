@@ -105,6 +105,9 @@ def test_the_frontier_equals_a_linear_program_on_a_pipeline_of_real_size(name):
 
 
 def test_each_cut_starts_from_the_last_steps_flow_and_a_flow_that_does_not_fit_is_dropped(monkeypatch):
+    """The warm searches (the last network's cut kept, the last flow carried on, a maximum flow
+    searched only where s still reaches t) give the frontier that searching afresh at every point
+    gives, and most points search no flow at all."""
     module = importlib.import_module("edulib.energy.frontier")  # the package's `frontier` is the function
     schedule = build_schedule("interleaved_1f1b", 4, 8)
     _, edges = pipeline_dag(schedule)
@@ -119,11 +122,15 @@ def test_each_cut_starts_from_the_last_steps_flow_and_a_flow_that_does_not_fit_i
     class Spoiled(Recorded):
         def __call__(self, *bounds):  # a flow on every arc beyond its capacity: it must not be trusted
             self.flow[:] = 2**40
+            self.network = np.zeros(0, dtype=np.int64)  # and no network is the last one
             return super().__call__(*bounds)
 
+    searches, search = [], module.maximum_flow
+    monkeypatch.setattr(module, "maximum_flow", lambda *args: searches.append(1) or search(*args))
     monkeypatch.setattr(module, "_Cuts", Recorded)
     warm = frontier(curves, edges, schedule.devices, A100.idle * 0.25)
     assert len(warm) > 40 and made[-1].restarts == 0  # every step went on from the last step's flow
+    assert len(searches) < len(warm) / 2, (len(searches), len(warm))
     monkeypatch.setattr(module, "_Cuts", Spoiled)
     cold = frontier(curves, edges, schedule.devices, A100.idle * 0.25)
     assert made[-1].restarts == len(cold)  # one search a point, every one from none
@@ -189,3 +196,26 @@ def test_gpt3_stages_and_the_energy_benchmark():
     assert [row[0] for row in rows] == names
     for row in rows:  # saved at a straggler's time is at least what is saved at the fastest
         assert 0 <= float(row[-2].rstrip("%")) <= float(row[-1].rstrip("%"))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved_1f1b", "zb_v"])
+def test_the_critical_dag_is_what_the_longest_paths_in_topological_order_give(name):
+    """The computations and edges a step speeds up among: Dijkstra's starts and the walk back along
+    tight edges against start + tail == makespan from a plain pass in topological order."""
+    module = importlib.import_module("edulib.energy.frontier")
+    schedule = build_schedule(name, 4, 8)
+    _, edges = pipeline_dag(schedule)
+    costs = module._Costs(module.curves_for(schedule, A100, 1.0, 2.0, 0.0, 0.25), A100.idle * 0.25)
+    paths = module._LongestPaths(len(costs.rows), edges, costs.slowest)
+    order, before, after = module._order(len(costs.rows), edges)
+    u, v = paths.forward
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        durations = rng.integers(costs.fastest, costs.slowest + 1)
+        critical, tight, makespan = paths(durations)
+        start, tail, expected = module._times(durations.tolist(), order, before, after)
+        start, tail = np.array(start), np.array(tail)
+        assert makespan == expected
+        assert np.array_equal(critical, start + tail == makespan)
+        assert np.array_equal(tight, start[u] + durations[u] + tail[v] == makespan)
+        assert critical.sum() < len(critical)  # (some computation has slack: the test can tell)

@@ -13,9 +13,10 @@ iteration. Then, again and again, shorten the iteration by one unit at the least
   bounds is the cheapest way to shorten the iteration by one unit.
 
 The energies at successive times form the frontier, from the least-energy iteration to the
-fastest. Neighbouring times share most of the work: the longest paths come from two Dijkstra runs
-whose potentials, the longest paths at the slowest durations, serve every step; and each step's
-maximum flow starts from the last step's, so that only the flow still missing is searched for.
+fastest. Neighbouring times share most of the work: the earliest starts come from a Dijkstra run
+whose potentials, the longest paths at the slowest durations, serve every step; a step whose
+network is the last one's keeps its cut, and each other step's maximum flow starts from the last
+step's, so that only the flow still missing is searched for.
 
 Waiting devices draw idle power, so the iteration's energy is each computation's energy plus the
 idle power over the time no computation runs; with idle power folded into each computation (its
@@ -130,42 +131,62 @@ def _times(durations: list[int], order: list[int], before: list[list[int]],
     return start, tail, max((s + t for s, t in zip(start, tail, strict=True)), default=0)
 
 
+def _reached(keep: np.ndarray, cols: np.ndarray, pointers: np.ndarray, source: int) -> np.ndarray:
+    """Which nodes `source` reaches along the arcs `keep` marks, of a CSR structure (`cols`,
+    `pointers`) whose arcs are in its order: a breadth-first search on the arcs kept."""
+    nodes = len(pointers) - 1
+    kept = np.concatenate([[0], np.cumsum(keep)])[pointers]
+    graph = csr_array((np.ones(int(kept[-1])), cols[keep], kept), shape=(nodes, nodes))
+    found = np.zeros(nodes, dtype=bool)
+    found[breadth_first_order(graph, source, return_predecessors=False)] = True
+    return found
+
+
+def _csr_order(rows: np.ndarray, cols: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """How to sort arcs (rows -> cols) as a CSR holds them, and that CSR's columns and row pointers."""
+    order = np.lexsort((cols, rows))
+    return order, cols[order].astype(np.int32), np.searchsorted(rows[order], np.arange(nodes + 1))
+
+
 class _LongestPaths:
-    """Each computation's earliest start and longest path to the end, by two runs of scipy's
-    Dijkstra. A DAG's longest paths are shortest paths with negated durations; Johnson's potentials,
-    the longest paths at the slowest durations, make every reweighted edge non-negative for any
-    durations no slower, so one potential serves the whole frontier."""
+    """Which computations and edges lie on a longest path. Each computation's earliest start comes
+    from scipy's Dijkstra: a DAG's longest paths are shortest paths with negated durations, and
+    Johnson's potentials, the longest paths at the slowest durations, make every reweighted edge
+    non-negative for any durations no slower, so one potential serves the whole frontier. An edge
+    is on a longest path when its head starts as its tail ends (it is tight) and its head is on
+    one; a computation is on one when tight edges lead from it to a computation that ends last:
+    a breadth-first search back from those finds them all."""
 
     def __init__(self, count: int, edges: list[tuple[int, int]], slowest: np.ndarray) -> None:
         order, before, after = _order(count, edges)
-        start, tail, _ = _times(slowest.tolist(), order, before, after)
         # the potentials, as floats: scipy's Dijkstra would convert each graph's weights to them
-        self.start, self.rest = np.array(start, dtype=float), np.array(tail, dtype=float) - slowest
+        self.start = np.array(_times(slowest.tolist(), order, before, after)[0], dtype=float)
         u, v = (np.array([edge[i] for edge in edges], dtype=np.int64).reshape(-1) for i in (0, 1))
-        self.forward, self.backward = (self._structure(a, b, count) for a, b in ((u, v), (v, u)))
+        sort, cols, pointers = _csr_order(u, v, count)
+        self.forward = u[sort], v[sort]  # the edges as the CSR holds them
+        # a CSR graph of the edges whose weights each call writes in place (building one costs
+        # more than the search on it)
+        self.graph = csr_array((np.zeros(len(u)), cols, pointers), shape=(count, count))
         self.sources = [c for c in range(count) if not before[c]]
-        self.sinks = [c for c in range(count) if not after[c]]
+        self.sinks = np.array([c for c in range(count) if not after[c]], dtype=np.int64)
         self.first, self.last = np.zeros(count, dtype=bool), np.zeros(count, dtype=bool)
         self.first[self.sources], self.last[self.sinks] = True, True
-
-    @staticmethod
-    def _structure(rows: np.ndarray, cols: np.ndarray, count: int) -> tuple[np.ndarray, ...]:
-        """The edges sorted by row, and a CSR's row pointers and column indices for them."""
-        sort = np.lexsort((cols, rows))
-        rows, cols = rows[sort], cols[sort]
-        return rows, cols, np.searchsorted(rows, np.arange(count + 1)), cols.astype(np.int32)
+        # the walk back: every edge reversed, and from an extra node (`count`, the end) to each sink
+        back = np.concatenate([v[sort], np.full(len(self.sinks), count)])
+        self.back = _csr_order(back, np.concatenate([u[sort], self.sinks]), count + 1)
 
     def __call__(self, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Earliest starts, longest tails (a computation's time included) and the makespan."""
-        shape = (len(durations), len(durations))
-        u, v, pointers, indices = self.forward
-        graph = csr_array((self.start[v] - self.start[u] - durations[u], indices, pointers), shape=shape)
-        start = self.start - dijkstra(graph, indices=self.sources, min_only=True)
-        v, u, pointers, indices = self.backward
-        graph = csr_array((self.rest[u] - self.rest[v] - durations[v], indices, pointers), shape=shape)
-        tail = self.rest - dijkstra(graph, indices=self.sinks, min_only=True) + durations
-        start, tail = start.astype(np.int64), tail.astype(np.int64)
-        return start, tail, int((start + tail).max())
+        """The computations and the edges (in `forward`'s order) on a longest path, and the makespan."""
+        u, v = self.forward
+        self.graph.data = self.start[v] - self.start[u] - durations[u]
+        start = (self.start - dijkstra(self.graph, indices=self.sources, min_only=True)).astype(np.int64)
+        end = start + durations
+        makespan = int(end.max())
+        tight = end[u] == start[v]
+        order, cols, pointers = self.back
+        on = _reached(np.concatenate([tight, end[self.sinks] == makespan])[order], cols, pointers,
+                      len(durations))[:-1]
+        return on, tight & on[v], makespan
 
 
 class _Cuts:
@@ -180,14 +201,16 @@ class _Cuts:
     lower x ([tail in S] + [head in T] - 1)). So a maximum flow finds it: the nodes it can still
     reach from s. scipy's maximum flow takes 32-bit whole capacities: joules are scaled, once for
     every step, so that all finite capacities together fill half of "infinity", which the flow out
-    of s reaches only where no finite cut exists. A step starts from the last step's flow where that
-    still fits its capacities, so that only the flow still missing is searched for."""
+    of s reaches only where no finite cut exists. The nodes s reaches in the residual network of any
+    maximum flow are the same (the least source side of a minimum cut), so a step whose network is
+    the last one's has its cut; any other starts from the last step's flow where that still fits
+    its capacities, and searches for more flow only where s still reaches t."""
 
     def __init__(self, paths: _LongestPaths, costs: _Costs) -> None:
         count = len(costs.rows)
         every = np.arange(count)
         first, last = np.flatnonzero(paths.first), np.flatnonzero(paths.last)
-        u, v = paths.forward[:2]
+        u, v = paths.forward
         s, t, into, out_of = 0, 1, 2 + 2 * every, 3 + 2 * every  # each computation's two nodes
         # the computations, s to the first, the last to t, the edges, and the lower bounds' two arcs
         tail = np.concatenate([into, np.full(len(first), s), out_of[last], out_of[u], into,
@@ -196,10 +219,8 @@ class _Cuts:
                                out_of])
         self.nodes, self.first, self.last = 2 + 2 * count, first, last
         # every arc and its reverse, sorted as a CSR holds them: the residual network's structure
-        rows, cols = np.concatenate([tail, head]), np.concatenate([head, tail])
-        self.order = np.lexsort((cols, rows))
-        self.cols = cols[self.order].astype(np.int32)
-        self.pointers = np.searchsorted(rows[self.order], np.arange(self.nodes + 1))
+        self.order, self.cols, self.pointers = _csr_order(np.concatenate([tail, head]),
+                                                          np.concatenate([head, tail]), self.nodes)
         self.place = np.argsort(self.order)[:len(tail)]  # where each arc's forward entry lies
         self.infinity = 2**30 // max(1, len(first))  # so that s's arcs sum below 2^31
         finite = np.where(np.isfinite(costs.faster), costs.faster, 0.0)
@@ -209,6 +230,7 @@ class _Cuts:
         self.bottom = np.zeros(count, dtype=np.int64)  # each computation's lower bound, as carried
         self.unbounded = np.full(len(first) + len(last) + len(u), self.infinity)
         self.restarts = 0  # steps whose search started from no flow, the last one not fitting
+        self.network, self.side = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)  # the last step's
 
     def _network(self, room: np.ndarray) -> csr_array:
         """A network on the residual structure with these capacities (in its order)."""
@@ -226,6 +248,8 @@ class _Cuts:
         on = np.concatenate([critical, critical[self.first], critical[self.last], tight, lifted, lifted])
         capacity = np.where(on, np.concatenate([np.where(np.isinf(upper), self.infinity, top - bottom),
                                                 self.unbounded, bottom, bottom]), 0)
+        if np.array_equal(capacity, self.network):
+            return self.side  # the same network has the same least source side, whatever its flow
         # the same flow through each computation, its lower bound now moved onto its ends
         moved = self.bottom - bottom
         self.flow[:count] += moved
@@ -235,18 +259,16 @@ class _Cuts:
             self.flow[:] = 0  # the last flow does not fit: search from none
             self.restarts += 1
         room = np.concatenate([capacity - self.flow, self.flow])[self.order].astype(np.int32)
-        more = maximum_flow(self._network(room), 0, 1).flow
-        if not (np.array_equal(more.indptr, self.pointers) and np.array_equal(more.indices, self.cols)):
-            raise RuntimeError("scipy's maximum_flow returned its flow on a structure not the network's")
-        self.flow += more.data[self.place]
+        side = _reached(room > 0, self.cols, self.pointers, 0)
+        if side[1]:  # an augmenting path is left: search for the flow still missing
+            more = maximum_flow(self._network(room), 0, 1).flow
+            if not (np.array_equal(more.indptr, self.pointers) and np.array_equal(more.indices, self.cols)):
+                raise RuntimeError("scipy's maximum_flow returned its flow on a structure not the network's")
+            self.flow += more.data[self.place]
+            side = _reached(room > more.data, self.cols, self.pointers, 0)
         if self.flow[self.leaving].sum() >= self.infinity:
             return None  # a path of computations that cannot go faster runs from s to t
-        left = room > more.data
-        pointers = np.concatenate([[0], np.cumsum(left)])[self.pointers]
-        reach = csr_array((np.ones(int(pointers[-1])), self.cols[left], pointers),
-                          shape=(self.nodes, self.nodes))
-        side = np.zeros(self.nodes, dtype=bool)
-        side[breadth_first_order(reach, 0, return_predecessors=False)] = True
+        self.network, self.side = capacity, side
         return side
 
 
@@ -260,15 +282,12 @@ def frontier(curves: list[Curve], edges: list[tuple[int, int]], devices: int,
     costs = _Costs(curves, idle)
     paths = _LongestPaths(len(curves), edges, costs.slowest)
     cuts = _Cuts(paths, costs)
-    u, v = paths.forward[:2]
     durations = costs.slowest.copy()
     points = []
     while True:
-        start, tail, makespan = paths(durations)
+        critical, tight, makespan = paths(durations)
         points.append(Point(makespan, costs.total(durations) + idle * devices * makespan,
                             tuple(durations.tolist())))
-        critical = start + tail == makespan
-        tight = start[u] + durations[u] + tail[v] == makespan  # an edge on a longest path
         side = cuts(critical, tight, *costs.bounds(durations))
         if side is None:
             return points
