@@ -35,7 +35,7 @@ from edulib.planner.baselines import (
 )
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph, Operator, gpt_graph, mlp_graph, moe_graph, trace, wide_resnet_graph
-from edulib.planner.inter import exhaustive_inter_op, inter_op, latency, plan, stage_table
+from edulib.planner.inter import cluster_operators, exhaustive_inter_op, inter_op, latency, plan, stage_table
 from edulib.planner.intra import (
     PRICES,
     chain_optimum,
@@ -538,3 +538,25 @@ def test_a_stage_that_cannot_run_makes_the_pipeline_infinite_with_any_number_of_
     for microbatches in (1, 2, 8):
         assert latency([1.0, float("inf")], microbatches) == float("inf")
     assert latency([1.0, 2.0], 1) == 3.0 and latency([1.0, 2.0], 3) == 7.0
+
+
+@pytest.mark.parametrize("graph, cluster, pruned", [
+    (gpt_graph(16, 512, 8, 256, 4, vocab=0), Cluster.from_speeds(2, 4, memory_gib=0.5), True),
+    (gpt_graph(16, 512, 8, 256, 4, vocab=0), Cluster.from_speeds(1, 4, memory_gib=0.5), True),
+    (gpt_graph(16, 512, 8, 256, 4, vocab=0), Cluster.from_speeds(2, 4, memory_gib=4), False),  # all fit
+    (moe_graph(8, 1024, 16, 1024, 8), Cluster.from_speeds(2, 4, memory_gib=2), True),
+    (trace(torch.nn.Sequential(_Residual(), _Residual()), torch.randn(32, 64)),
+     Cluster(1, 2, memory=3 * 2**18), True),  # not a chain: the ILP's candidates
+], ids=["gpt-2x4", "gpt-1x4", "gpt-ample", "moe", "residuals"])
+def test_leaving_too_slow_stages_unsearched_changes_no_plan(graph, cluster, pruned):
+    """The planner searches an overflowing stage further only if its fastest time could be in a
+    plan as fast as one of the stages that fit: the pruned table gives the full table's plan."""
+    ranges = cluster_operators(graph, 16)
+    stages = min(len(ranges), cluster.size)
+    full, cut = (stage_table(graph, cluster, 16, ranges, cluster.submeshes(), stages, prune=prune)
+                 for prune in (False, True))
+    best, chosen, _ = inter_op(full, cluster.size, 16)
+    assert np.isfinite(best)
+    assert inter_op(cut, cluster.size, 16)[:2] == (best, chosen)
+    assert (cut.time >= full.time).all()  # a stage left unsearched keeps a slower choice, or none
+    assert (cut.time > full.time).any() == pruned

@@ -21,6 +21,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -114,31 +115,67 @@ def _fastest_stages(table: Costs, firsts: list[int],
             yield k, v, ilp(table.part(first, v))
 
 
-def _chain_stages(table: Costs, microbatches: int, ranges: list[tuple[int, int]], usable: np.ndarray,
-                  need: np.ndarray, memory: float) -> np.ndarray:
-    """[s - 1, k, i]: the least seconds for clusters k..i as the stage s-th from the end (min(s, B)
-    micro-batches in flight) that fits in `memory`, where `usable`: the fastest path if it fits
-    (`fastest_paths`), else the fastest priced path that fits (`priced_paths`, asked for the
-    stages that need one); inf if none does."""
+def _chain_fastest(table: Costs, microbatches: int, ranges: list[tuple[int, int]], stages: int,
+                   memory: float) -> tuple[np.ndarray, np.ndarray]:
+    """[s - 1, k, i]: the seconds of the fastest path for clusters k..i, memory aside
+    (`fastest_paths`), and whether it fits in `memory` as the stage s-th from the end (min(s, B)
+    micro-batches in flight)."""
     firsts, lasts = tuple(first for first, _ in ranges), tuple(last for _, last in ranges)
     seconds, weight, activation = fastest_paths(table, firsts, lasts)  # [k, i]
-    flights = np.minimum(np.arange(1, len(usable) + 1), microbatches)[:, None, None]
+    flights = np.minimum(np.arange(1, stages + 1), microbatches)[:, None, None]
     fits = training_bytes(weight, activation, flights) <= memory
-    found = np.where(usable & fits, seconds, np.inf)
-    priced = usable & ~fits & (need <= memory)
-    starts = sorted({(firsts[k], int(flights[s, 0, 0])) for s, k, _ in zip(*np.nonzero(priced), strict=True)})
+    return np.broadcast_to(seconds, fits.shape), fits
+
+
+def _chain_stages(table: Costs, microbatches: int, ranges: list[tuple[int, int]], found: np.ndarray,
+                  priced: np.ndarray, memory: float) -> np.ndarray:
+    """`found` ([s - 1, k, i]: the fastest path's seconds where it fits) with the stages `priced`
+    filled in: the fastest priced path (`priced_paths`) for clusters k..i that fits in `memory`
+    as the stage s-th from the end (min(s, B) micro-batches in flight), inf if none does."""
+    firsts, lasts = tuple(first for first, _ in ranges), tuple(last for _, last in ranges)
+    flights = np.minimum(np.arange(1, len(found) + 1), microbatches)
+    where = list(zip(*np.nonzero(priced), strict=True))
+    starts = sorted({(firsts[k], int(flights[s])) for s, k, _ in where})
     if starts:
         paths, row = priced_paths(table, tuple(starts), lasts), {start: n for n, start in enumerate(starts)}
         within = paths.fastest_within(memory)  # [start, i]
-        for s, k, i in zip(*np.nonzero(priced), strict=True):
-            found[s, k, i] = within[row[(firsts[k], int(flights[s, 0, 0]))], i]
+        found = found.copy()
+        for s, k, i in where:
+            found[s, k, i] = within[row[(firsts[k], int(flights[s]))], i]
     return found
+
+
+def _chain_meshes(tables: dict[tuple[int, int], Costs], m: int, needs: list[np.ndarray], microbatches: int,
+                  ranges: list[tuple[int, int]], usable: np.ndarray, memory: float, bound: np.ndarray,
+                  best: np.ndarray, which: np.ndarray) -> list[tuple]:
+    """Fill `best[..., m]` and `which[..., m]` on a chain from each logical mesh j of submesh m (its
+    fewest bytes `needs[j]`): the fastest path where it fits, else the fastest priced path that
+    fits, priced only where the fastest path takes at most `bound` seconds ([s - 1, k, i]: a
+    priced path is never faster than the fastest). Returns the stages no priced path fit, though
+    some choice may (rare: the ILP decides)."""
+    overflowing = []
+    for j, need in enumerate(needs):
+        seconds, fits = _chain_fastest(tables[(m, j)], microbatches, ranges, len(usable), memory)
+        priced = usable & ~fits & (need <= memory) & (seconds <= bound)
+        found = _chain_stages(tables[(m, j)], microbatches, ranges, np.where(usable & fits, seconds, np.inf),
+                              priced, memory)
+        better = found < best[..., m]
+        best[..., m][better], which[..., m][better] = found[better], j
+        overflowing += [(0.0, (s, k, i, m), j, ranges[k][0], ranges[i][1])
+                        for s, k, i in zip(*np.nonzero(np.isinf(found) & priced), strict=True)]
+    return overflowing
+
+
+def _upper_bound(times: np.ndarray, sizes: list[int], devices: int, microbatches: int) -> float:
+    """The latency of the best plan over these stage times (inf if none): no best plan over stage
+    times at most these is slower, so a stage slower than this / B is in none."""
+    return inter_op(SimpleNamespace(time=times, sizes=sizes), devices, microbatches)[0]
 
 
 def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[tuple[int, int]],
                 submeshes: Sequence[tuple[int, int]], stages: int,
                 meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None,
-                progress: Progress | None = None) -> StageTable:
+                progress: Progress | None = None, prune: bool = False) -> StageTable:
     """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s),
     with the stage's messages to its neighbours (`boundary_seconds`).
 
@@ -147,6 +184,11 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     prices on bytes find one that fits (`priced_paths`). Neither depends on the memory, so both
     are kept with the mesh's tables. Each stage of the final plan is then re-solved exactly
     (`solve`). Any other graph uses the ILP throughout.
+
+    With `prune` (as `plan` does), a stage whose fastest choice overflows is searched further only
+    if, at that fastest time, it could be in a plan as fast as the best plan of stages that fit
+    as they are (B x its time at most that plan's latency): the others keep a slower choice that
+    fits, or none, which changes no best plan.
     """
     meshes = meshes or cluster.logical_meshes
     count, ends = len(ranges), {last: i for i, (_, last) in enumerate(ranges)}
@@ -163,6 +205,7 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
         if seconds < best[where]:
             best[where], which[where] = seconds, j
 
+    needs: dict[tuple[int, int], np.ndarray] = {}
     for m in range(len(submeshes)):
         for j, mesh in enumerate(tried[m]):
             if progress:
@@ -174,14 +217,8 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
             need = prefix[:, None, [last + 1 for _, last in ranges]] - prefix[:, firsts, None]
             need = np.where(np.triu(np.ones((count, count), dtype=bool)), need, np.inf)
             least[..., m] = np.minimum(least[..., m], need)
+            needs[(m, j)] = need
             if graph.is_chain:
-                seconds = _chain_stages(full, microbatches, ranges, usable, need, cluster.memory)
-                better = seconds < best[..., m]
-                best[..., m][better], which[..., m][better] = seconds[better], j
-                # no priced path fit, yet some choice may (rare: the ILP decides)
-                lacking = np.isinf(seconds) & (need <= cluster.memory) & usable
-                overflowing += [(0.0, (s, k, i, m), j, firsts[k], ranges[i][1])
-                                for s, k, i in zip(*np.nonzero(lacking), strict=True)]
                 continue
             for k, v, fastest in _fastest_stages(full, firsts, ends):
                 for s in range(stages):
@@ -190,14 +227,29 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                         keep(where, fastest.time, j)
                     elif need[s, k, ends[v]] <= cluster.memory:
                         overflowing.append((fastest.time, where, j, firsts[k], v))
-    # The fastest choice overflowed memory: find one that fits, fastest candidates first, and skip
-    # those that cannot beat what another logical mesh already gives (they are no faster than that).
-    for seconds, where, j, first, v in sorted(overflowing, key=lambda c: c[0]):
-        if seconds < best[where]:
-            found = solve(tables[(where[3], j)].part(first, v), cluster.memory, int(in_flight[where[0]]))
-            keep(where, found.time, j)
     messages = np.array([[[boundary_seconds(graph, cluster, ranges[k][0], ranges[i][1], submesh)
                            for submesh in submeshes] for i in range(count)] for k in range(count)])
+    fitting = best.copy()  # each stage's fastest choice among those that fit as they are
+    for m, j in needs if graph.is_chain else ():
+        seconds, fits = _chain_fastest(tables[(m, j)], microbatches, ranges, stages, cluster.memory)
+        fitting[..., m] = np.minimum(fitting[..., m], np.where(usable & fits, seconds, np.inf))
+    # the most seconds a stage's choice may take and be in a best plan, its messages aside
+    room = np.full(shape, np.inf)
+    if prune:
+        sizes = [n * m for n, m in submeshes]
+        latest = _upper_bound(fitting + messages[None], sizes, cluster.size, microbatches)
+        room = np.broadcast_to(latest * (1 + 1e-9) / microbatches - messages[None], shape)
+    for m in range(len(submeshes)) if graph.is_chain else ():
+        bound = np.minimum(fitting[..., m], room[..., m])
+        overflowing += _chain_meshes(tables, m, [needs[(m, j)] for j in range(len(tried[m]))], microbatches,
+                                     ranges, usable, cluster.memory, bound, best, which)
+    # The fastest choice overflowed memory: find one that fits, fastest candidates first, and skip
+    # those that cannot beat what another logical mesh already gives (they are no faster than that)
+    # or be in a best plan.
+    for seconds, where, j, first, v in sorted(overflowing, key=lambda c: c[0]):
+        if seconds < best[where] and seconds <= room[where]:
+            found = solve(tables[(where[3], j)].part(first, v), cluster.memory, int(in_flight[where[0]]))
+            keep(where, found.time, j)
     return StageTable(ranges, list(submeshes), tried, best + messages[None], which, least, tables)
 
 
@@ -359,7 +411,8 @@ def plan(graph: Graph, cluster: Cluster, microbatches: int = 16, clusters: int |
     ranges = cluster_operators(graph, clusters or min(len({op.layer for op in graph.operators}), CLUSTERS))
     submeshes = list(submeshes or cluster.submeshes())
     stages = min(stages or len(ranges), len(ranges), cluster.size)
-    table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages, progress=progress)
+    table = stage_table(graph, cluster, microbatches, ranges, submeshes, stages, progress=progress,
+                        prune=True)
     best, chosen, statistics = inter_op(table, cluster.size, microbatches, progress)
     if not chosen:
         need = smallest_memory(table, cluster.size)
