@@ -168,3 +168,76 @@ def test_the_ring_judge_refuses_messages_that_are_no_partial_sums():
     assert not _partial_sum(send(0, [0.5, 0.5, 0.5]), 0, inputs)
     with pytest.raises(Wrong, match="which is no sum of its own and other ranks' inputs"):
         _ring_watch(case, {"events": [send(0, [0.5, 0.5, 0.5])], "problems": []})
+
+
+THROWAWAY = '''
+from edulib.grading.checks.base import Case, Check, Wrong, exercise
+from edulib.grading.student import ranked, solo
+
+
+def _cases(rng):
+    return [Case({"x": 3}, "x = 3"), Case({"x": rng.randrange(10)}, "another x", hidden=True)]
+
+
+def _judge(case, answer):
+    if answer != 2 * case.inputs["x"]:
+        raise Wrong(f"{answer!r} is not twice x", "not twice x")
+
+
+def _on_rank(student, case):
+    return student.twice(case["x"])
+
+
+solo("throwaway_twice", lambda s, c: s.twice(c["x"]))
+ranked("throwaway_twice_on_ranks", _on_rank)
+exercise("lesson99_throwaway", [
+    Check("twice", 1, 1, "throwaway_twice", _cases, _judge, "twice x", "another x"),
+    Check("twice on ranks", 1, 0, "throwaway_twice_on_ranks", _cases, _judge, "twice x", "-", wire=True)],
+    [("edulib.comm.cost.formula", "nothing here")])
+'''
+
+
+def test_a_lesson_is_one_module_that_enters_its_checks_collectors_and_rank_workers(tmp_path, monkeypatch):
+    """A throwaway lesson, one module beside the others and nothing else edited: discovered, it
+    enters its checks, the names its submission may not call, a collector in the solo process and
+    one on ranks with its worker; its collector and judge then grade answers right and wrong."""
+    import sys
+
+    from edulib.grading import checks
+    from edulib.grading.checks import FORBIDDEN
+    from edulib.grading.student import RANK_WORKERS
+
+    (tmp_path / "lesson99_throwaway.py").write_text(THROWAWAY)
+    monkeypatch.setattr(checks, "__path__", [*checks.__path__, str(tmp_path)])
+    try:
+        assert checks.discover() == ["lesson99_throwaway"]
+        assert [check.name for check in CHECKS["lesson99_throwaway"]] == ["twice", "twice on ranks"]
+        assert FORBIDDEN["lesson99_throwaway"] == [("edulib.comm.cost.formula", "nothing here")]
+        assert "throwaway_twice_on_ranks" in ON_RANKS and "throwaway_twice" not in ON_RANKS
+        worker = RANK_WORKERS["throwaway_twice_on_ranks"]
+        assert worker.__module__ == "edulib.grading.checks.lesson99_throwaway"
+        check = CHECKS["lesson99_throwaway"][0]
+        for twice, passed in ((lambda x: 2 * x, True), (lambda x: x + 2, False)):
+            student = type(sys)("student")
+            student.twice = twice
+            for case in cases_of("lesson99_throwaway", check, seed=1):
+                outcome = COLLECTORS[check.collect](student, case.inputs, [])
+                right = passed or case.inputs["x"] == 2  # (x + 2 is twice 2)
+                assert _passed(check, case, _verdict(check, case, outcome)) == right
+        assert checks.discover() == []  # each lesson enters itself once
+    finally:
+        for registry in (CHECKS, FORBIDDEN):
+            registry.pop("lesson99_throwaway", None)
+        for key in ("throwaway_twice", "throwaway_twice_on_ranks"):
+            COLLECTORS.pop(key, None)
+            RANK_WORKERS.pop(key, None)
+            ON_RANKS.discard(key)
+        sys.modules.pop("edulib.grading.checks.lesson99_throwaway", None)
+
+
+def test_a_check_whose_collector_was_never_entered_is_refused_by_name():
+    from edulib.grading.checks.base import Check, exercise
+
+    with pytest.raises(ValueError, match="collect with \\['nowhere'\\]"):
+        exercise("lesson98_unfinished", [Check("x", 1, 0, "nowhere", list, print, "-", "-")], [])
+    assert "lesson98_unfinished" not in CHECKS

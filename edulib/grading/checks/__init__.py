@@ -1,23 +1,29 @@
-"""The checks of every exercise, one module per lesson: seeded cases, some hidden, and a judge that
-runs in the grader (`base` holds what they are made of). Importing the package enters each
-lesson's checks, in the lessons' order, into `CHECKS` and the names a submission may not call into
-`FORBIDDEN`.
+"""The checks of every exercise, one module per lesson: seeded cases, some hidden, a judge that runs
+in the grader, and the collectors that run the submission on each case (`base` holds what checks
+are made of). Importing the package imports every `lessonNN_*` module in it, in the lessons'
+order; each enters its own checks into `CHECKS`, the names its submission may not call into
+`FORBIDDEN`, and its collectors and rank workers (`edulib.grading.student`). Adding a lesson's
+grading is adding its module here.
 """
 
-from edulib.grading.checks import (  # noqa: F401 (each module enters its checks)
-    lesson01_data_parallelism,
-    lesson02_allreduce,
-    lesson03_tensor_parallelism,
-    lesson04_pipeline,
-    lesson05_sharding,
-    lesson06_context,
-    lesson07_experts,
-    lesson08_hybrid,
-    lesson09_alpa,
-    lesson10_compression,
-    lesson11_pipedream,
-    lesson14_measurement,
-)
+import importlib
+import pkgutil
+import sys
+
 from edulib.grading.checks.base import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
 
-__all__ = ["CHECKS", "FORBIDDEN", "Case", "Check", "Unanswered", "Wrong", "answer_of"]
+
+def discover() -> list[str]:
+    """Import every lesson module of the package not imported yet (each enters itself), in the
+    lessons' order; the names of those imported now."""
+    found = sorted(module.name for module in pkgutil.iter_modules(__path__)
+                   if module.name.startswith("lesson"))
+    fresh = [name for name in found if f"{__name__}.{name}" not in sys.modules]
+    for name in fresh:
+        importlib.import_module(f"{__name__}.{name}")
+    return fresh
+
+
+discover()
+
+__all__ = ["CHECKS", "FORBIDDEN", "Case", "Check", "Unanswered", "Wrong", "answer_of", "discover"]

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from edulib.grading.student import COLLECTORS
+
 
 class Wrong(Exception):
     """A case's answer differs from the reference: `args[0]` says how, naming the case's
@@ -194,4 +196,8 @@ def exercise(name: str, checks: list[Check], forbidden: list[tuple[str, str]]) -
     """Enter one exercise's checks and the names its submission may not call (each lesson's module)."""
     if name in CHECKS:
         raise ValueError(f"the checks of {name} are entered twice")
+    unknown = [check.collect for check in checks if check.collect not in COLLECTORS]
+    if unknown:
+        raise ValueError(f"the checks of {name} collect with {unknown}, which no `solo` or `ranked` of "
+                         f"edulib.grading.student entered; enter each before the exercise")
     CHECKS[name], FORBIDDEN[name] = checks, forbidden

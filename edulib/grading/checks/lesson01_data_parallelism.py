@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Generator
+from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.grading.checks.base import (
     Case,
@@ -20,6 +23,7 @@ from edulib.grading.checks.base import (
     phase_events,
     seeded_tensors,
 )
+from edulib.grading.student import mine, ranked, solo
 
 
 def _server_cases(rng: random.Random) -> list[Case]:
@@ -156,6 +160,40 @@ def _link_judge(case: Case, answer: Any) -> None:
             raise Wrong(f"{name} = {got * scale:.4g} {unit}, the link's is {want * scale:.4g} {unit}: "
                         f"outside {low * scale:.4g} to {high * scale:.4g}",
                         f"{name} more than {TOLERANCE:.0%} from the link's")
+
+
+def _buckets(student: ModuleType, case: dict) -> Generator[None, None, list]:
+    """Two steps of the student's GradientBuckets on a tied-weight model, each in three phases
+    (forward, backward, finish; then an empty last one): the averaged gradients of each step (the
+    relay sees each all-reduce, and the grader's cuts say in which phase it came)."""
+    from edulib.models import tied_lm
+
+    model, grads = tied_lm(case["vocab"], case["hidden"], case["seed"]), []
+    buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
+    for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
+        logits = model(tokens[dist.get_rank()]).flatten(0, -2)
+        loss = torch.nn.functional.cross_entropy(logits, targets[dist.get_rank()].flatten())
+        yield
+        loss.backward()
+        yield
+        buckets.finish()
+        grads.append([parameter.grad.clone() for parameter in model.parameters()])
+        model.zero_grad(set_to_none=False)
+        yield
+    return grads
+
+
+def _measure_link(student: ModuleType, case: dict) -> Any:
+    """The student's measure_link on this rank (the relay slows the wire as the case's link says)."""
+    return student.measure_link()
+
+
+solo("server_step", lambda s, c: s.server_step(c["parameters"].clone(),
+    [g.clone() for g in c["gradients"]], c["lr"]))
+ranked("buckets", _buckets, lambda case, rank: {
+    **case, "tokens": [mine(step, rank) for step in case["tokens"]],
+    "targets": [mine(step, rank) for step in case["targets"]]})
+ranked("measure_link", _measure_link)
 
 
 exercise("lesson01_data_parallelism", [

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.comm import chunk_bounds
 from edulib.grading.checks.base import (
@@ -21,7 +23,8 @@ from edulib.grading.checks.base import (
     ring_direction,
     seeded_tensors,
 )
-from edulib.grading.student import CHUNKS_PER_RANK
+from edulib.grading.plain import NotPlain
+from edulib.grading.student import CHUNKS_PER_RANK, mine, ranked, solo
 
 _COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
                 "all_gather_into_tensor", "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather",
@@ -186,6 +189,45 @@ def _torus_run_judge(case: Case, answer: Any) -> None:
     total = sum(case.inputs["inputs"])
     for rank, got in enumerate(per_rank_answers(answer, case.inputs["ranks"])):
         check_tensor(got, total, f"rank {rank}'s tensor after running your schedule", atol=0)
+
+
+def _ring(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's ring_allreduce on this rank's input (the relay sees what it sends)."""
+    tensor = case["inputs"][dist.get_rank()].clone()
+    student.ring_allreduce(tensor)
+    return tensor
+
+
+def _torus_run(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's torus schedule run by edulib's runtime on this rank's input."""
+    from edulib.comm.runtime import run_schedule
+
+    tensor = case["inputs"][dist.get_rank()].clone()
+    schedule = student.torus_schedule(case["rows"], case["cols"])
+    chunks, ranks = getattr(schedule, "chunks", None), dist.get_world_size()
+    if type(chunks) is not int or not 1 <= chunks <= CHUNKS_PER_RANK * ranks:
+        raise ValueError(f"the schedule for {ranks} ranks has {chunks!r} chunks; one for {ranks} ranks "
+                         f"needs 1 to {CHUNKS_PER_RANK * ranks}")
+    run_schedule(schedule, tensor)
+    return tensor
+
+
+def _schedule(schedule: Any) -> dict:
+    """An edulib Schedule as plain data (the grader rebuilds and checks it)."""
+    from edulib.comm import CollectiveSchedule
+
+    if type(schedule) is not CollectiveSchedule:
+        raise NotPlain(f"a {type(schedule).__name__}, where an edulib Schedule was expected")
+    return {"name": schedule.name, "collective": schedule.collective, "world_size": schedule.world_size,
+            "chunks": schedule.chunks, "root": schedule.root,
+            "rounds": [[[m.src, m.dst, m.lo, m.hi, m.op, m.at] for m in messages]
+                       for messages in schedule.rounds]}
+
+
+ranked("ring", _ring, lambda case, rank: {**case, "inputs": mine(case["inputs"], rank)})
+solo("halving_doubling", lambda s, c: _schedule(s.halving_doubling_schedule(c["n"])))
+solo("torus", lambda s, c: _schedule(s.torus_schedule(c["rows"], c["cols"])))
+ranked("torus_run", _torus_run, lambda case, rank: {**case, "inputs": mine(case["inputs"], rank)})
 
 
 exercise("lesson02_allreduce", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from edulib.grading.checks.base import (
     rank_events,
     seeded_tensors,
 )
+from edulib.grading.student import ranked, solo
 
 
 def _mlp_cases(rng: random.Random) -> list[Case]:
@@ -170,6 +172,50 @@ def _block_judge(case: Case, answer: Any) -> None:
 def _block_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """Megatron's block: f's and g's, forward and backward, four all-reduces of the activation."""
     _all_reduces_at_most(case, wire, 4, "Megatron's block sends")
+
+
+def _parallel_mlp(student: ModuleType, case: dict) -> dict:
+    """An MLP split by the grader's layers on the student's F and G, forward and backward on this rank."""
+    linear = torch.nn.functional.linear
+    x = case["x"].clone().requires_grad_()
+    w1, b1, w2, b2 = (case[name].clone().requires_grad_() for name in ("w1", "b1", "w2", "b2"))
+    hidden = torch.nn.functional.gelu(linear(student.F.apply(x), w1, b1))
+    y = student.G.apply(linear(hidden, w2)) + b2
+    (y * case["grad_y"]).sum().backward()
+    return {"y": y.detach(), **{name: tensor.grad for name, tensor in
+                                (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))}}
+
+
+def _parallel_block(student: ModuleType, case: dict) -> dict:
+    """The student's parallel_block on this rank's shards, forward and backward."""
+    leaves = {name: case[name].clone().requires_grad_() for name in
+              ("x", "qkv_weight", "qkv_bias", "out_weight", "out_bias", "up", "up_bias", "down", "down_bias")}
+    attention = tuple(leaves[name] for name in ("qkv_weight", "qkv_bias", "out_weight", "out_bias"))
+    mlp = tuple(leaves[name] for name in ("up", "up_bias", "down", "down_bias"))
+    y = student.parallel_block(leaves["x"], attention, mlp, case["heads"] // case["ranks"])
+    (y * case["grad_y"]).sum().backward()
+    return {"y": y.detach(), **{name: leaf.grad for name, leaf in leaves.items()}}
+
+
+def _mlp_part(case: dict, rank: int) -> dict:
+    parts = case["ranks"]
+    return {"ranks": parts, "x": case["x"], "grad_y": case["grad_y"], "b2": case["b2"],
+            "w1": case["w1"].chunk(parts, 0)[rank], "b1": case["b1"].chunk(parts, 0)[rank],
+            "w2": case["w2"].chunk(parts, 1)[rank]}
+
+
+def _block_part(case: dict, rank: int) -> dict:
+    shards = dict(zip(("qkv_weight", "qkv_bias", "out_weight", "up", "up_bias", "down"), case["shards"][rank],
+                      strict=True))
+    return {"ranks": case["ranks"], "heads": case["heads"], "x": case["x"], "grad_y": case["grad_y"],
+            "out_bias": case["out_bias"], "down_bias": case["down_bias"], **shards}
+
+
+solo("attention_shards", lambda s, c: s.attention_shards(
+    *(c[name].clone() for name in ("qkv_weight", "qkv_bias", "out_weight")), c["heads"], c["rank"],
+    c["ranks"]))
+ranked("parallel_mlp", _parallel_mlp, _mlp_part)
+ranked("parallel_block", _parallel_block, _block_part)
 
 
 exercise("lesson03_tensor_parallelism", [

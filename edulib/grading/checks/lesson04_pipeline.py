@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.grading.checks.base import (
     Case,
@@ -18,6 +20,7 @@ from edulib.grading.checks.base import (
     rank_events,
     seeded_tensors,
 )
+from edulib.grading.student import mine, ranked, solo
 
 
 def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
@@ -120,6 +123,26 @@ def _pipeline_watch(case: Case, wire: dict, answer: Any = None) -> None:
                             f"{inputs['actions'][rank]!r} needs [kind, peer, elements] = {keep} "
                             f"(of {len(want)})",
                             f"rank {rank}'s messages are not in the schedule's order")
+
+
+def _pipeline(student: ModuleType, case: dict) -> list:
+    """The student's run_pipeline on this rank's stage: its gradients (the relay sees its messages)."""
+    from edulib.models import cut_into_stages, mlp
+
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    stage = cut_into_stages(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
+    microbatches = len(case["inputs"])
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(output, target) / microbatches
+    student.run_pipeline(case["actions"][rank], stage, [x.clone() for x in case["inputs"]],
+                         list(case["targets"]), (case["batch"], case["width"]), loss)
+    return [parameter.grad for parameter in stage.parameters()]
+
+
+solo("one_f_one_b", lambda s, c: s.one_f_one_b(c["p"], c["m"]))
+solo("bubble_fraction", lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"]))
+ranked("pipeline", _pipeline, lambda case, rank: {**case, "actions": mine(case["actions"], rank)})
 
 
 exercise("lesson04_pipeline", [

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Generator
+from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.comm import chunk_bounds
 from edulib.grading.checks.base import (
@@ -22,6 +25,7 @@ from edulib.grading.checks.base import (
     same_plain,
     seeded_tensors,
 )
+from edulib.grading.student import mine, ranked, solo
 
 
 def _bounds_cases(rng: random.Random) -> list[Case]:
@@ -119,8 +123,6 @@ def adamw_reference(parameters: torch.Tensor, gradients: list[list[torch.Tensor]
 
 
 def _adamw_judge(case: Case, answer: Any) -> None:
-    from edulib.grading.student import adamw_inputs
-
     inputs, ranks = case.inputs, case.inputs["ranks"]
     weights, state = adamw_reference(*adamw_inputs(inputs), inputs["weight_decay"])
     length = len(weights[0])
@@ -229,6 +231,82 @@ def _zero3_watch(case: Case, wire: dict, answer: Any = None) -> None:
                         f"takes {least} to {most} (an all-gather and a reduce-scatter of shards of at most "
                         f"{largest} floats)",
                         "not ZeRO-3's traffic in the backward: gather again, then reduce-scatter")
+
+
+def _shard_collectives(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's gather_shards on this rank's shard, or reduce_scatter_mean on its vector."""
+    if case["function"] == "gather_shards":
+        return student.gather_shards(case["shard"].clone(), case["length"])
+    return student.reduce_scatter_mean(case["full"].clone())
+
+
+def adamw_inputs(case: dict, rank: int | None = None) -> tuple[torch.Tensor, list]:
+    """A ZeRO AdamW case's bf16 parameters and its gradients, step by step: as the case carries them,
+    or, for a case sized to be weighed ("seed"), drawn from its seed (rank `rank`'s only, or every
+    rank's), so that megabytes never travel as JSON."""
+    if "seed" not in case:
+        return case["parameters"], case["gradients"]
+    generator = torch.Generator().manual_seed(case["seed"])
+    parameters = torch.randn(case["length"], generator=generator).bfloat16()
+    gradients = []
+    for step in range(case["steps"]):
+        drawn = []
+        for other in range(case["ranks"]):
+            generator.manual_seed(case["seed"] + 1 + step * case["ranks"] + other)
+            drawn.append(torch.randn(case["length"], generator=generator).bfloat16()
+                         if rank in (None, other) else None)
+        gradients.append(drawn)
+    return parameters, gradients
+
+
+def _sharded_adamw(student: ModuleType, case: dict) -> Generator[None, None, dict]:
+    """The student's ShardedAdamW on this rank's gradients, in three phases: the inputs made, then
+    the optimizer made and its first step, then the other steps (the dispatcher weighs each rank
+    between them); the weights each step returns (at the case's sampled positions, for a case
+    sized to be weighed) and the optimizer's master weights and moments."""
+    rank = dist.get_rank()
+    parameters, gradients = adamw_inputs(case, rank)
+    yield
+    optimizer = student.ShardedAdamW(parameters.clone(), lr=0.01, betas=(0.9, 0.999), eps=1e-8,
+                                     weight_decay=case["weight_decay"])
+    weights = [optimizer.step(gradients[0][rank].clone())]
+    yield
+    weights += [optimizer.step(step[rank].clone()) for step in gradients[1:]]
+    dtypes = [str(getattr(w, "dtype", type(w).__name__)).removeprefix("torch.") for w in weights]
+    if "sample" in case:
+        weights = [w[case["sample"]] if isinstance(w, torch.Tensor) else w for w in weights]
+        return {"weights": weights, "dtypes": dtypes, "state": {}}
+    state = {name: getattr(optimizer, name, None) for name in ("master", "exp_avg", "exp_avg_sq")}
+    return {"weights": weights, "dtypes": dtypes,
+            "state": {name: value for name, value in state.items()
+                      if isinstance(value, torch.Tensor) and value.dtype == torch.float32}}
+
+
+def _zero3_unit(student: ModuleType, case: dict) -> Generator[None, None, dict]:
+    """The student's ZeroThreeLinear on this rank's batch, in two phases: the forward, then the
+    backward (the grader cuts the relay's log between them); the output and the gradients."""
+    try:
+        unit = student.ZeroThreeLinear(case["weight"].clone(), case["bias"].clone())
+    except NotImplementedError as missing:  # the stub's own __init__ is whole: the hint is shard_bounds'
+        raise NotImplementedError(f"ZeroThreeLinear's __init__ calls your shard_bounds first: {missing}"
+                                  ) from None
+    x = case["x"].clone().requires_grad_()
+    y = unit(x)
+    yield
+    y.backward(case["grad_y"])
+    shard = getattr(unit, "shard", None)
+    return {"y": y.detach(), "x": x.grad, "shard": getattr(shard, "grad", None)}
+
+
+solo("shard_bounds", lambda s, c: s.shard_bounds(c["length"], c["ranks"]))
+ranked("shard_collectives", _shard_collectives, lambda case, rank: {
+    "ranks": case["ranks"], "length": case["full"].numel(), "function": case["function"],
+    "full": case["fulls"][rank], "shard": case["shards"][rank]})
+ranked("sharded_adamw", _sharded_adamw, lambda case, rank: case if "seed" in case else {
+    **case, "gradients": [mine(step, rank) for step in case["gradients"]]})
+ranked("zero3_unit", _zero3_unit, lambda case, rank: {
+    "ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"], "x": case["xs"][rank],
+    "grad_y": case["grad_ys"][rank]})
 
 
 exercise("lesson05_sharding", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from edulib.grading.checks.base import (
     ring_direction,
     seeded_tensors,
 )
+from edulib.grading.student import ranked, solo
 
 
 def _merge_cases(rng: random.Random) -> list[Case]:
@@ -93,6 +95,22 @@ def _attention_watch(case: Case, wire: dict, answer: Any = None) -> None:
             raise Wrong(f"rank {rank} sent {sent} bytes; passing keys and values round the ring sends at "
                         f"most {most} (every chunk's but the one that comes round to it last)",
                         "sent more than a ring passes")
+
+
+def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's ring_attention_forward on this rank's contiguous chunk of the sequence."""
+    return student.ring_attention_forward(case["q"], case["k"], case["v"], case["length"], case["causal"])
+
+
+def _attention_part(case: dict, rank: int) -> dict:
+    from edulib.cp.layout import shard_sequence
+
+    return {**case, **{name: shard_sequence(case[name], rank, case["ranks"]) for name in ("q", "k", "v")}}
+
+
+solo("merge", lambda s, c: s.merge(*(c[name].clone() for name in ("out_a", "lse_a", "out_b",
+    "lse_b"))))
+ranked("ring_attention", _ring_attention, _attention_part)
 
 
 exercise("lesson06_context", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from edulib.grading.checks.base import (
     rank_events,
     seeded_tensors,
 )
+from edulib.grading.student import ranked
 
 
 def _expert_cases(rng: random.Random) -> list[Case]:
@@ -72,6 +74,21 @@ def _expert_watch(case: Case, wire: dict, answer: Any = None) -> None:
                         f"results of the {coming} rows it received are {(going + coming) * width * 4}, "
                         f"{bound} with their expert numbers, gates and counts",
                         "a rank sent more than its routed rows, their results and a few counts")
+
+
+def _expert_parallel(student: ModuleType, case: dict) -> torch.Tensor:
+    """The student's expert_parallel on this rank's tokens, with this rank's experts only."""
+    from edulib.models import expert_mlp
+
+    experts = torch.nn.ModuleList(expert_mlp(*weights) for weights in case["weights"])
+    with torch.no_grad():
+        return student.expert_parallel(*(case[name].clone() for name in ("x", "expert", "gate")), experts)
+
+
+ranked("expert_parallel", _expert_parallel, lambda case, rank: {
+    "ranks": case["ranks"], "x": case["xs"][rank], "expert": case["experts"][rank],
+    "gate": case["gates"][rank],
+    "weights": case["weights"][rank * case["per_rank"]:(rank + 1) * case["per_rank"]]})
 
 
 exercise("lesson07_experts", [

@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+from edulib.grading import relay
 from edulib.grading.checks.base import (
     Case,
     Check,
@@ -15,6 +17,8 @@ from edulib.grading.checks.base import (
     per_rank_answers,
     rank_events,
 )
+from edulib.grading.plain import NotPlain
+from edulib.grading.student import ranked, solo
 
 
 def _grid_cases(rng: random.Random) -> list[Case]:
@@ -162,6 +166,47 @@ def _layout_judge(case: Case, answer: Any) -> None:
     if found < 0.95 * most:
         raise Wrong(f"{describe(layout)} trains {found:,.0f} tokens/s, {found / most:.0%} of the best layout "
                     f"that fits ({most:,.0f} tokens/s)", "more than 5 % slower than the best layout")
+
+
+def _choose_layout(student: ModuleType, case: dict) -> dict | None:
+    """The student's choose_layout on the cluster's shape; each measurement is a question to the
+    grader's profiler through the relay, which alone knows the cluster's speeds and counts."""
+    from dataclasses import asdict
+
+    from edulib.layout import Layout
+    from edulib.planner import Cluster
+
+    def measure(layout: Layout) -> float:
+        """Seconds of one training step of `layout` on the true cluster (one of the budget)."""
+        if type(layout) is not Layout:
+            raise TypeError(f"measure takes an edulib.layout.Layout, not a {type(layout).__name__}")
+        return relay.ask(asdict(layout))
+
+    unknown = float("nan")  # the speeds: only measure knows them
+    cluster = Cluster(**case["cluster"], flops=unknown, intra=(unknown, unknown), inter=(unknown, unknown))
+    return _layout(student.choose_layout(_transformer(case["model"]), cluster, case["memory"], case["budget"],
+                                         measure))
+
+
+def _transformer(model: dict) -> Any:
+    from edulib.layout import Transformer
+
+    return Transformer(**model)
+
+
+def _layout(layout: Any) -> dict | None:
+    """A Layout (or None) as plain data."""
+    from dataclasses import asdict
+
+    from edulib.layout import Layout
+
+    if layout is not None and type(layout) is not Layout:
+        raise NotPlain(f"a {type(layout).__name__}, where an edulib.layout.Layout (or None) was expected")
+    return None if layout is None else asdict(layout)
+
+
+solo("grid_groups", lambda s, c: s.grid_groups(c["dp"], c["pp"], c["tp"]))
+ranked("choose_layout", _choose_layout)
 
 
 exercise("lesson08_hybrid", [

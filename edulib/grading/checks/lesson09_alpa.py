@@ -16,6 +16,7 @@ from edulib.grading.checks.base import (
     check_number,
     exercise,
 )
+from edulib.grading.student import solo
 
 
 def _slicing_cases(rng: random.Random) -> list[Case]:
@@ -76,6 +77,12 @@ def _inter_op_judge(case: Case, answer: Any) -> None:
         raise Wrong(f"tried {answer[1]!r} values of t_max; with Alpa's stop rule (B t_max >= the best so "
                     f"far) the program tries {tried}",
                     "tried a different number of t_max values than Alpa's rule")
+
+
+solo("best_slicing", lambda s, c: s.best_slicing(list(c["costs"]), c["stages"],
+    c["microbatches"]))
+solo("inter_op", lambda s, c: s.inter_op(c["times"].tolist(), list(c["sizes"]), c["devices"],
+    c["microbatches"]))
 
 
 exercise("lesson09_alpa", [

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.dp.compression import TopK
 from edulib.grading.checks.base import (
@@ -20,6 +22,7 @@ from edulib.grading.checks.base import (
     rank_events,
     seeded_tensors,
 )
+from edulib.grading.student import mine, ranked
 from edulib.lessons.data_parallelism import compressed_reference
 
 
@@ -143,6 +146,47 @@ def _training_judge(case: Case, answer: Any) -> None:
                     f"{without / plain:.2f}x: training with your topk_average does not converge",
                     f"training with your topk_average does not converge (its weights' held-out loss ends "
                     f"above {CONVERGED}x uncompressed training's)")
+
+
+def _topk(student: ModuleType, case: dict) -> dict:
+    """The student's topk_average called `steps` times on this rank's gradients, carrying its
+    error; each call's result and the error after it."""
+    rank = dist.get_rank()
+    error = torch.zeros_like(case["gradients"][0][rank])
+    results, errors = [], []
+    for step in range(len(case["gradients"])):
+        gradient = case["gradients"][step][rank].clone()
+        results.append(student.topk_average(gradient, error, case["ratio"]))
+        errors.append(error.clone())
+    return {"results": results, "errors": errors}
+
+
+def _topk_training(student: ModuleType, case: dict) -> torch.Tensor:
+    """Data-parallel training of the lessons' MLP with the student's topk_average as the
+    gradients' average, carrying this rank's error; this rank's final weights (the grader measures
+    their loss on data of its own)."""
+    from torch.nn.utils import parameters_to_vector
+
+    from edulib.dp.compression import descend, local_gradient
+    from edulib.models import mlp
+
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    model = mlp(case["width"], case["depth"], case["seed"])
+    error = torch.zeros(sum(parameter.numel() for parameter in model.parameters()))
+    for step in range(case["steps"]):
+        _, gradient = local_gradient(model, step, rank, ranks, case["batch"], case["width"], case["seed"])
+        average = student.topk_average(gradient, error, case["ratio"])
+        if type(average) is not torch.Tensor or average.shape != gradient.shape:
+            raise ValueError(f"topk_average returned {type(average).__name__} "
+                             f"{tuple(getattr(average, 'shape', ()))}; expected a tensor shaped like the "
+                             f"gradient, {tuple(gradient.shape)}")
+        descend(model, average, case["lr"])
+    return parameters_to_vector(model.parameters()).detach()
+
+
+ranked("topk", _topk,
+    lambda case, rank: {**case, "gradients": [mine(step, rank) for step in case["gradients"]]})
+ranked("topk_training", _topk_training)
 
 
 exercise("lesson10_compression", [

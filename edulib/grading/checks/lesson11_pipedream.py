@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Generator
+from types import ModuleType
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from edulib.grading.checks.base import (
     Case,
@@ -14,6 +19,7 @@ from edulib.grading.checks.base import (
     per_rank_answers,
     same_plain,
 )
+from edulib.grading.student import ranked, solo
 
 
 def _pipedream_cases(rng: random.Random) -> list[Case]:
@@ -131,6 +137,50 @@ def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
                         f"was made; {most[rank]} versions of its {size / 2**20:.1f} MiB of weights, the "
                         f"running gradient and two more copies are {(most[rank] + 3) * size / 2**20:.1f} MiB",
                         "the stash held versions that nothing would ask for again")
+
+
+def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict]:
+    """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
+    asynchronous 1F1B on real ranks, in three phases: the stash made, the run (the dispatcher
+    watches each rank's memory throughout), the newest weights at the end, by the whole model's
+    names."""
+    from edulib.lessons.pipelines import named_stage
+    from edulib.models import regression_batch
+    from edulib.pp import async_1f1b
+    from edulib.pp.executor import execute
+
+    ranks, rank, every = dist.get_world_size(), dist.get_rank(), case["every"]
+    stage, local = named_stage(case["width"], case["depth"], case["seed"], ranks, rank)
+    total = case["steps"] * every
+    inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
+                                                                case["seed"]))
+    stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
+    yield
+
+    class Driven:
+        """The executor's weights protocol, onto the student's stash."""
+
+        def forward(self, _: int, microbatch: int, x: torch.Tensor) -> torch.Tensor:
+            return stash.forward(microbatch, x)
+
+        def backward_done(self, _: int, microbatch: int) -> None:
+            stash.backward_done(microbatch)
+
+    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(y, target) / every
+
+    execute(async_1f1b(ranks, total), rank, {rank: stage}, loss, list(inputs), list(targets),
+            (case["rows"] // every, case["width"]), weights=Driven())
+    yield
+    return {"weights": {local[name]: tensor.detach() for name, tensor in stash.newest().items()}}
+
+
+solo("version_plan", lambda s, c: s.version_plan([list(row) for row in c["rows"]], c["policy"],
+    c["every"]))
+solo("versions_held", lambda s, c: s.versions_held([list(row) for row in c["rows"]], c["policy"],
+    c["every"]))
+ranked("weight_stash", _weight_stash, lambda case, rank: {**{k: v for k, v in case.items() if k != "plans"},
+    "plan": case["plans"][rank]})
 
 
 exercise("lesson11_pipedream", [

@@ -4,6 +4,8 @@ ranks, one all-reduce of each gradient per optimizer step."""
 from __future__ import annotations
 
 import random
+from collections.abc import Generator
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from edulib.grading.checks.base import (
     per_rank_answers,
     phase_events,
 )
+from edulib.grading.student import ranked
 
 _STEPS = 2  # optimizer steps per case
 _MOST_MICRO_BATCHES = 4
@@ -88,6 +91,34 @@ def _watch(case: Case, wire: dict, answer: Any = None) -> None:
                         raise Wrong(f"{where}: the relay saw {others or 'all-reduces'} of {total} elements; "
                                     f"each of the model's {count} gradient elements is all-reduced once per "
                                     "step", "not one all-reduce of each gradient per step")
+
+
+def _accumulation(student: ModuleType, case: dict) -> Generator[None, None, list]:
+    """The student's GradientAccumulation on this rank's micro-batches, a phase for making it and one
+    per micro-batch (the grader cuts the relay's log between them), then empty phases up to the
+    check's count; the weights after each optimizer step."""
+    from torch.nn.utils import parameters_to_vector
+
+    from edulib.models import mlp
+
+    model = mlp(case["width"], case["depth"], case["seed"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
+    accumulation = student.GradientAccumulation(model, optimizer, case["micro_batches"])
+    yield
+    weights, calls = [], 1
+    for inputs, targets in zip(case["inputs"], case["targets"], strict=True):
+        for micro_inputs, micro_targets in zip(inputs, targets, strict=True):
+            accumulation.micro_step(micro_inputs, micro_targets)
+            calls += 1
+            yield
+        weights.append(parameters_to_vector(model.parameters()).detach().clone())
+    for _ in range(case["phases"] - 1 - calls):  # the last phase is this return
+        yield
+    return weights
+
+
+ranked("accumulation", _accumulation, lambda case, rank: {**case, "inputs": case["inputs"][:, rank],
+    "targets": case["targets"][:, rank]})
 
 
 exercise("lesson14_measurement", [
