@@ -205,7 +205,7 @@ def test_a_lesson_is_one_module_that_enters_its_checks_collectors_and_rank_worke
 
     from edulib.grading import checks
     from edulib.grading.checks import FORBIDDEN
-    from edulib.grading.student import RANK_WORKERS
+    from edulib.grading.student import RANK_WORKERS, ranked, solo
 
     (tmp_path / "lesson99_throwaway.py").write_text(THROWAWAY)
     monkeypatch.setattr(checks, "__path__", [*checks.__path__, str(tmp_path)])
@@ -225,6 +225,11 @@ def test_a_lesson_is_one_module_that_enters_its_checks_collectors_and_rank_worke
                 right = passed or case.inputs["x"] == 2  # (x + 2 is twice 2)
                 assert _passed(check, case, _verdict(check, case, outcome)) == right
         assert checks.discover() == []  # each lesson enters itself once
+        for again in (lambda: solo("throwaway_twice", print),
+                      lambda: ranked("throwaway_twice_on_ranks", print)):
+            with pytest.raises(ValueError, match="entered already"):
+                again()
+        assert RANK_WORKERS["throwaway_twice_on_ranks"] is worker
     finally:
         for registry in (CHECKS, FORBIDDEN):
             registry.pop("lesson99_throwaway", None)

@@ -191,6 +191,7 @@ ON_RANKS: set[str] = set()
 
 
 def _enter(key: str, collect: Callable[..., dict]) -> str:
+    """Enter one collector under its key, refusing a key entered already (it would replace the first)."""
     if key in COLLECTORS:
         raise ValueError(f"a collector called {key!r} is entered already; each check's key names one")
     COLLECTORS[key] = collect
@@ -211,14 +212,14 @@ def ranked(key: str, worker: Callable[[ModuleType, dict], Any],
     rank given `split(case, rank)`, only its own inputs (the whole case without one); a worker that
     is a generator answers in phases. The ranks import the submission by its name; the process that
     dispatches to them never does."""
+    def collect(module: str, case: dict, forbidden: list, phase: int = 0) -> dict:
+        return on_ranks(module, key, case, forbidden, phase)
+    _enter(key, collect)
     RANK_WORKERS[key] = worker
     if split is not None:
         _SPLITS[key] = split
     ON_RANKS.add(key)
-
-    def collect(module: str, case: dict, forbidden: list, phase: int = 0) -> dict:
-        return on_ranks(module, key, case, forbidden, phase)
-    return _enter(key, collect)
+    return key
 
 
 def collect_on_ranks(collect: str, module: str, case: Any, forbidden: list, phase: int = 0) -> dict:
