@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edulib.layout import Layout, Transformer, layout_memory, layouts
+from edulib.hybrid.layout import Layout, Transformer, layout_memory, layouts
 from edulib.planner.cluster import Cluster
 
 
@@ -37,7 +37,7 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     """The layout of `model` on `cluster` that fits `memory` bytes per device and trains fastest.
 
     A layout chooses dp, pp, tp, the micro-batches per step, the ZeRO stage (0 to 3) and the
-    recomputation ("none", "selective" or "full"); `edulib.layout.layouts` lists every one, and
+    recomputation ("none", "selective" or "full"); `edulib.hybrid.layout.layouts` lists every one, and
     check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
     per node, memory); its speeds are unknown (NaN when graded), so layout_time cannot time a layout.
     `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,

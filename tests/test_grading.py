@@ -436,7 +436,7 @@ def test_a_layout_search_that_fits_the_machine_from_a_few_measurements_earns_ful
 
         import numpy as np
 
-        from edulib.layout import layout_memory, layout_time, layouts
+        from edulib.hybrid.layout import layout_memory, layout_time, layouts
 
         def choose_layout(model, cluster, memory, budget, measure):
             fits = [one for one in layouts(model, cluster) if layout_memory(model, cluster, one) <= memory]

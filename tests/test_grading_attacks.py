@@ -758,7 +758,7 @@ def test_nan_and_impossible_layouts_score_nothing(tmp_path):
     """}, name="lesson09_alpa")
     assert points == {"nan": 0}
     points, results, _ = _class(tmp_path / "07", {"negative": """
-        from edulib.layout import Layout
+        from edulib.hybrid.layout import Layout
 
         def grid_groups(dp, pp, tp):
             return {"dp": [], "pp": [], "tp": []}

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models", "split_backward", "recompute"),
     ("dp", "tp", "pp", "cp", "ep"),
     ("train", "energy"),
-    ("hybrid", "planner", "serving", "layout"),
+    ("hybrid", "planner", "serving"),
     ("lessons",),
     ("viz", "widgets", "bench", "tour", "grading", "examples"),
     ("cli", "__main__"),

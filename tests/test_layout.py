@@ -7,7 +7,15 @@ import itertools
 import pytest
 
 from edulib.footprint import ZERO_STAGES
-from edulib.layout import Layout, Transformer, best_layout, check_layout, layout_memory, layout_time, layouts
+from edulib.hybrid.layout import (
+    Layout,
+    Transformer,
+    best_layout,
+    check_layout,
+    layout_memory,
+    layout_time,
+    layouts,
+)
 from edulib.planner import Cluster
 from edulib.recompute import MODES
 

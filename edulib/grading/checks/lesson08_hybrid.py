@@ -53,7 +53,7 @@ LAYOUT_FIELDS = ("dp", "pp", "tp", "microbatches", "zero", "recompute")
 def _layout_machine(case: Case) -> tuple[Any, Any]:
     """The case's model and its true cluster: the shape the student sees and the speeds only the
     grader knows."""
-    from edulib.layout import Transformer
+    from edulib.hybrid.layout import Transformer
     from edulib.planner import Cluster
 
     speeds = case.expect["speeds"]
@@ -66,7 +66,7 @@ def layout_budget(model: Any, cluster: Any, memory: float) -> int:
     """The measurements a search needs that prunes with both models: per (dp, pp, tp, micro-batches)
     with a layout that fits, the time classes (ZeRO-3 or not, full recomputation or not) that fit
     and that no faster fitting class rules out; with a quarter (at least 4) to spare."""
-    from edulib.layout import layout_memory, layouts
+    from edulib.hybrid.layout import layout_memory, layouts
 
     classes: dict[tuple, set] = {}
     for layout in layouts(model, cluster):
@@ -79,7 +79,7 @@ def layout_budget(model: Any, cluster: Any, memory: float) -> int:
 
 
 def _layout_cases(rng: random.Random) -> list[Case]:
-    from edulib.layout import Transformer, layout_memory, layouts
+    from edulib.hybrid.layout import Transformer, layout_memory, layouts
     from edulib.planner import Cluster
 
     def case(label: str, hidden: bool, share: float) -> Case:
@@ -106,7 +106,7 @@ def _layout_cases(rng: random.Random) -> list[Case]:
 
 def _layout_oracle(case: Case) -> Callable[[dict], float]:
     """The case's profiler: a layout's step time on the true cluster, `budget` times at most."""
-    from edulib import layout as costs
+    from edulib.hybrid import layout as costs
 
     model, cluster = _layout_machine(case)
     asked = itertools.count(1)
@@ -115,7 +115,7 @@ def _layout_oracle(case: Case) -> Callable[[dict], float]:
         if next(asked) > case.inputs["budget"]:
             raise ValueError(f"the budget of {case.inputs['budget']} measurements is spent")
         if type(query) is not dict or set(query) != set(LAYOUT_FIELDS):
-            raise ValueError("measure takes an edulib.layout.Layout")
+            raise ValueError("measure takes an edulib.hybrid.layout.Layout")
         return costs.layout_time(model, cluster, costs.Layout(**query))
     return measure
 
@@ -124,7 +124,7 @@ def _layout_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """No more measurements than the budget (the relay refuses the rest; a search that caught the
     refusal and answered anyway still loses the case), and at least one where the layouts that fit
     differ in time: the cluster's speeds are known only through measure."""
-    from edulib import layout as costs
+    from edulib.hybrid import layout as costs
 
     asked = sum(event["op"] == "ask" for event in rank_events(wire, 0))
     if asked > case.inputs["budget"]:
@@ -140,7 +140,7 @@ def _layout_watch(case: Case, wire: dict, answer: Any = None) -> None:
 
 
 def _layout_judge(case: Case, answer: Any) -> None:
-    from edulib import layout as costs
+    from edulib.hybrid import layout as costs
 
     model, cluster = _layout_machine(case)
     (answer,) = per_rank_answers(answer, 1)
@@ -173,13 +173,13 @@ def _choose_layout(student: ModuleType, case: dict) -> dict | None:
     grader's profiler through the relay, which alone knows the cluster's speeds and counts."""
     from dataclasses import asdict
 
-    from edulib.layout import Layout
+    from edulib.hybrid.layout import Layout
     from edulib.planner import Cluster
 
     def measure(layout: Layout) -> float:
         """Seconds of one training step of `layout` on the true cluster (one of the budget)."""
         if type(layout) is not Layout:
-            raise TypeError(f"measure takes an edulib.layout.Layout, not a {type(layout).__name__}")
+            raise TypeError(f"measure takes an edulib.hybrid.layout.Layout, not a {type(layout).__name__}")
         return relay.ask(asdict(layout))
 
     unknown = float("nan")  # the speeds: only measure knows them
@@ -189,7 +189,7 @@ def _choose_layout(student: ModuleType, case: dict) -> dict | None:
 
 
 def _transformer(model: dict) -> Any:
-    from edulib.layout import Transformer
+    from edulib.hybrid.layout import Transformer
 
     return Transformer(**model)
 
@@ -198,10 +198,11 @@ def _layout(layout: Any) -> dict | None:
     """A Layout (or None) as plain data."""
     from dataclasses import asdict
 
-    from edulib.layout import Layout
+    from edulib.hybrid.layout import Layout
 
     if layout is not None and type(layout) is not Layout:
-        raise NotPlain(f"a {type(layout).__name__}, where an edulib.layout.Layout (or None) was expected")
+        raise NotPlain(f"a {type(layout).__name__}, where an edulib.hybrid.layout.Layout (or None) was "
+                       f"expected")
     return None if layout is None else asdict(layout)
 
 
@@ -219,5 +220,5 @@ exercise("lesson08_hybrid", [
               "other models, clusters, speeds and memory limits, one where nothing fits", wire=True,
               watch=_layout_watch, oracle=_layout_oracle)],
          [("edulib.comm.groups.Grid", "the grid's process groups"),
-                        ("edulib.layout.best_layout", "the layout choice"),
+                        ("edulib.hybrid.layout.best_layout", "the layout choice"),
                         ("edulib.planner.baselines.best_manual", "the layout choice")])

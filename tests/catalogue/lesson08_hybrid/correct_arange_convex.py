@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from edulib.layout import Layout, Transformer, layout_memory, layouts
+from edulib.hybrid.layout import Layout, Transformer, layout_memory, layouts
 from edulib.planner.cluster import Cluster
 
 

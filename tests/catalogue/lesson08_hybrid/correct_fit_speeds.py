@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from edulib.layout import Layout, Transformer, layout_memory, layout_time, layouts
+from edulib.hybrid.layout import Layout, Transformer, layout_memory, layout_time, layouts
 from edulib.planner.cluster import Cluster
 
 

@@ -1,8 +1,8 @@
 """Shortcut: choose_layout that never calls measure and prices every layout with
-edulib.layout.layout_time on the cluster it is given (whose speeds are not the machine's)."""
+edulib.hybrid.layout.layout_time on the cluster it is given (whose speeds are not the machine's)."""
 # expect: layout choice = 0
 
-from edulib.layout import Layout, layout_memory, layout_time, layouts
+from edulib.hybrid.layout import Layout, layout_memory, layout_time, layouts
 from edulib.planner import Cluster
 
 
