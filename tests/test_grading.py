@@ -675,10 +675,15 @@ def test_an_autograder_without_its_sandbox_says_so_and_never_grades_as_root(tmp_
         assert "would run every student as root" in results["output"]
 
 
+GUARDING_HEAVY = ("lesson04_pipeline", "lesson05_sharding")  # they guard names in pipelining and FSDP2
+
+
 def test_grading_needs_neither_matplotlib_nor_ipywidgets():
     """`edulib grade` runs on the base install (no [lab] extra): the grader and the submission's
-    process import neither, even with every forbidden name resolved."""
-    probe = textwrap.dedent("""
+    process import neither, even with every forbidden name resolved. The submission's process
+    imports pipelining, FSDP2 or scipy's solvers only for an exercise that guards names there (each
+    tree pays its imports: 1 to 2 s of CPU each). About 12 s: two fresh Pythons, one grading."""
+    probe = f"GUARDING_HEAVY = {GUARDING_HEAVY!r}\n" + textwrap.dedent("""
         import importlib.abc, sys
 
         class Absent(importlib.abc.MetaPathFinder):
@@ -690,7 +695,10 @@ def test_grading_needs_neither_matplotlib_nor_ipywidgets():
         if sys.argv[1] == "child":  # what the submission's process imports, every forbidden name resolved
             from edulib.grading import forbid, student
             from edulib.grading.checks import FORBIDDEN
-            for names in FORBIDDEN.values():
+            heavy = ("torch.distributed.pipelining", "torch.distributed.fsdp", "scipy.optimize")
+            for name, names in sorted(FORBIDDEN.items(), key=lambda item: item[0] in GUARDING_HEAVY):
+                if name in GUARDING_HEAVY:
+                    print("heavy before", name, [module for module in heavy if module in sys.modules])
                 forbid.forbid(names)
         else:
             from edulib.cli import main
@@ -700,4 +708,6 @@ def test_grading_needs_neither_matplotlib_nor_ipywidgets():
         done = subprocess.run([sys.executable, "-c", probe, argument], capture_output=True, text=True,
                               timeout=300, cwd=ROOT)
         assert done.returncode == 0, done.stdout + done.stderr
+        if argument == "child":
+            assert "heavy before lesson04_pipeline []" in done.stdout, done.stdout
     assert "solutions: 14/8 points" in done.stdout, done.stdout  # the stash on ranks is 6 of extra credit

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
 
@@ -21,6 +20,9 @@ def solve_binary(objective: np.ndarray, matrix, low: Sequence[float], high: Sequ
                  upper: np.ndarray | float, binary: int) -> np.ndarray | None:
     """The cheapest x with 0 <= x <= upper and low <= matrix x <= high, its first `binary`
     variables whole; None if there is none."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # half a second to import: only here,
+    # so a process that prices layouts and never solves a program (a graded tree) does not pay it
+
     integrality = np.zeros(len(objective))
     integrality[:binary] = 1
     result = milp(objective, integrality=integrality, bounds=Bounds(0, upper),
