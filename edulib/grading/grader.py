@@ -40,7 +40,7 @@ from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wr
 from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
-from edulib.grading.student import ON_RANKS
+from edulib.grading.student import ON_RANKS, WARM
 from edulib.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -169,7 +169,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
         cwd, env = scratch, {**bubblewrap.environment(scratch), **extra}
     wires = {count: [relay.rank_ends[slot] for slot in taken] for count, taken in slots.items()}
     wire_fds = [fd for ends in relay.rank_ends for fd in ends]
-    request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise],
+    warm = sorted({module for check in CHECKS[exercise] for module in WARM.get(check.collect, ())})
+    request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise], "warm": warm,
                "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read,

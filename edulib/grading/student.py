@@ -188,6 +188,7 @@ COLLECTORS: dict[str, Callable[..., dict]] = {}
 RANK_WORKERS: dict[str, Callable[[ModuleType, dict], Any]] = {}
 _SPLITS: dict[str, Callable[[dict, int], dict]] = {}  # what each rank of a case is given: its own part
 ON_RANKS: set[str] = set()
+WARM: dict[str, tuple[str, ...]] = {}  # what each worker's ranks would all import: imported before the fork
 
 
 def _enter(key: str, collect: Callable[..., dict]) -> str:
@@ -207,17 +208,20 @@ def solo(key: str, call: Callable[[ModuleType, dict], Any]) -> str:
 
 
 def ranked(key: str, worker: Callable[[ModuleType, dict], Any],
-           split: Callable[[dict, int], dict] | None = None) -> str:
+           split: Callable[[dict, int], dict] | None = None, warm: tuple[str, ...] = ()) -> str:
     """Enter the collector `key` that runs `worker(submission, part)` on real ranks on one case, each
     rank given `split(case, rank)`, only its own inputs (the whole case without one); a worker that
     is a generator answers in phases. The ranks import the submission by its name; the process that
-    dispatches to them never does."""
+    dispatches to them never does. `warm` names modules the worker's ranks would each import (a
+    first optimizer imports torch._dynamo: 1.4 s of CPU): the dispatcher imports them before it
+    forks the ranks."""
     def collect(module: str, case: dict, forbidden: list, phase: int = 0) -> dict:
         return on_ranks(module, key, case, forbidden, phase)
     _enter(key, collect)
     RANK_WORKERS[key] = worker
     if split is not None:
         _SPLITS[key] = split
+    WARM[key] = warm
     ON_RANKS.add(key)
     return key
 
