@@ -18,7 +18,7 @@ import pytest
 
 from edulib.cli import main
 from edulib.grading import CHECKS, grade, make_exercise, report
-from edulib.grading.grader import cases_of
+from edulib.grading.grader import cases_of, default_jobs
 from edulib.grading.reports import find_exercise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,13 +406,13 @@ MISTAKES = [
 @pytest.fixture(scope="module")
 def mistakes_graded(tmp_path_factory) -> dict[int, list]:
     """Every planted mistake is a student of one class, handing in the solution with that one
-    mistake: one class run grades them all, two trees at a time (over 100 s)."""
+    mistake: one class run grades them all, a tree more than cores at a time (over 60 s)."""
     folder = tmp_path_factory.mktemp("mistakes")
     for index, (name, wrong, right, _, _) in enumerate(MISTAKES):
         source = (ROOT / "solutions" / f"{name}.py").read_text()
         assert source.count(wrong) == 1, wrong
         _submit(folder / f"mistake{index:02d}", name, source.replace(wrong, right))
-    rows = grade(folder, progress=False)
+    rows = grade(folder, progress=False, jobs=default_jobs() + 1)  # the link checks' trees mostly wait
     return {index: [r for r in rows if r.student == f"mistake{index:02d}"] for index in range(len(MISTAKES))}
 
 
