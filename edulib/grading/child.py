@@ -112,7 +112,7 @@ def run_child() -> None:
     _send(answers, stage="importing", hidden=hidden, isolated=confine.confinement_available())
     solo, to_solo, from_solo = _fork_solo(submission, request["forbidden"], request["solo_fd"])
     os.close(request["solo_fd"])
-    start_pools()  # after the fork: the solo process holds no pool, no pipe to a rank
+    start_pools(request["rank_wait"])  # after the fork: the solo process holds no pool, no pipe to a rank
     if not os.read(from_solo, 1):  # the submission could not be imported: the solo process has said so
         _mirror(solo)
     for line in calls:

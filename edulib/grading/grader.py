@@ -40,7 +40,7 @@ from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wr
 from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
-from edulib.grading.student import ON_RANKS, WARM
+from edulib.grading.student import ON_RANKS, RANK_TIMEOUT, WARM
 from edulib.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class Limits:
     file_size: int = 16 * 2**20  # bytes per file written
     tree_memory: int = 4 * 2**30  # bytes of memory the whole tree may use (a cgroup, where one can be made)
     tree_tasks: int = 512  # processes and threads in the whole tree at once (likewise)
+    rank_wait: float = RANK_TIMEOUT  # seconds a rank may wait in one operation before it is a deadlock
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     wire_fds = [fd for ends in relay.rank_ends for fd in ends]
     warm = sorted({module for check in CHECKS[exercise] for module in WARM.get(check.collect, ())})
     request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise], "warm": warm,
-               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read, "wires": wires}
+               "rank_wait": limits.rank_wait, "answer_fd": answer_write, "solo_fd": solo_write,
+               "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read,
               "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30, "memory": limits.memory,

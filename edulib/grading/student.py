@@ -128,18 +128,19 @@ def resident(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
 
 
-def _pool(ranks: int) -> Pool:
-    """The pool of `ranks` ranks, which reach each other only through the grader's relay."""
+def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:
+    """The pool of `ranks` ranks, which reach each other only through the grader's relay; a rank
+    that waits `wait` seconds in one operation is a deadlock."""
     if ranks not in _pools:
-        _pools[ranks] = Pool(ranks, timeout=RANK_TIMEOUT, start="fork", join=relay.join, wires=WIRES[ranks])
+        _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=relay.join, wires=WIRES[ranks])
     return _pools[ranks]
 
 
-def start_pools() -> None:
+def start_pools(wait: float = RANK_TIMEOUT) -> None:
     """Start every pool now, before the submission is imported: its ranks are forked from a process
     in which no student code has run (nothing of it, a shared mapping say, is inherited)."""
     for ranks in WIRES:
-        _pool(ranks).start()
+        _pool(ranks, wait).start()
 
 
 def close_pools() -> None:
