@@ -464,10 +464,11 @@ def test_secrets_on_disk_and_in_the_environment_never_reach_the_feedback(tmp_pat
 
 
 def test_hidden_cases_come_from_a_secret_seed_that_is_recorded(tmp_path):
-    """The same submission graded twice, to see two seeds (over 10 s)."""
+    """The same submission graded twice, to see two seeds (a row records its seed whatever it scored:
+    the untouched stub grades fastest)."""
     path = tmp_path / "s" / "lesson05_sharding.py"
     path.parent.mkdir()
-    path.write_text((ROOT / "solutions" / "lesson05_sharding.py").read_text())
+    path.write_text((ROOT / "exercises" / "lesson05_sharding.py").read_text())
     first, second = (grade(path, progress=False) for _ in range(2))
     seeds = {r.seed for r in first} | {r.seed for r in second}
     assert len(seeds) == 2, "each run draws its own seed"
@@ -695,14 +696,14 @@ def test_100_mb_of_output_does_not_cost_a_correct_answer(tmp_path):
 
 
 def test_30_mb_printed_by_a_rank_does_not_cost_a_correct_answer(tmp_path):
-    """30 MB through a rank's pipes, then every case of the exercise graded (over 10 s)."""
-    solution = (ROOT / "solutions" / "lesson05_sharding.py").read_text()
-    wrong, right = "    bounds = shard_bounds(length, dist.get_world_size())\n", (
+    """30 MB through a rank's pipes on every case of the ring, and every case of the exercise graded."""
+    solution = (ROOT / "solutions" / "lesson02_allreduce.py").read_text()
+    wrong, right = "    rank, n = dist.get_rank(), dist.get_world_size()\n", (
         "    if dist.get_rank() == 0:\n        print('y' * 30_000_000)\n"
-        "    bounds = shard_bounds(length, dist.get_world_size())\n")
+        "    rank, n = dist.get_rank(), dist.get_world_size()\n")
     assert solution.count(wrong) == 1
-    points, _, _ = _class(tmp_path, {"printer": solution.replace(wrong, right)}, name="lesson05_sharding")
-    assert points == {"printer": sum(c.points + c.hidden_points for c in CHECKS["lesson05_sharding"])}
+    points, _, _ = _class(tmp_path, {"printer": solution.replace(wrong, right)}, name="lesson02_allreduce")
+    assert points == {"printer": sum(c.points + c.hidden_points for c in CHECKS["lesson02_allreduce"])}
 
 
 def test_a_4_gib_allocation_fails_inside_the_check(tmp_path):
