@@ -1050,6 +1050,29 @@ def test_the_librarys_own_answer_earns_nothing_however_it_is_loaded(tmp_path, sa
 
 # -- bounded trees ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("lists_children", [True, False])
+def test_the_warden_finds_every_descendant_by_the_kernels_lists_or_a_scan(monkeypatch, lists_children):
+    """The warden walks its tree through each thread's list of children where the kernel keeps one,
+    else through a scan of every process: both find children and grandchildren."""
+    from edulib.grading import warden
+
+    if lists_children and not warden.LISTS_CHILDREN:
+        pytest.skip("this kernel keeps no lists of children")
+    monkeypatch.setattr(warden, "LISTS_CHILDREN", lists_children)
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(found := warden.descendants(os.getpid())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sleepers = {int(pid) for pid in subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True,
+                                                       text=True).stdout.split()}
+        assert len(sleepers) == 2 and set(found) >= {shell.pid, *sleepers}, (found, shell.pid, sleepers)
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)])
+        shell.kill()
+        shell.wait()
+
+
 def test_dev_is_read_only_and_dev_shm_is_sized_in_the_sandbox(tmp_path):
     """/dev was an unsized writable tmpfs: 1 GiB went into /dev/shm."""
     points, results, _ = _class(tmp_path, {"filler": """
