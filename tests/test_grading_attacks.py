@@ -1061,12 +1061,13 @@ def test_the_warden_finds_every_descendant_by_the_kernels_lists_or_a_scan(monkey
     monkeypatch.setattr(warden, "LISTS_CHILDREN", lists_children)
     shell = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
     try:
-        deadline = time.monotonic() + 10
-        while len(found := warden.descendants(os.getpid())) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        sleepers = {int(pid) for pid in subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True,
-                                                       text=True).stdout.split()}
-        assert len(sleepers) == 2 and set(found) >= {shell.pid, *sleepers}, (found, shell.pid, sleepers)
+        deadline, sleepers = time.monotonic() + 10, set()
+        while len(sleepers) < 2 and time.monotonic() < deadline:  # the shell has started both
+            listed = subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True, text=True).stdout
+            sleepers = set(map(int, listed.split()))
+        assert len(sleepers) == 2, sleepers
+        assert set(warden.descendants(shell.pid)) == sleepers
+        assert {shell.pid, *sleepers} <= set(warden.descendants(os.getpid()))
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)])
         shell.kill()
