@@ -195,18 +195,23 @@ except OSError:
                 path.write_bytes(data)
 
 
-def test_the_fingerprint_sees_a_planted_file_and_a_changed_byte():
+def test_the_fingerprint_sees_a_planted_file_and_a_changed_byte(tmp_path, monkeypatch):
+    """On a copy of the installed edulib: a grading beside this test (another test worker's) must
+    not see the planted file."""
+    import shutil
+
     import edulib
+    copy = tmp_path / "edulib"
+    shutil.copytree(Path(edulib.__file__).parent, copy)
+    monkeypatch.setattr(edulib, "__file__", str(copy / "__init__.py"))
     before = integrity.fingerprint()
-    planted = Path(edulib.__file__).parent / "grading" / "__pycache__" / "zz_fingerprint_probe.pyc"
+    planted = copy / "grading" / "__pycache__" / "zz_fingerprint_probe.pyc"
     planted.parent.mkdir(exist_ok=True)
-    try:
-        planted.write_bytes(b"\0")
-        first = integrity.fingerprint()
-        planted.write_bytes(b"\1")
-        assert len({before, first, integrity.fingerprint()}) == 3
-    finally:
-        planted.unlink()
+    planted.write_bytes(b"\0")
+    first = integrity.fingerprint()
+    planted.write_bytes(b"\1")
+    assert len({before, first, integrity.fingerprint()}) == 3
+    planted.unlink()
     assert integrity.fingerprint() == before
 
 
