@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import compileall
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,24 +14,6 @@ from edulib.launch import Pool
 RANK_MARK = b"edulib.rank import serve"
 PYTHON = os.fsencode(sys.executable)  # ranks of this session's Python, not another checkout's
 _shared: list[Pool] = []
-WORKER = os.environ.get("PYTEST_XDIST_WORKER", "").encode()  # this test worker's name under xdist
-
-
-def owned_by_this_worker(pid: str) -> bool:
-    """Whether a process belongs to this test worker: under pytest-xdist, a rank started by another
-    worker is none of its business. A rank inherits the worker's environment; a sandboxed one
-    (a cleared environment) is a descendant of the worker, or dies with its sandbox."""
-    if not WORKER:
-        return True
-    with open(f"/proc/{pid}/environ", "rb") as file:
-        if b"PYTEST_XDIST_WORKER=" + WORKER + b"\0" in file.read():
-            return True
-    while pid not in ("0", "1"):
-        with open(f"/proc/{pid}/stat") as file:
-            pid = file.read().rsplit(")", 1)[1].split()[1]
-        if int(pid) == os.getpid():
-            return True
-    return False
 
 
 def rank_processes() -> set[int]:
@@ -52,7 +32,7 @@ def rank_processes() -> set[int]:
                     if file.read().strip() != RANK_NAME:
                         continue
             with open(f"/proc/{entry}/stat") as file:
-                if file.read().rsplit(")", 1)[1].split()[0] != "Z" and owned_by_this_worker(entry):
+                if file.read().rsplit(")", 1)[1].split()[0] != "Z":
                     found.add(int(entry))
         except OSError:
             continue
@@ -65,30 +45,6 @@ def wait_until_gone(pids: set[int], seconds: float = 30.0) -> set[int]:
     while (alive := pids & rank_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Before any test worker starts: compile edulib (as Python and as `python -O`), so that no
-    worker writes bytecode into the installed edulib while another grades (the grader would
-    rightly call the new file tampering)."""
-    if not hasattr(config, "workerinput"):
-        compileall.compile_dir(Path(__file__).resolve().parents[1] / "edulib", quiet=1, optimize=[0, 1])
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`): a notebook's cells run in one kernel, so on one
-    worker; every test that uses the shared pools runs on one worker in the order it is collected
-    in (pooled ranks carry process-group state from test to test, and `new_group` needs every
-    rank to have made the same groups before); any other test runs beside the rest of its file
-    (a module's costly fixture is built once)."""
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            group = item.path.stem
-        elif {"pools", "pool4"} & set(getattr(item, "fixturenames", ())):
-            group = "shared pools"
-        else:
-            group = item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 SLOW = 10.0  # seconds: a test slower than this says why in its docstring
