@@ -4,6 +4,7 @@ feedback says what to fix, and a class's grades come out per student in the form
 from __future__ import annotations
 
 import csv
+import dataclasses
 import html
 import json
 import os
@@ -513,6 +514,14 @@ def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
     assert visible.points == hidden.points == 0 and visible.seconds < 15, visible.seconds
     assert "timed out waiting in recv" in visible.feedback and "timed out waiting in recv" in hidden.feedback
     assert "at ring_allreduce (lesson02_allreduce.py, line 6)" in visible.feedback  # the student's line
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Limits)])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "20"])
+def test_a_limit_no_tree_could_keep_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"Limits\({field}=.*each limit is a number above 0"):
+        Limits(**{field: value})
+    assert getattr(Limits(**{field: 7}), field) == 7
 
 
 def test_an_exception_names_the_students_line_not_the_graders(tmp_path):

@@ -82,6 +82,12 @@ class Limits:
     tree_tasks: int = 512  # processes and threads in the whole tree at once (likewise)
     rank_wait: float = RANK_TIMEOUT  # seconds a rank may wait in one operation before it is a deadlock
 
+    def __post_init__(self) -> None:
+        """Refuse a limit that no tree could keep: each is a number above 0."""
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"Limits({name}={value!r}): each limit is a number above 0")
+
 
 @dataclass(frozen=True)
 class Result:
