@@ -1,32 +1,49 @@
-"""Shared fixtures: one pool of ranks reused across tests, and a check that no rank is left behind."""
+"""Shared fixtures: one pool of ranks reused across tests, and a check that no rank is left behind.
+The suite runs in two workers (pytest-xdist, a test file each at a time): each checks its own
+processes only, and edulib is compiled before they start."""
 
 from __future__ import annotations
 
+import compileall
+import ctypes
 import os
-import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import edulib
 from edulib.forkserver import RANK_NAME
+from edulib.grading.warden import PR_SET_CHILD_SUBREAPER, descendants
 from edulib.launch import Pool
 
 RANK_MARK = b"edulib.rank import serve"
-PYTHON = os.fsencode(sys.executable)  # ranks of this session's Python, not another checkout's
+WORKERS = 2  # test workers at most: the heavier tests keep several processes busy of their own
 _shared: list[Pool] = []
+# A process that a test started and lost (its parent ended first) is adopted by this pytest process,
+# not by init: every process of this worker's tests stays below it, and no other worker's is.
+ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers where there are two cores or more (one test file each at a time)."""
+    return min(WORKERS, len(os.sched_getaffinity(0)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any worker starts, compile the installed edulib as Python and `python -O` import it: a
+    `.pyc` first written while another worker grades would be a change of edulib to its fingerprint."""
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(Path(edulib.__file__).parent, quiet=1, optimize=[0, 1])
 
 
 def rank_processes() -> set[int]:
-    """Process ids of every live edulib rank that this session's Python runs (zombies count as gone)."""
+    """Process ids of every live edulib rank below this pytest process (zombies count as gone)."""
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in map(str, descendants(os.getpid())):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as file:
                 command = file.read()
-            if PYTHON not in command:
-                continue
             if RANK_MARK not in command:  # a rank forked by the fork server carries the server's argv
                 with open(f"/proc/{entry}/comm", "rb") as file:
                     if file.read().strip() != RANK_NAME:

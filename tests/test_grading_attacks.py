@@ -21,6 +21,7 @@ import pytest
 from edulib.grading import CHECKS, grade, integrity, snapshot, write_csv, write_json
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.grader import exercise_budget
+from edulib.grading.warden import descendants
 from edulib.launch import _open_pools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,11 +49,11 @@ def choose_layout(model, cluster, memory, budget, measure):
 
 
 def _strays() -> list[str]:
-    """Processes of a grading tree still alive: a check's process, a rank, a warden or a sandbox, run
-    by this session's Python (not the ranks of the pools that other tests of this session keep, nor
-    another checkout's processes on the same machine)."""
-    found, ours = [], {str(pid) for pool in _open_pools for pid in pool.pids}
-    for pid in set(filter(str.isdigit, os.listdir("/proc"))) - ours:
+    """Processes of a grading tree still alive below this pytest process, which adopts what its
+    tests lose (not the ranks of the pools that other tests of this worker keep, nor another test
+    worker's or checkout's processes on the same machine)."""
+    found, ours = [], {pid for pool in _open_pools for pid in pool.pids}
+    for pid in set(descendants(os.getpid())) - ours:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
