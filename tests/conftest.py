@@ -1,4 +1,4 @@
-"""Shared fixtures: one pool of ranks reused across tests, and a check that no rank is left behind.
+"""Shared fixtures: pools of ranks that the tests of a file share, and a check that no rank is left behind.
 The suite runs in two workers (pytest-xdist, a test file each at a time): each checks its own
 processes only, and edulib is compiled before they start."""
 
@@ -95,9 +95,13 @@ SPARE_RANKS = 12  # ranks kept idle in the shared pools besides pool4's (each ho
 _asked: set[int] = set()  # the world sizes the running test asked `pools` for
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pool4():
-    """Four gloo ranks shared by every test that only needs healthy ranks."""
+    """Four gloo ranks shared by the tests of one file that only need healthy ranks. A file's own:
+    pooled ranks keep the process groups that earlier calls made, and torch names a group that its
+    members make alone after how many groups each holds, so ranks left holding different numbers by
+    another file's calls could wait for each other for ever (a fresh pool forks from the warm fork
+    server in well under a second)."""
     with Pool(4, backend="gloo", timeout=TIMEOUT) as pool:
         pool.start()
         _shared.append(pool)
@@ -105,9 +109,10 @@ def pool4():
         _shared.clear()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pools(pool4):
-    """A shared pool of gloo ranks per world size, started when first asked for (`pools(8)`); past
+    """A pool of gloo ranks per world size for the tests of one file, started when first asked for
+    (`pools(8)`); past
     `SPARE_RANKS`, the pools asked for least recently (and not by the running test) are closed."""
     made = {4: pool4}
 
