@@ -97,11 +97,10 @@ _asked: set[int] = set()  # the world sizes the running test asked `pools` for
 
 @pytest.fixture(scope="module")
 def pool4():
-    """Four gloo ranks shared by the tests of one file that only need healthy ranks. A file's own:
-    pooled ranks keep the process groups that earlier calls made, and torch names a group that its
-    members make alone after how many groups each holds, so ranks left holding different numbers by
-    another file's calls could wait for each other for ever (a fresh pool forks from the warm fork
-    server in well under a second)."""
+    """Four gloo ranks shared by the tests of one file that only need healthy ranks: a file's tests
+    meet ranks in the state their own order leaves them (pooled ranks keep the process groups that
+    earlier calls made), whichever worker runs the file and whatever it ran before. A fresh pool
+    forks from the warm fork server in well under a second."""
     with Pool(4, backend="gloo", timeout=TIMEOUT) as pool:
         pool.start()
         _shared.append(pool)

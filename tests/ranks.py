@@ -871,3 +871,16 @@ def where_am_i(module: str) -> dict:
     return {"folder": os.getcwd(), "marker": os.environ.get("EDULIB_TEST_MARKER"),
             "module": getattr(importlib.import_module(module), "VALUE", None),
             "threads": torch.get_num_threads(), "sum": total.item(), "ppid": os.getppid()}
+
+
+def uneven_group_history(partition: list[list[int]], probe: list[list[int]]) -> float:
+    """Make `partition`'s groups and the twin of this rank's part (by its members alone), then sum
+    ones over this rank's part of `probe`, a group made by its members alone."""
+    from edulib import comm
+
+    rank = dist.get_rank()
+    comm.twin(comm.subgroup(partition))
+    part = next(members for members in probe if rank in members)
+    total = torch.tensor([1.0])
+    dist.all_reduce(total, group=comm.members_group(part, ("probe", str(probe))))
+    return total.item()

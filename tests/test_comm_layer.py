@@ -197,3 +197,15 @@ def test_no_rank_code_names_the_cpu():
 def test_the_group_cache_starts_over_with_a_new_default_group(tmp_path):
     with Pool(2, backend="gloo", timeout=30) as pool:
         assert pool.run(ranks.groups_after_a_new_default_group, str(tmp_path)) == [(True, 1.0), (True, 2.0)]
+
+
+def test_a_pools_calls_agree_on_their_groups_whatever_came_before(pool4):
+    """The second call's partition shares a part with the first's (ranks 0 and 1) and splits the
+    other: a pooled rank keeps its groups from call to call, and torch names a group that its
+    members make alone after how many groups each holds, so ranks 1 and 2 waited for each other for
+    ever when groups were cached one by one instead of a partition at a time."""
+    plan = [([[0, 1], [2, 3]], [[0, 1, 2, 3]]), ([[0, 1], [2], [3]], [[1, 2], [0], [3]]),
+            ([[0], [1, 2, 3]], [[0, 3], [1, 2]])]
+    for partition, probe in plan:
+        assert pool4.run(ranks.uneven_group_history, partition, probe) == [
+            float(len(next(part for part in probe if rank in part))) for rank in range(4)]

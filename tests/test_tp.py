@@ -205,7 +205,8 @@ def _layout_step(loops: tuple[str, str], bias: bool, order: str) -> dict[str, to
 
     rank = dist.get_rank()
     a, b = divmod(rank, 2)
-    groups = (comm.members_group([b, 2 + b], "layout"), comm.members_group([2 * a, 2 * a + 1], "layout"))
+    groups = (comm.members_group([b, 2 + b], "layout columns"),
+              comm.members_group([2 * a, 2 * a + 1], "layout rows"))
     full, x, probe = _layout_full(bias)
     picked = {kind: [groups[axis] for axis in (0, 1) if loops[axis] == kind] for kind in "oid"}
     layer = TensorParallelLinear(full, picked["o"], picked["i"], depth=(picked["d"] or [None])[0],

@@ -1,10 +1,18 @@
 """Process groups, made once per process: the one cache that every parallelism asks.
 
 `torch.distributed.new_group` is collective: every rank must create every group, in the same
-order. So a caller hands over a whole partition of the ranks (every group of one kind); each
-rank creates the groups it has not made before and gets back the one it belongs to. The same
-partition asked again costs nothing and creates nothing. The groups belong to the default
-process group they were made in: once it is destroyed (and another made), the cache starts over.
+order. So a caller hands over a whole partition of the ranks (every group of one kind); the first
+time a partition is asked for, each rank creates all of its groups and keeps the one it belongs
+to. The same partition asked again costs nothing and creates nothing. The groups belong to the
+default process group they were made in: once it is destroyed (and another made), the cache starts
+over.
+
+A group made by its members alone (`members_group`) is named by torch after how many groups its
+rank holds, so its members must hold equally many when they make it. Every rank therefore makes
+its groups a whole partition at a time, never one group of a partition it partly holds already:
+`subgroup` caches by partition, not by group, and `members_group` by a purpose that names one
+partition. A pool's ranks, which keep their groups from call to call, then agree whatever their
+earlier calls asked for.
 """
 
 from __future__ import annotations
@@ -17,8 +25,15 @@ import torch.distributed as dist
 
 from edulib.arguments import check_choice
 
-_made: dict[tuple, dist.ProcessGroup] = {}  # by ranks (and a purpose before them)
+_made: dict[tuple, dist.ProcessGroup] = {}  # this rank's group of each partition (by it), or by purpose
 _made_in: list[dist.ProcessGroup] = []  # the default group the cached ones were made in
+
+
+def _current() -> None:
+    """Forget the groups of a destroyed default group: they went with it."""
+    if not _made_in or _made_in[0] is not dist.group.WORLD:
+        _made.clear()
+        _made_in[:] = [dist.group.WORLD]
 
 
 def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
@@ -28,27 +43,21 @@ def subgroup(partition: Sequence[Sequence[int]]) -> dist.ProcessGroup:
     if seen != list(range(world)):
         raise ValueError(f"a partition must name every rank 0-{world - 1} exactly once; got "
                          f"{[list(members) for members in partition]}")
-    if not _made_in or _made_in[0] is not dist.group.WORLD:  # a destroyed default group took its own
-        _made.clear()
-        _made_in[:] = [dist.group.WORLD]
-    mine = None
-    for members in partition:
-        key = tuple(int(r) for r in members)
-        if key == tuple(range(world)):
-            _made[key] = dist.group.WORLD
-        elif key not in _made:
-            _made[key] = dist.new_group(list(key))
-        if rank in key:
-            mine = _made[key]
-    return mine
+    _current()
+    key = tuple(tuple(int(r) for r in members) for members in partition)
+    if key not in _made:
+        for members in key:
+            group = dist.group.WORLD if members == tuple(range(world)) else dist.new_group(list(members))
+            if rank in members:
+                _made[key] = group
+    return _made[key]
 
 
-def members_group(ranks: Sequence[int], purpose: str = "") -> dist.ProcessGroup:
-    """A process group of these ranks, made once (per `purpose`) and by them alone: the ranks
-    outside it need not take part, so each rank may make the groups it belongs to."""
-    if not _made_in or _made_in[0] is not dist.group.WORLD:
-        _made.clear()
-        _made_in[:] = [dist.group.WORLD]
+def members_group(ranks: Sequence[int], purpose: object = "") -> dist.ProcessGroup:
+    """A process group of these ranks, made once per `purpose` and by them alone: the ranks outside
+    it need not take part. A purpose names one partition, whose every rank asks for its own part of
+    it at the same point of its program (a grid's rows, the twins of one partition's groups)."""
+    _current()
     key = (purpose, *map(int, ranks))
     if key not in _made:
         _made[key] = dist.new_group(list(key[1:]), use_local_synchronization=True)
@@ -59,7 +68,8 @@ def twin(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     """A second process group of `group`'s ranks: what the communication thread runs goes on it,
     so its collectives never interleave with the main thread's on `group` (a group pairs its
     collectives up across ranks by the order they start)."""
-    return members_group(dist.get_process_group_ranks(group or dist.group.WORLD), "twin")
+    group = group or dist.group.WORLD
+    return members_group(dist.get_process_group_ranks(group), ("twin", group))  # each group its own
 
 
 AXES = ("dp", "pp", "cp", "ep", "tp")  # outermost first: tensor-parallel neighbours are adjacent ranks

@@ -67,10 +67,11 @@ class TensorGrid:
         self.row, self.column, self.level = shape.where(ranks.index(dist.get_rank()))
         places = {shape.where(i): rank for i, rank in enumerate(ranks)}
         r, c, d = self.row, self.column, self.level
+        grid = (shape, tuple(ranks))  # each axis of this grid is one partition of its ranks
         self.groups = {  # along each axis: the ranks that differ only there (made in this order)
-            "rows": comm.members_group([places[i, c, d] for i in range(shape.rows)], "grid"),
-            "columns": comm.members_group([places[r, j, d] for j in range(shape.columns)], "grid"),
-            "depth": comm.members_group([places[r, c, k] for k in range(shape.depth)], "grid")}
+            "rows": comm.members_group([places[i, c, d] for i in range(shape.rows)], ("rows", grid)),
+            "columns": comm.members_group([places[r, j, d] for j in range(shape.columns)], ("columns", grid)),
+            "depth": comm.members_group([places[r, c, k] for k in range(shape.depth)], ("depth", grid))}
 
 
 def block_of(shape: GridShape, place: tuple[int, int, int], out_features: int, in_features: int,
