@@ -4,13 +4,15 @@ grader's relay, which computes the collectives, routes the messages and counts b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from edulib.grading.relay import WireError, collective
+from edulib.grading.relay import Relay, WireError, collective, frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +64,26 @@ def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_byt
     received = json.loads(done.stdout.splitlines()[-1])["results"][1]
     first = alpha + beta * max(sizes)
     assert first <= received["first"] and first <= received["second"] < first + 0.05, received
+
+
+def test_a_messages_time_on_the_link_runs_from_its_first_byte():
+    """A message whose bytes took long through the pipe (as on a busy machine, where the rank and the
+    relay wait for their turns) is held for what is left of the link's time, not for all of it again
+    after its last byte: the link's clock starts at the first byte, as a wire's does."""
+    relay = Relay(2)
+    relay.begin([0, 1], link=(1.0, 0.0))
+    send = frame({"op": "send", "group": [0, 1], "peer": 1, "meta": [["float32", [4]]], "id": 0},
+                 torch.arange(4.0).numpy().tobytes())
+    os.write(relay.rank_ends[0][1], send[:10])
+    relay.readable(0)
+    time.sleep(0.5)
+    os.write(relay.rank_ends[0][1], send[10:])
+    relay.readable(0)
+    os.write(relay.rank_ends[1][1], frame({"op": "recv", "group": [0, 1], "peer": 0,
+                                           "out": [["float32", [4]]], "id": 0}))
+    relay.readable(1)
+    assert 0.3 < relay.wait(10.0) <= 0.5, relay.wait(10.0)  # held until 1 s after the first byte
+    relay.close()
 
 
 def test_mismatched_collectives_and_reductions_are_refused_by_name():

@@ -306,6 +306,7 @@ class _Slot:
     write_fd: int
     incoming: bytearray = field(default_factory=bytearray)
     outgoing: bytearray = field(default_factory=bytearray)
+    began: float = 0.0  # when the first byte still in `incoming` came: its frame's start on the link
 
 
 class Relay:
@@ -398,6 +399,9 @@ class Relay:
                 break
             if not chunk:
                 break
+            now = time.monotonic()
+            if not slot.incoming:
+                slot.began = now
             slot.incoming += chunk
             at = 0  # the frames taken so far: cut from the buffer once per read, not once per frame
             while len(slot.incoming) - at >= HEAD.size:
@@ -411,14 +415,14 @@ class Relay:
                     break
                 head = bytes(slot.incoming[at + HEAD.size:at + HEAD.size + sizes[0]])
                 payload = bytes(slot.incoming[end - sizes[1]:end])
-                at = end
+                at, began, slot.began = end, slot.began, now  # a later frame began in this read
                 try:
                     header = json.loads(head)
                 except ValueError:
                     self._refuse(index, "a frame whose header is not JSON")
                     continue
                 if index in self.ranks and type(header) is dict:
-                    self._handle(self.ranks[index], header, payload)
+                    self._handle(self.ranks[index], header, payload, began)
             del slot.incoming[:at]
 
     def pump(self, timeout: float) -> None:
@@ -475,12 +479,14 @@ class Relay:
             self.slots[index].outgoing += data
         self.flush()
 
-    def _after(self, nbytes: int) -> float:
-        """When something of `nbytes` that starts now is through the link (0: no link, at once)."""
+    def _after(self, nbytes: int, began: float) -> float:
+        """When something of `nbytes` whose first byte came at `began` is through the link (0: no
+        link, at once). The link's time runs from the first byte, as a wire's does: the time the
+        bytes took through the pipe (longer on a busy machine) is part of it, not added to it."""
         if self.link is None:
             return 0.0
         alpha, beta = self.link
-        return time.monotonic() + alpha + beta * nbytes
+        return began + alpha + beta * nbytes
 
     def _refuse(self, index: int, problem: str) -> None:
         self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
@@ -490,8 +496,9 @@ class Relay:
         if len(self.problems) < 100:
             self.problems.append(text)
 
-    def _handle(self, rank: int, header: dict, payload: bytes) -> None:
-        """One rank's operation: log it, then route, hold or compute it. Once the case has flooded
+    def _handle(self, rank: int, header: dict, payload: bytes, began: float) -> None:
+        """One rank's operation (its frame's first byte came at `began`): log it, then route, hold
+        or compute it. Once the case has flooded
         the wire (`overflow`), nothing more is done for it: an operation that waits for a reply is
         told so, and the case scores 0 whatever comes after."""
         op, members = header.get("op"), header.get("group")
@@ -507,13 +514,13 @@ class Relay:
             inputs = _tensors(header.get("meta", []), payload)
             outs = header.get("out", [])
             if op == "send":
-                self._send(rank, header, inputs, payload)
+                self._send(rank, header, inputs, payload, began)
             elif op == "recv":
                 self._post_receive(rank, header, outs)
             elif op == "ask":
                 self._ask(rank, header)
             else:
-                self._collective(rank, header, inputs)
+                self._collective(rank, header, inputs, began)
         except (WireError, KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             self._problem(f"rank {rank}: {op}: {error}")
             self._reply(rank, header, error=f"the relay refused {op}: {error}")
@@ -536,7 +543,8 @@ class Relay:
             raise WireError("this check asks no questions")
         self._reply(rank, header, [torch.tensor([float(self.oracle(query))], dtype=torch.float64)])
 
-    def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes) -> None:
+    def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes,
+              began: float) -> None:
         peer = header["peer"]
         if type(peer) is not int or peer == rank or peer not in self.ranks.values():
             raise WireError(f"a send to rank {peer!r}")
@@ -551,7 +559,7 @@ class Relay:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
-        arrives = max(self._after(len(payload)), self.arrive.get((rank, peer), 0.0))
+        arrives = max(self._after(len(payload), began), self.arrive.get((rank, peer), 0.0))
         self.arrive[(rank, peer)] = arrives
         mail = (next(self.arrivals), inputs, len(payload), arrives)
         self.mail.setdefault((rank, peer), deque()).append(mail)
@@ -590,15 +598,16 @@ class Relay:
                 continue
             self._reply(rank, header, tensors, at=arrives)
 
-    def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor]) -> None:
-        """Hold one rank's part of a collective; once every member's is in, compute and answer all."""
+    def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor], began: float) -> None:
+        """Hold one rank's part of a collective; once every member's is in, compute and answer all
+        (held by the link from the last member's call)."""
         members = tuple(header["group"])
         turn = self.counts.get((members, rank), 0)
         self.counts[(members, rank)] = turn + 1
         event = self._event(rank, header["op"], group=list(members), elements=sum(t.numel() for t in inputs),
                             sent=0, received=0)
         parts = self.collectives.setdefault((members, turn), {})
-        parts[rank] = (header, inputs, event)
+        parts[rank] = (header, inputs, event, began)
         if len(parts) < len(members):
             return
         del self.collectives[(members, turn)]
@@ -614,7 +623,8 @@ class Relay:
                              [parts[m][1] for m in members])
         for member, (_, sent, received) in zip(members, results, strict=True):
             parts[member][2].update(sent=sent, received=received)
-        at = self._after(max(max(sent, received) for _, sent, received in results))
+        at = self._after(max(max(sent, received) for _, sent, received in results),
+                         max(part[3] for part in parts.values()))
         for member, (outputs, _, _) in zip(members, results, strict=True):
             self._reply(member, parts[member][0], outputs, at=at)
 
