@@ -19,6 +19,8 @@ from edulib.widgets import (
     sequence_explorer,
 )
 
+RENDER_START = 180.0  # seconds for a render process to start: it imports torch, slowly on a busy machine
+
 
 def test_without_a_front_end_an_explorer_draws_its_defaults():
     calls = []
@@ -174,9 +176,9 @@ def test_pictures_rendered_ahead_come_from_processes_that_yield_to_the_kernel():
 
     renders = _Renders(partial(os.nice, 0), None, {})  # sendable: processes render ahead, drawing nice
     assert renders.process is not None
-    assert renders.ready.wait(60)
+    assert renders.ready.wait(RENDER_START)
     renders.prepare([{}])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + RENDER_START
     while () not in renders.done and time.monotonic() < deadline:
         time.sleep(0.01)
     assert renders.get({}) == (None, os.nice(0) + BACKGROUND, None)  # drawn ahead, in the background
@@ -220,11 +222,11 @@ def test_a_render_process_that_dies_is_replaced_and_rendering_ahead_goes_on():
     from tests import ranks
 
     renders = _Renders(ranks.niceness, None, {})
-    assert renders.ready.wait(60)
+    assert renders.ready.wait(RENDER_START)
     broken = renders.process
     for pid in list(broken._processes):
         os.kill(pid, signal.SIGKILL)  # (as the out-of-memory killer would)
-    deadline, asked = time.monotonic() + 60, 0
+    deadline, asked = time.monotonic() + RENDER_START, 0
     while (renders.process is broken or not renders.ready.is_set()) and time.monotonic() < deadline:
         asked += 1
         renders.prepare([{"x": -asked}])  # a worker finds the pool broken and starts a fresh one
@@ -302,7 +304,7 @@ def test_the_bubble_explorer_falls_back_to_a_1f1b_timeline():
 
 
 def test_the_bubble_description_gives_the_closed_form_and_memory():
-    from edulib.widgets.pipeline import describe_case
+    from edulib.widgets.pp import describe_case
 
     text = describe_case(schedule="interleaved_1f1b", stages=4, microbatches=8, chunks=2,
                          backward_ratio=2)
@@ -439,7 +441,7 @@ def test_the_cost_explorer_shows_the_times_measured_here_but_never_in_its_static
 
 
 def test_the_bubble_explorer_names_the_bubble_measured_for_the_same_schedule():
-    from edulib.widgets.pipeline import _draw, describe_case
+    from edulib.widgets.pp import _draw, describe_case
 
     saved = {"1f1b p=4 m=8 v=1": {"machine": "here", "backend": "gloo", "bubble": 0.8, "makespan": 0.1,
                                   "replay_bubble": 0.5}}
