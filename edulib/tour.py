@@ -39,7 +39,7 @@ from edulib.lessons.data_parallelism import (
     zero_train,
 )
 from edulib.lessons.expert_parallelism import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step
-from edulib.lessons.pipelines import pipedream_reference, pipedream_train, pipeline_step
+from edulib.lessons.pipeline_parallelism import pipedream_reference, pipedream_train, pipeline_step
 from edulib.lessons.plans import plan_reference, plan_step
 from edulib.lessons.tensor_parallelism import LAYERS as TENSOR_LAYERS
 from edulib.lessons.tensor_parallelism import (

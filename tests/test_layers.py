@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "edulib"
 # Bottom to top. Within a layer a module may import its neighbours, except the parallelisms: each
 # axis stands alone on what is below it. `edulib.models` holds the small blocks that every part
 # builds on (attention, the transformer block, the lessons' MLPs): below the axes, since
-# tensor parallelism splits them. The one language model and its loss (`edulib.train.model`) sit
+# tensor parallelism splits them. The one language model and its loss (`edulib.train.gpt`) sit
 # above the axes, with the trainer that composes them.
 LAYERS: list[tuple[str, ...]] = [
     ("edulib", "arguments", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),

@@ -28,7 +28,7 @@ from edulib.lessons.measurement import (
     union,
 )
 from edulib.models import mlp, regression_batch
-from edulib.train.model import gpt
+from edulib.train.gpt import gpt
 from edulib.viz.measurement import profile_figure
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edulib.launch import RankError
-from edulib.lessons.pipelines import pipedream_reference, pipedream_train
+from edulib.lessons.pipeline_parallelism import pipedream_reference, pipedream_train
 from edulib.models import cut_into_stages, mlp
 from edulib.pp import async_1f1b, build_schedule, parse_actions, simulate
 from edulib.pp.pipedream import (

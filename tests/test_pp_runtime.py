@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edulib.launch import Pool, RankError
-from edulib.lessons.pipelines import pipeline_step
+from edulib.lessons.pipeline_parallelism import pipeline_step
 from edulib.models import cut_into_stages, mlp, reference_gradients, regression_batch
 from edulib.pp import SCHEDULES, build_schedule, parse_actions
 from edulib.pp.simulate import measured_timeline

@@ -7,7 +7,7 @@ import platform
 import statistics
 
 from edulib.launch import Pool
-from edulib.lessons.pipelines import pipedream_train
+from edulib.lessons.pipeline_parallelism import pipedream_train
 from edulib.pp import async_1f1b, replay
 from edulib.pp.pipedream import steady_bubble
 from edulib.pp.simulate import measured_timeline

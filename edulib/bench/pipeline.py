@@ -11,7 +11,7 @@ from pathlib import Path
 from edulib.bench.timing import fit_link, fit_overhead
 from edulib.comm import message_time
 from edulib.launch import Pool
-from edulib.lessons.pipelines import pipeline_step
+from edulib.lessons.pipeline_parallelism import pipeline_step
 from edulib.measured import pipeline_key
 from edulib.measured import save as save_measured
 from edulib.pp import SCHEDULES, build_schedule, closed_form, measured_costs, replay, simulate

@@ -24,7 +24,7 @@ from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
 from edulib.train.averaging import optimizer_of
 from edulib.train.data import text_batch
-from edulib.train.model import lm_loss
+from edulib.train.gpt import lm_loss
 from edulib.train.stages import model_of
 
 _KINDS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard", "1f1b": "pipelining Schedule1F1B"}

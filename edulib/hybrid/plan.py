@@ -1,6 +1,6 @@
 """Run a plan for the language model on real ranks: pipeline stages on submeshes, sharded inside.
 
-The model is `edulib.train.model.gpt`, an nn.Sequential [embedding, blocks..., head]; the planner's
+The model is `edulib.train.gpt.gpt`, an nn.Sequential [embedding, blocks..., head]; the planner's
 graph of it (`language_model_graph`) has one layer per module, so every stage the planner cuts is
 a run of whole modules. Each stage takes consecutive ranks and views them as its logical mesh
 (a, b), and runs every operator exactly as its strategy says: one loop per mesh axis, with the
@@ -40,7 +40,7 @@ from edulib.tp.layers import qkv_rows
 from edulib.tp.linear import TensorParallelLinear
 from edulib.tp.ops import gather, split
 from edulib.train.data import VOCAB, text_batch
-from edulib.train.model import gpt, lm_loss
+from edulib.train.gpt import gpt, lm_loss
 
 # a block's operators, as the graph names them, and the submodule of the Block each one runs
 BLOCK_OPS = {"ln1": "norm1", "qkv": "attention.qkv", "attention": "attention", "proj": "attention.out",
@@ -94,7 +94,7 @@ class StageLayout:
 
 def language_model_graph(batch: int = 8, microbatches: int = 2, hidden: int = 16, heads: int = 4,
                          layers: int = 4, tokens: int = 8) -> Graph:
-    """The planner's view of one micro-batch of `edulib.train.model.gpt` on bytes."""
+    """The planner's view of one micro-batch of `edulib.train.gpt.gpt` on bytes."""
     return gpt_graph(layers, hidden, heads, seq=tokens, batch=batch // microbatches, vocab=VOCAB,
                      embedding=True, bias=False)
 

@@ -31,7 +31,7 @@ from edulib.dp.sharded_optimizer import ShardedOptimizer
 from edulib.dp.zero import PRECISION_DTYPES, ZeroDataParallel, optimizer_state
 from edulib.models import mlp
 from edulib.train.data import text_batch
-from edulib.train.model import gpt, lm_loss
+from edulib.train.gpt import gpt, lm_loss
 
 
 def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20, overlap: bool = True,

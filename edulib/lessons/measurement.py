@@ -35,7 +35,7 @@ from edulib.models import mlp, regression_batch
 from edulib.rank import device as rank_device
 from edulib.recompute import saved_activation_bytes
 from edulib.train.data import text_batch
-from edulib.train.model import gpt, lm_loss
+from edulib.train.gpt import gpt, lm_loss
 
 FORMATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMMUNICATION = ("gloo", "nccl", "c10d")  # a profiler event whose name holds one of these communicates

@@ -22,7 +22,7 @@ from edulib.hybrid.plan import (
 )
 from edulib.pp import build_schedule
 from edulib.pp.executor import execute
-from edulib.train.model import lm_loss
+from edulib.train.gpt import lm_loss
 
 
 def plan_reference(batch: int = 8, hidden: int = 16, heads: int = 4, layers: int = 4, tokens: int = 8,

@@ -308,7 +308,7 @@ class BatchLoss:
     language: bool = False
 
     def __call__(self, model: nn.Module) -> torch.Tensor:
-        from edulib.train.model import lm_loss
+        from edulib.train.gpt import lm_loss
 
         out = model(self.x)
         return lm_loss(out, self.probe) if self.language else (out * self.probe).sum()
@@ -323,7 +323,7 @@ def auto_case(kind: str, seed: int = 0) -> tuple[nn.Module, BatchLoss]:
     language model, its head tied or not; torch's TransformerEncoderLayer and a head) and what
     computes its loss."""
     from edulib.train.data import text_batch
-    from edulib.train.model import gpt
+    from edulib.train.gpt import gpt
 
     check_choice(kind, AUTO_MODELS, "model")
     torch.manual_seed(seed)

@@ -164,7 +164,7 @@ def gpt_graph(layers: int = 24, hidden: int = 1024, heads: int = 16, seq: int = 
               bias: bool = True) -> Graph:
     """A GPT-like stack: per layer attention (QKV, attention, projection) and an MLP, then the head.
 
-    With `embedding` (and `bias=False`) it is exactly `edulib.train.model.gpt`, which the plans
+    With `embedding` (and `bias=False`) it is exactly `edulib.train.gpt.gpt`, which the plans
     execute: the token and position embeddings first, a final norm before the head, and each
     module of that nn.Sequential one layer of the graph (0 the embedding, 1..layers the blocks).
     """

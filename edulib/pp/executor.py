@@ -1,7 +1,8 @@
 """The one pipeline executor: it interprets a lowered schedule's row for one device.
 
-Every pipeline in edulib runs here: the pipeline lessons' MLP (`lessons.pipelines.pipeline_step`), the 3D
-hybrid, the planner's plans and PipeDream. It takes any stages (modules) and a loss function.
+Every pipeline in edulib runs here: the pipeline lessons' MLP
+(`lessons.pipeline_parallelism.pipeline_step`), the 3D hybrid, the planner's plans and PipeDream.
+It takes any stages (modules) and a loss function.
 The row's RECVs are posted in the row's order, up to `RECEIVES_AHEAD` before they are needed,
 and the action that needs one waits for it; SEND starts a send and moves on; so messages match
 by order alone, as lowering arranged, and no tag is needed. (A receive posted early lets gloo

@@ -16,7 +16,7 @@ mini-batches' gradients have not reached yet (they are "stale"). Three ways to k
 
 The schedule stays data: `version_plan` reads from it which version every forward uses, the
 executor's `Stash` keeps exactly the versions that plan still needs, and `version_of` gives the
-closed form that a test holds both to. `edulib.lessons.pipelines.pipedream_train` trains with it
+closed form that a test holds both to. `edulib.lessons.pipeline_parallelism.pipedream_train` trains with it
 on real ranks.
 """
 

@@ -341,7 +341,7 @@ def _given(durations: Mapping[Action, float], action: Action) -> float:
 
 def measured_timeline(schedule: Schedule, reports: list[dict]) -> Timeline:
     """The Timeline of a real run, from every device's report (the times each rank's actions really
-    ran, as `edulib.lessons.pipelines.pipeline_step` reports them), on one clock with time 0 at the
+    ran, as `edulib.lessons.pipeline_parallelism.pipeline_step` reports them), on one clock with time 0 at the
     first start."""
     origin = min(start for report in reports for _, start, _ in report["events"])
     events = tuple(Event(device, action, start - origin, end - origin)

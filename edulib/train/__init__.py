@@ -4,7 +4,7 @@ sequence parallelism, recomputation), equal to one process step by step."""
 from edulib.train.config import TrainConfig
 from edulib.train.data import text_batch
 from edulib.train.generate import generate_text
-from edulib.train.model import gpt
+from edulib.train.gpt import gpt
 from edulib.train.trainer import reference, train
 
 __all__ = ["TrainConfig", "generate_text", "gpt", "reference", "text_batch", "train"]

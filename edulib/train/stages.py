@@ -24,7 +24,7 @@ from edulib.tp.sequence import SequenceSplit
 from edulib.tp.vocab import VocabParallelEmbedding
 from edulib.train.config import TrainConfig
 from edulib.train.data import VOCAB
-from edulib.train.model import Embedding, Experts, Head, gpt
+from edulib.train.gpt import Embedding, Experts, Head, gpt
 
 WHOLE = (slice(None),)  # a slice that is all of a tensor
 Sources = dict[int, tuple[str, Index]]  # a rank's parameter (by id) -> its full name and the slice it holds

@@ -50,7 +50,7 @@ from edulib.train.checkpoint import (
 )
 from edulib.train.config import TrainConfig
 from edulib.train.data import text_batch
-from edulib.train.model import Experts, lm_loss
+from edulib.train.gpt import Experts, lm_loss
 from edulib.train.report import by_axis
 from edulib.train.stages import WHOLE, build_stage, compute, gather_whole, hollow, model_of
 

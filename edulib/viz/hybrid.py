@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 from edulib.comm.groups import Grid
 from edulib.train.config import TrainConfig
 from edulib.viz import shared_cores
-from edulib.viz.pipeline import KIND_COLOURS, KIND_NAMES
+from edulib.viz.pp import KIND_COLOURS, KIND_NAMES
 
 AXIS_COLOURS = {"tp": "#c44e52", "pp": "#4c72b0", "dp": "#55a868"}
 AXIS_NAMES = {"tp": "tensor parallel", "pp": "pipeline", "dp": "data parallel"}

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from edulib.pp import async_1f1b, simulate
 from edulib.pp.pipedream import version_plan, versions_held
-from edulib.viz.pipeline import draw_timeline
+from edulib.viz.pp import draw_timeline
 
 _POLICY_NAMES = {"stashing": "weight stashing", "vertical_sync": "vertical sync", "2bw": "PipeDream-2BW"}
 

@@ -10,7 +10,7 @@ from edulib.measured import load, pipeline_key
 from edulib.pp import SCHEDULES, Timeline, build_schedule, simulate_ratio
 from edulib.pp.schedules import closed_form
 from edulib.pp.simulate import ratio_costs
-from edulib.viz.pipeline import timeline_figure
+from edulib.viz.pp import timeline_figure
 from edulib.widgets.explorer import Choice, Slider, drawn_once, explore
 
 

@@ -160,6 +160,6 @@ exercise("lesson04_pipeline", [
           for name in ("build_schedule", "one_f_one_b", "interleaved_1f1b", "gpipe")),
         *((f"edulib.pp.simulate.{name}", "the bubble fraction") for name in ("simulate", "simulate_ratio")),
         ("edulib.pp.executor.execute", "the pipeline executor"),
-        ("edulib.lessons.pipelines.pipeline_step", "the pipeline executor"),
+        ("edulib.lessons.pipeline_parallelism.pipeline_step", "the pipeline executor"),
         *((f"torch.distributed.pipelining.{name}", "the pipeline executor")
           for name in ("Schedule1F1B", "ScheduleGPipe", "PipelineStage"))])

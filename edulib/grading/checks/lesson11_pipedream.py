@@ -91,7 +91,7 @@ def _stash_cases(rng: random.Random) -> list[Case]:
 
 
 def _stash_judge(case: Case, answer: Any) -> None:
-    from edulib.lessons.pipelines import named_stage, pipedream_reference
+    from edulib.lessons.pipeline_parallelism import named_stage, pipedream_reference
 
     inputs = case.inputs
     ranks, every = inputs["ranks"], inputs["every"]
@@ -115,7 +115,7 @@ def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
     result, which autograd and the update hold for a moment) and one copy's slack for what the
     allocator keeps a moment after it is freed, above what it held once the stash was made. A stash
     that keeps every version holds one more for each update."""
-    from edulib.lessons.pipelines import named_stage
+    from edulib.lessons.pipeline_parallelism import named_stage
     from edulib.pp import async_1f1b
     from edulib.pp.pipedream import versions_held
 
@@ -146,7 +146,7 @@ def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict
     asynchronous 1F1B on real ranks, in three phases: the stash made, the run (the dispatcher
     watches each rank's memory throughout), the newest weights at the end, by the whole model's
     names."""
-    from edulib.lessons.pipelines import named_stage
+    from edulib.lessons.pipeline_parallelism import named_stage
     from edulib.models import regression_batch
     from edulib.pp import async_1f1b
     from edulib.pp.executor import execute
