@@ -215,6 +215,7 @@ def test_every_explorer_can_send_its_drawing_to_a_render_process(monkeypatch):
 
 
 def test_a_render_process_that_dies_is_replaced_and_rendering_ahead_goes_on():
+    """Two render processes started, one killed (5-13 s: each imports torch as it starts)."""
     import os
     import signal
 
