@@ -230,12 +230,14 @@ def test_a_change_while_a_student_ran_stops_grading_and_writes_nothing_of_them(t
 def test_a_change_while_students_ran_side_by_side_names_every_one_still_running(tmp_path, monkeypatch):
     """Two students at a time: abel and cleo start together; when abel is done (the edulib intact),
     zed starts beside cleo; a change found after the next one ends may be either's doing, so both
-    are named and neither is written."""
+    are named and neither is written. (Cleo takes 8 s to import: she cannot end at the moment abel
+    does, before zed has started.)"""
     prints = iter(["before", "before", "after"])
     monkeypatch.setattr(integrity, "fingerprint", lambda: next(prints))
     written: list[list] = []
+    slow = "import time\ntime.sleep(8)\n" + STUB
     with pytest.raises(integrity.Tampered) as stopped:
-        _class(tmp_path, {"abel": SOLUTION, "cleo": STUB, "zed": SOLUTION}, on_student=written.append, jobs=2)
+        _class(tmp_path, {"abel": SOLUTION, "cleo": slow, "zed": SOLUTION}, on_student=written.append, jobs=2)
     kept = {r.student for rows in written for r in rows}
     named = set(re.search("while the code of (.+) ran", str(stopped.value))[1].split(", "))
     assert len(written) == 1 and len(kept) == 1, "the first student to end was found intact, and written"
