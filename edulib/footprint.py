@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 
 GB = 1e9  # the lectures count memory in decimal gigabytes
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import edulib
-from edulib.forkserver import RANK_NAME
 from edulib.grading.warden import PR_SET_CHILD_SUBREAPER, descendants
 from edulib.launch import Pool
+from edulib.launch.forkserver import RANK_NAME
 
-RANK_MARK = b"edulib.rank import serve"
+RANK_MARK = b"edulib.launch.rank import serve"
 WORKERS = 2  # test workers at most: the heavier tests keep several processes busy of their own
 _shared: list[Pool] = []
 # A process that a test started and lost (its parent ended first) is adopted by this pytest process,

@@ -328,7 +328,7 @@ def split_backward_work(sequence_parallel: bool) -> dict:
 
     from edulib import comm
     from edulib.models import Block
-    from edulib.split_backward import backward_input, backward_weight, recording
+    from edulib.models.split_backward import backward_input, backward_weight, recording
     from edulib.tp.layers import ParallelBlock
     from edulib.tp.sequence import SequenceSplit
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from edulib.base.table import format_bytes
 from edulib.cli import main, parse_argument
-from edulib.table import format_bytes
-from edulib.tour import STEPS, TourStep, tour
+from edulib.cli.tour import STEPS, TourStep, tour
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,7 +69,7 @@ def test_arguments_are_read_as_python_literals():
 @pytest.mark.parametrize("target, message", [
     ("no_colon", "expected MODULE:FUNCTION"),
     ("no_such_module:f", "cannot import 'no_such_module'"),
-    ("edulib.examples:nothing", "has no function 'nothing'"),
+    ("edulib.lessons.examples:nothing", "has no function 'nothing'"),
 ])
 def test_a_bad_target_gets_a_clear_message(target, message):
     with pytest.raises(SystemExit, match=message):
@@ -143,8 +143,8 @@ def test_agreement_counts_predictions_within_a_quarter_and_the_right_fastest():
 
 def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_path):
     from edulib.bench import bench_allreduce
+    from edulib.bench.measured import load
     from edulib.comm import ALGORITHMS
-    from edulib.measured import load
 
     report = bench_allreduce(world_sizes=(2,), max_bytes=65536, repeats=2, save_to=tmp_path / "m.json")
     sizes = {"1 KiB": 1024, "4 KiB": 4096, "16 KiB": 16384, "64 KiB": 65536}
@@ -189,7 +189,7 @@ def test_the_agreement_counts_close_predictions_and_wrong_winners_by_hand():
 
 def test_the_pipeline_benchmark_sets_every_schedule_beside_its_replay_and_its_cores_model(tmp_path):
     from edulib.bench import MEMORY_SCHEDULES, bench_pipeline
-    from edulib.measured import load
+    from edulib.bench.measured import load
     from edulib.pp import SCHEDULES, build_schedule
     from edulib.pp.schedules import SCHEDULE_KINDS
 
@@ -307,9 +307,9 @@ def test_the_compression_benchmark_counts_bytes_against_the_uncompressed_all_red
 
 
 def test_the_tours_planner_step_gets_a_plan_on_every_pool_size_and_more_stages_on_more_ranks():
+    from edulib.cli.tour import planner_cluster
     from edulib.hybrid.plan import language_model_graph, stage_layouts
     from edulib.planner.inter import plan
-    from edulib.tour import planner_cluster
 
     counts = []
     for ranks in range(1, 9):
@@ -334,7 +334,7 @@ def test_the_pipedream_benchmark_times_each_kind_of_weights_against_the_flush():
 def test_the_tour_reports_a_planted_failure_under_python_dash_o():
     """python -O drops assert statements: the tour's checks must raise their own error. Slow (about
     12 s): a whole tour in a fresh `python -O` process, its ranks included."""
-    plant = ("import edulib.tour as t\n"
+    plant = ("import edulib.cli.tour as t\n"
              "real = t.exhaustive_frontier\n"
              "t.exhaustive_frontier = lambda *a, **k: {time: e + 1.0 for time, e in real(*a, **k).items()}\n"
              "perseus = [s for s in t.STEPS if s.capability.startswith('Perseus')]\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.compare import disagreements
+from edulib.base.compare import disagreements
 from edulib.cp import LAYOUTS, balance, blocks_per_rank, ring_attention_bytes, shard_sequence, token_ranges
 from edulib.launch import RankError
 from edulib.lessons.context_parallelism import ring_reference, ring_step

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.compare import disagreements
+from edulib.base.compare import disagreements
 from edulib.ep import route
 from edulib.launch import RankError
 from edulib.lessons.expert_parallelism import all_to_all_bytes, dispatched_bytes, moe_reference, moe_step

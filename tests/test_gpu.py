@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from edulib import examples
+from edulib.cli.tour import tour
 from edulib.launch import resolve_backend, run
-from edulib.tour import tour
+from edulib.lessons import examples
 from tests.ranks import on_the_gpu
 
 pytestmark = [pytest.mark.gpu,
@@ -44,7 +44,7 @@ def test_rank_code_computes_on_its_gpu_and_matches_one_process():
 
 
 def test_sequence_context_and_expert_parallelism_compute_on_the_gpu():
-    from edulib.compare import disagreements
+    from edulib.base.compare import disagreements
     from edulib.lessons.context_parallelism import ring_reference, ring_step
     from edulib.lessons.expert_parallelism import moe_reference, moe_step
     from edulib.lessons.tensor_parallelism import sequence_parallel_reference, sequence_parallel_step

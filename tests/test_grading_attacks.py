@@ -59,7 +59,7 @@ def _strays() -> list[str]:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        marks = ("edulib.grading.child", "grading/warden.py", "edulib.rank import serve", "bwrap")
+        marks = ("edulib.grading.child", "grading/warden.py", "edulib.launch.rank import serve", "bwrap")
         if state != "Z" and sys.executable in command and any(mark in command for mark in marks):
             found.append(f"{pid}: {command}")
     return found

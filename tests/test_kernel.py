@@ -58,7 +58,7 @@ def _execute(client, code: str, timeout: float = 60, on_start=None) -> tuple[str
 
 def test_rank_output_reaches_the_cell_that_ran_them(kernel):
     _, client = kernel
-    stdout, error = _execute(client, "from edulib.launch import run\nfrom edulib import examples\n"
+    stdout, error = _execute(client, "from edulib.launch import run\nfrom edulib.lessons import examples\n"
                                      "print(run(examples.greet, 2))")
     assert error is None
     assert stdout.splitlines() == ["[rank 0] hello from rank 0 of 2",

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from edulib import examples
 from edulib.launch import Pool, RankError, RankTimeout, run
+from edulib.lessons import examples
 from tests import ranks
 from tests.conftest import rank_processes, wait_until_gone
 

@@ -12,20 +12,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "edulib"
 
 # Bottom to top. Within a layer a module may import its neighbours, except the parallelisms: each
-# axis stands alone on what is below it. `edulib.models` holds the small blocks that every part
-# builds on (attention, the transformer block, the lessons' MLPs): below the axes, since
-# tensor parallelism splits them. The one language model and its loss (`edulib.train.gpt`) sit
-# above the axes, with the trainer that composes them.
+# axis stands alone on what is below it. `base` holds what every module uses (argument checks,
+# tables, progress bars, weak hooks, the comparison with one process); `footprint` and
+# `utilization` are the sizing arithmetic. `launch` is the runtime: the launcher, its fork server
+# and what runs in each rank. `models` holds the small blocks that every part builds on
+# (attention, the transformer block, the lessons' MLPs) with the two ways to reshape their
+# backward pass (split in two, recomputed): below the axes, since tensor and pipeline parallelism
+# use them. The one language model and its loss (`edulib.train.gpt`) sit above the axes, with the
+# trainer that composes them. `cli` is the `edulib` command and its tour.
 LAYERS: list[tuple[str, ...]] = [
-    ("edulib", "arguments", "table", "progress", "hooks", "footprint", "compare", "measured", "utilization"),
-    ("launch", "forkserver", "rank"),
+    ("edulib", "base", "footprint", "utilization"),
+    ("launch",),
     ("comm",),
-    ("models", "split_backward", "recompute"),
+    ("models",),
     ("dp", "tp", "pp", "cp", "ep"),
     ("train", "energy"),
     ("hybrid", "planner", "serving"),
     ("lessons",),
-    ("viz", "widgets", "bench", "tour", "grading", "examples"),
+    ("viz", "widgets", "bench", "grading"),
     ("cli", "__main__"),
 ]
 AXES = set(LAYERS[4])
@@ -118,7 +122,7 @@ def test_every_import_looks_down_and_no_parallelism_imports_another():
 def test_an_upward_import_is_found_wherever_it_is_written(tmp_path, planted, expected):
     (tmp_path / "tp").mkdir()
     (tmp_path / "tp" / "planted.py").write_text(planted)
-    (tmp_path / "comm.py").write_text("from edulib.arguments import check_choice\n")  # looks down: fine
+    (tmp_path / "comm.py").write_text("from edulib.base.arguments import check_choice\n")  # looks down: fine
     found = wrong_imports(tmp_path)
     assert len(found) == 1 and expected in found[0], found
 

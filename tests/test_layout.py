@@ -16,8 +16,8 @@ from edulib.hybrid.layout import (
     layout_time,
     layouts,
 )
+from edulib.models.recompute import MODES
 from edulib.planner import Cluster
-from edulib.recompute import MODES
 
 MODEL = Transformer(layers=8, hidden=1024, heads=16, tokens=1024, batch=32)
 CLUSTER = Cluster.from_speeds(2, 4, tflops=100, memory_gib=80, intra_gbps=100, inter_gbps=10)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from edulib.compare import disagreements
+from edulib.base.compare import disagreements
 from edulib.hybrid.plan import (
     StageLayout,
     language_model_graph,
@@ -276,9 +276,9 @@ def test_expert_parallelism_is_what_the_moe_plan_gains(monkeypatch):
 
 
 def test_plans_read_as_the_lecture_writes_them():
+    from edulib.base.table import format_rate
     from edulib.planner.graph import in_words
     from edulib.planner.report import describe_plan
-    from edulib.table import format_rate
 
     assert in_words("b,o") == "data parallel on axis 0, Megatron column on axis 1"
     assert in_words(("t", "-")) == "Megatron tensor parallel on axis 0, replicated on axis 1"

@@ -9,9 +9,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edulib.models import mlp, regression_batch
+from edulib.models.split_backward import backward_input, backward_weight, recording
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
 from edulib.pp.lower import lower
-from edulib.split_backward import backward_input, backward_weight, recording
 
 
 def test_1f1b_lowers_to_the_rows_a_student_reads():

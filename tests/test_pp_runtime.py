@@ -107,7 +107,7 @@ def test_messages_must_be_declared_for_every_stage_once():
 
 @pytest.mark.parametrize("norm", [False, True])
 def test_b_keeps_only_what_w_needs_and_b_plus_w_is_one_backward(norm):
-    from edulib.split_backward import backward_input, backward_weight, recording
+    from edulib.models.split_backward import backward_input, backward_weight, recording
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(6, 6), torch.nn.Tanh(), *([torch.nn.LayerNorm(6)] if norm else []),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.recompute import MODES, korthikanti_bytes, recompute_step, saved_bytes_formula
+from edulib.models.recompute import MODES, korthikanti_bytes, recompute_step, saved_bytes_formula
 
 SHAPES = [(2, 3, 16, 4), (2, 8, 16, 4), (3, 8, 32, 4), (2, 8, 32, 8)]  # batch, tokens, hidden, heads
 

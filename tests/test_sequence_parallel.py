@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edulib.compare import disagreements
+from edulib.base.compare import disagreements
 from edulib.launch import RankError
 from edulib.lessons.tensor_parallelism import sequence_parallel_reference, sequence_parallel_step
-from edulib.recompute import korthikanti_bytes
+from edulib.models.recompute import korthikanti_bytes
 from edulib.tp.sequence import activation_bytes, layer_traffic
 
 BATCH, TOKENS, HIDDEN, HEADS = 2, 8, 16, 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edulib.base.compare import disagreements
 from edulib.comm import ALGORITHMS, bytes_sent, formula, schedule_for
-from edulib.compare import disagreements
 from edulib.launch import Pool, RankError
 from edulib.lessons.tensor_parallelism import (
     LAYERS,

@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from edulib.compare import disagreements
+from edulib.base.compare import disagreements
 from edulib.lessons.tensor_parallelism import (
     AUTO_MODELS,
     auto_parallel_reference,

@@ -400,7 +400,7 @@ def _circles(figure: Figure) -> list[tuple[float, float]]:
 
 
 def test_saved_measurements_merge_and_a_bad_file_reads_as_nothing(tmp_path):
-    from edulib.measured import load, save
+    from edulib.bench.measured import load, save
 
     path = tmp_path / "deep" / "measured.json"
     assert load("allreduce", path) == {}
@@ -417,7 +417,7 @@ def test_saved_measurements_merge_and_a_bad_file_reads_as_nothing(tmp_path):
 
 def test_the_cost_explorer_shows_the_times_measured_here_but_never_in_its_static_figure(
         tmp_path, monkeypatch):
-    from edulib.measured import save
+    from edulib.bench.measured import save
     from edulib.widgets.comm import _describe, _draw
 
     monkeypatch.setenv("EDULIB_MEASURED", str(tmp_path / "measured.json"))

@@ -6,13 +6,13 @@ import os
 import platform
 from pathlib import Path
 
+from edulib.base.table import format_bytes, format_table
+from edulib.bench.measured import save as save_measured
 from edulib.bench.timing import fit_link, fit_overhead, median_slowest
 from edulib.comm import ALGORITHMS, build_collective, cost
 from edulib.comm.cost import fit_alpha_beta
 from edulib.launch import Pool
 from edulib.lessons.collectives import time_allreduce, time_reduction
-from edulib.measured import save as save_measured
-from edulib.table import format_bytes, format_table
 
 AGREEMENT_FROM = 64 * 2**10  # the smallest size whose prediction the bench holds to 25 %
 
@@ -43,7 +43,7 @@ def bench_allreduce(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 64 *
                     repeats: int = 12, backend: str = "gloo", save_to: Path | None = None) -> str:
     """Time every all-reduce against the built-in, with algbw, busbw and the cost model's
     prediction from alpha, beta, gamma and o fitted in the same run, and how far apart they are;
-    with `save_to`, keep the times and the fit there for the cost explorer (`edulib.measured`)."""
+    with `save_to`, keep the times and the fit there for the cost explorer (`edulib.bench.measured`)."""
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
     reports, saved = [], {}
     duplex = backend == "nccl"  # gloo on CPUs: both ends of a message are copies by a rank's CPU

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import platform
 
+from edulib.base.table import format_table
 from edulib.bench.timing import median_slowest
 from edulib.cp import LAYOUTS, balance
 from edulib.launch import Pool
 from edulib.lessons.context_parallelism import full_attention_seconds, time_ring_attention
-from edulib.table import format_table
 
 
 def bench_attention(world_sizes: tuple[int, ...] = (2, 4), tokens: int = 2048, heads: int = 4,

@@ -6,9 +6,9 @@ import platform
 import statistics
 import time
 
+from edulib.base.table import format_bytes, format_table
 from edulib.launch import Pool
 from edulib.lessons.data_parallelism import compressed_train
-from edulib.table import format_bytes, format_table
 
 
 def bench_compression(world_size: int = 4, steps: int = 150, width: int = 64, depth: int = 2,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import platform
 import statistics
 
+from edulib.base.table import format_bytes, format_table
 from edulib.launch import Pool
 from edulib.lessons.data_parallelism import data_parallel_train
-from edulib.table import format_bytes, format_table
 
 
 def bench_data_parallel(world_sizes: tuple[int, ...] = (2, 4), width: int = 1024, depth: int = 6,

@@ -6,9 +6,9 @@ import os
 import platform
 import time
 
+from edulib.base.table import format_table
 from edulib.energy import A100, gpt3_stage_times, pipeline_frontier
 from edulib.pp import SCHEDULE_KINDS, build_schedule
-from edulib.table import format_table
 
 
 def bench_energy(stages: int = 8, microbatches: int = 32, straggler: float = 1.1, unit: float = 0.5) -> str:

@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from edulib.base.table import format_table
 from edulib.grading import grade
 from edulib.grading.grader import default_jobs
-from edulib.table import format_table
 
 
 def relay_ping_pong(messages: int, elements: int) -> float:

@@ -9,9 +9,9 @@ import time
 
 import torch.multiprocessing as mp
 
-from edulib import examples
+from edulib.base.table import format_table
 from edulib.launch import Pool
-from edulib.table import format_table
+from edulib.lessons import examples
 
 
 def _free_port() -> int:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import platform
 
+from edulib.base.table import format_bytes, format_table
 from edulib.bench.timing import median_slowest
 from edulib.comm import FOR_COLLECTIVE
 from edulib.launch import Pool
 from edulib.lessons.collectives import time_all_to_all
 from edulib.lessons.expert_parallelism import time_moe
-from edulib.table import format_bytes, format_table
 
 
 def bench_moe(world_sizes: tuple[int, ...] = (2, 4), max_bytes: int = 16 * 2**20, tokens: int = 1024,

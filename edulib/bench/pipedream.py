@@ -6,12 +6,12 @@ import os
 import platform
 import statistics
 
+from edulib.base.table import format_bytes, format_table
 from edulib.launch import Pool
 from edulib.lessons.pipeline_parallelism import pipedream_train
 from edulib.pp import async_1f1b, replay
 from edulib.pp.pipedream import steady_bubble
 from edulib.pp.simulate import measured_timeline
-from edulib.table import format_bytes, format_table
 
 
 def bench_pipedream(world_sizes: tuple[int, ...] = (2, 4), steps: int = 20, width: int = 512, depth: int = 8,

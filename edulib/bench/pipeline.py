@@ -8,16 +8,16 @@ import platform
 import statistics
 from pathlib import Path
 
+from edulib.base.table import format_bytes, format_table
+from edulib.bench.measured import pipeline_key
+from edulib.bench.measured import save as save_measured
 from edulib.bench.timing import fit_link, fit_overhead
 from edulib.comm import message_time
 from edulib.launch import Pool
 from edulib.lessons.pipeline_parallelism import pipeline_step
-from edulib.measured import pipeline_key
-from edulib.measured import save as save_measured
 from edulib.pp import SCHEDULES, build_schedule, closed_form, measured_costs, replay, simulate
 from edulib.pp.memory import stage_bytes
 from edulib.pp.simulate import measured_timeline, model_peaks
-from edulib.table import format_bytes, format_table
 
 
 def measure_pipeline(pool: Pool, schedule, width: int = 512, depth: int = 8, batch: int = 512,

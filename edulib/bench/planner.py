@@ -6,8 +6,9 @@ import os
 import platform
 import tracemalloc
 
+from edulib.base.compare import disagreements
+from edulib.base.table import format_bytes, format_table
 from edulib.comm.cost import fit_alpha_beta
-from edulib.compare import disagreements
 from edulib.hybrid.plan import language_model_graph, local_cluster, stage_layouts, unsplit_seconds
 from edulib.launch import Pool
 from edulib.lessons.collectives import ping_pong
@@ -16,7 +17,6 @@ from edulib.planner import Cluster, gpt_graph, mlp_graph, moe_graph, wide_resnet
 from edulib.planner.baselines import compare
 from edulib.planner.inter import CLUSTERS, Plan, plan
 from edulib.planner.intra import costs
-from edulib.table import format_bytes, format_table
 
 
 def bench_planner(nodes: int = 2, devices: int = 8, microbatches: int = 16, ranks: int = 4,

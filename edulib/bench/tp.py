@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import platform
 
+from edulib.base.table import format_bytes, format_table
 from edulib.bench.timing import median_slowest
 from edulib.launch import Pool
 from edulib.lessons.tensor_parallelism import time_grids
-from edulib.table import format_bytes, format_table
 from edulib.tp.grid import GridShape, fits, grid_bytes, grid_shapes
 
 SHAPES = ((256, 256, 1024), (64, 1024, 1024), (1024, 128, 128))  # batch, inputs, outputs

@@ -15,12 +15,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
+from edulib.base.table import format_bytes, format_table
 from edulib.bench.timing import peak_resident
 from edulib.dp.zero import optimizer_state, tensor_bytes
 from edulib.launch import Pool
+from edulib.launch.rank import device, finish_queued_work
 from edulib.models import cut_into_stages
-from edulib.rank import device, finish_queued_work
-from edulib.table import format_bytes, format_table
 from edulib.train import TrainConfig, train
 from edulib.train.averaging import optimizer_of
 from edulib.train.data import text_batch

@@ -5,10 +5,10 @@ from __future__ import annotations
 import platform
 import statistics
 
+from edulib.base.table import format_bytes, format_table
 from edulib.footprint import sharded_bytes
 from edulib.launch import Pool
 from edulib.lessons.data_parallelism import zero_train
-from edulib.table import format_bytes, format_table
 
 
 def bench_memory(world_sizes: tuple[int, ...] = (2, 4), width: int = 512, depth: int = 8,

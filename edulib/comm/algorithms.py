@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from edulib.arguments import check_choice, check_world_size
+from edulib.base.arguments import check_choice, check_world_size
 from edulib.comm.schedule import CollectiveSchedule, Message
 
 Rounds = list[tuple[Message, ...]]

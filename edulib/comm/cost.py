@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.comm.algorithms import ALL_REDUCES, BUILTIN_COUNTED_AS, FOR_COLLECTIVE, Terms
 from edulib.comm.schedule import CollectiveSchedule, chunk_bounds
 

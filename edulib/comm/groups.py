@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch.distributed as dist
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 
 _made: dict[tuple, dist.ProcessGroup] = {}  # this rank's group of each partition (by it), or by purpose
 _made_in: list[dist.ProcessGroup] = []  # the default group the cached ones were made in

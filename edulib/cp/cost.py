@@ -7,7 +7,7 @@ gradients (twice the width), then sends the last part's gradients home.
 
 from __future__ import annotations
 
-from edulib.arguments import check_count
+from edulib.base.arguments import check_count
 from edulib.cp.layout import token_ranges
 
 

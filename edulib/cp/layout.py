@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
 from edulib.comm.schedule import chunk_bounds
 
 LAYOUTS = ("contiguous", "zigzag")

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from edulib import comm
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.dp.server import worker_batch
 
 

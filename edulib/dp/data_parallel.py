@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
-from edulib.hooks import weakly
+from edulib.base.hooks import weakly
 
 
 def replicas(module: nn.Module, ignored_params: Iterable[nn.Parameter] = ()) -> list[nn.Parameter]:
@@ -82,7 +82,7 @@ class GradientBuckets:
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         for bucket in self.buckets:
             for parameter in bucket:
-                parameter.register_post_accumulate_grad_hook(weakly(self._ready))  # (see `edulib.hooks`)
+                parameter.register_post_accumulate_grad_hook(weakly(self._ready))  # (see `edulib.base.hooks`)
         self._reset()
 
     def _reset(self) -> None:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.dp.sharding import Unit
 
 PARTITIONS = ("parameters", "chunks")

@@ -31,8 +31,8 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
+from edulib.base.hooks import weakly
 from edulib.comm.schedule import chunk_bounds
-from edulib.hooks import weakly
 
 
 class Unit:

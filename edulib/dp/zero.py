@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.dp.data_parallel import check_replicas
 from edulib.dp.sharded_optimizer import Masters, Optimizer
 from edulib.dp.sharding import Sharding, Unit, group_units

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edulib.arguments import check_count
+from edulib.base.arguments import check_count
 
 
 @dataclass(frozen=True)

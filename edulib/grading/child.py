@@ -64,7 +64,7 @@ def _fork_solo(submission: Path, forbidden: list, answer_fd: int) -> tuple[int, 
     to_solo, from_solo = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
-        from edulib.forkserver import close_all_but
+        from edulib.launch.forkserver import close_all_but
 
         close_all_but({0, 1, 2, answer_fd, to_solo[0], from_solo[1]})
         try:

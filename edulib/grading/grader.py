@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edulib.base.progress import progress_bar
 from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
@@ -41,7 +42,6 @@ from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.grading.student import ON_RANKS, RANK_TIMEOUT, WARM
-from edulib.progress import progress_bar
 
 if TYPE_CHECKING:
     from edulib.grading.cache import GradeCache

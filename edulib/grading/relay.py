@@ -287,7 +287,7 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
     join the default group through the relay on these two pipes (no store on the network, no backend
     of its own)."""
     from edulib.grading.confine import isolate_rank
-    from edulib.rank import device
+    from edulib.launch.rank import device
 
     isolate_rank()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)

@@ -12,10 +12,10 @@ import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
+from edulib.base.table import format_table
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS
 from edulib.grading.grader import Result, grade
-from edulib.table import format_table
 
 FEEDBACK_WIDTH = 48  # the feedback column wraps here, so the table fits a terminal
 FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet reads a cell that starts so as a formula

@@ -20,7 +20,7 @@ from typing import Any
 from edulib.grading import forbid, relay
 from edulib.grading.plain import NotPlain, decode, encode
 from edulib.launch import Pool, RankError, RankTimeout
-from edulib.rank import where
+from edulib.launch.rank import where
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
 CHUNKS_PER_RANK = 64  # a schedule with more chunks per rank is refused before anything is allocated

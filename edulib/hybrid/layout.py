@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from edulib.comm.cost import formula, message_time
 from edulib.footprint import ZERO_STAGES, sharded_bytes
+from edulib.models.recompute import MODES, korthikanti_bytes
 from edulib.planner.cluster import Cluster
-from edulib.recompute import MODES, korthikanti_bytes
 
 
 @dataclass(frozen=True)

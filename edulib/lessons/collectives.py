@@ -13,7 +13,7 @@ import torch.distributed as dist
 from edulib.comm.algorithms import build_collective
 from edulib.comm.collectives import all_reduce, all_to_all, barrier, irecv, isend
 from edulib.comm.runtime import run_schedule
-from edulib.rank import device
+from edulib.launch.rank import device
 
 _DTYPES = {"float32": torch.float32, "int64": torch.int64}
 

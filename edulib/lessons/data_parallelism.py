@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from edulib import comm
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.comm.schedule import chunk_bounds
 from edulib.dp.compression import PowerSGD, compressed_average, compressor, descend, local_gradient
 from edulib.dp.ddp import DistributedDataParallel

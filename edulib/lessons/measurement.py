@@ -30,10 +30,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from edulib import comm
 from edulib.dp.ddp import DistributedDataParallel
 from edulib.dp.zero import optimizer_state
+from edulib.launch.rank import device as rank_device
 from edulib.lessons.collectives import timed
 from edulib.models import mlp, regression_batch
-from edulib.rank import device as rank_device
-from edulib.recompute import saved_activation_bytes
+from edulib.models.recompute import saved_activation_bytes
 from edulib.train.data import text_batch
 from edulib.train.gpt import gpt, lm_loss
 

@@ -17,7 +17,7 @@ from torch.func import functional_call
 from torch.profiler import ProfilerActivity, profile
 
 from edulib import comm
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
 from edulib.models import cut_into_stages, mlp, regression_batch
 from edulib.pp.actions import Schedule
 from edulib.pp.executor import execute

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from edulib.arguments import check_choice, equal_part
+from edulib.base.arguments import check_choice, equal_part
 from edulib.comm import count_communication
 from edulib.models import TOKENS, SelfAttention, built_on_host, image_batch, small_cnn, transformer_mlp
-from edulib.recompute import saved_activation_bytes
+from edulib.models.recompute import saved_activation_bytes
 from edulib.tp.auto import auto_parallelize
 from edulib.tp.grid import GridLinear, GridShape, TensorGrid, block_of
 from edulib.tp.layers import (

@@ -3,12 +3,12 @@ and the best hand-made (data, pipeline, tensor) grid with layers split evenly (M
 
 from __future__ import annotations
 
+from edulib.base.table import format_bytes
 from edulib.models import cut_into_stages
 from edulib.planner.cluster import Cluster
 from edulib.planner.graph import Graph, moe_graph
 from edulib.planner.inter import Plan, Stage, boundary_seconds, latency, plan
 from edulib.planner.intra import costs, evaluate
-from edulib.table import format_bytes
 
 
 def intra_only(graph: Graph, cluster: Cluster, microbatches: int = 16) -> Plan:

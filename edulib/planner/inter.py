@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from edulib.base.table import format_bytes
 from edulib.comm.cost import message_time
 from edulib.planner.cluster import Cluster, Mesh
 from edulib.planner.graph import Graph
@@ -39,7 +40,6 @@ from edulib.planner.intra import (
     solve,
     training_bytes,
 )
-from edulib.table import format_bytes
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 

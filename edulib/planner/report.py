@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from edulib.base.table import format_bytes, format_rate, format_table
 from edulib.planner.graph import in_words
 from edulib.planner.inter import Plan
-from edulib.table import format_bytes, format_rate, format_table
 
 
 def strategy_summary(names: tuple[str, ...]) -> str:

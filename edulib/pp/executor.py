@@ -8,7 +8,7 @@ and the action that needs one waits for it; SEND starts a send and moves on; so 
 by order alone, as lowering arranged, and no tag is needed. (A receive posted early lets gloo
 write a message the moment it is sent: posted late, a message waited for the sender's busy
 core, up to a scheduler tick.) A schedule with W actions runs the split backward of
-`edulib.split_backward`; `weights` (PipeDream's `Stash`) runs forwards on changing weights.
+`edulib.models.split_backward`; `weights` (PipeDream's `Stash`) runs forwards on changing weights.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from edulib import comm
+from edulib.models.recompute import Recomputed
+from edulib.models.split_backward import Kept, backward_input, backward_weight, recording
 from edulib.pp.actions import Action, Schedule, consumer
 from edulib.pp.lower import lower
 from edulib.pp.memory import device_bytes
-from edulib.recompute import Recomputed
-from edulib.split_backward import Kept, backward_input, backward_weight, recording
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

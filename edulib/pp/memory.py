@@ -17,8 +17,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from edulib.models.split_backward import Kept, backward_input, recording
 from edulib.pp.actions import Action
-from edulib.split_backward import Kept, backward_input, recording
 
 
 def _graph_tensors(roots: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
 from edulib.pp.actions import Schedule
 from edulib.pp.schedules import one_f_one_b_row
 from edulib.pp.simulate import Timeline, validate

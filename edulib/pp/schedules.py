@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
 from edulib.pp.actions import Action, Overlap, Schedule, Step, dependencies
 
 

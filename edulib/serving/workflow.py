@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edulib.arguments import check_count
+from edulib.base.arguments import check_count
 
 
 @dataclass(frozen=True)

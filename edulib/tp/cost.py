@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.comm.cost import formula
 
 TP_LAYOUTS = ("data_parallel", "partition_output", "reduce_output")

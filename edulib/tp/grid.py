@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
-from edulib.arguments import check_count, equal_part
+from edulib.base.arguments import check_count, equal_part
 from edulib.tp.linear import TensorParallelLinear
 
 

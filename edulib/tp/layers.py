@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from edulib.models import Block, SelfAttention, attend
-from edulib.split_backward import LinearParts, record
+from edulib.models.split_backward import LinearParts, record
 from edulib.tp.linear import Index, ParallelModule, TensorParallelLinear, even_share
 from edulib.tp.ops import gather, gather_again, gathered_linear, reduce_scatter_sequence, split
 

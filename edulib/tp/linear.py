@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from edulib.arguments import equal_part
-from edulib.split_backward import LinearParts, record
+from edulib.base.arguments import equal_part
+from edulib.models.split_backward import LinearParts, record
 from edulib.tp.ops import f, g, gather_shards, labelled_sum
 
 Index = tuple  # rows (and columns) of a full parameter, as lists of ints or slices

@@ -20,8 +20,8 @@ from torch.autograd import Function
 from torch.nn import functional as F
 
 from edulib import comm
-from edulib.arguments import equal_part
-from edulib.split_backward import input_only
+from edulib.base.arguments import equal_part
+from edulib.models.split_backward import input_only
 
 
 def labelled_sum(tensor: torch.Tensor, direction: str, group, algorithm: str) -> torch.Tensor:
@@ -199,7 +199,7 @@ def gathered_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     sequence (dim -2) forward, reduce-scatter the input's gradient backward. Like Megatron it keeps
     only this rank's part of the input, and gathers it again (labelled "recompute") for the
     weight's gradient: t times less activation memory for one more all-gather. Under a zero-bubble
-    pipeline's split backward, B only reduce-scatters and W (`edulib.split_backward`) gathers x and
+    pipeline's split backward, B only reduce-scatters and W (`edulib.models.split_backward`) gathers x and
     computes the weight's gradient: `gather_again` is how it rebuilds x."""
     return _GatheredLinear.apply(x, weight, bias, group, -2, algorithm)
 

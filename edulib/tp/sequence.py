@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edulib.arguments import check_count
+from edulib.base.arguments import check_count
 from edulib.comm import formula
 from edulib.models import Block, built_on_host
 from edulib.tp.ops import gather

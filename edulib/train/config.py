@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.comm import ALGORITHMS
 from edulib.cp.layout import LAYOUTS, pieces, token_ranges
 from edulib.pp.actions import Schedule

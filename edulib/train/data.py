@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
 
 MODULES = ("textwrap", "heapq", "bisect", "fractions", "difflib", "shlex", "calendar", "string")
 VOCAB = 256  # one token per byte value

@@ -21,7 +21,7 @@ from edulib import comm
 from edulib.ep.layer import ExpertParallelMoE, MoE
 from edulib.ep.router import Routing
 from edulib.models import Block, built_on_host
-from edulib.recompute import recomputing
+from edulib.models.recompute import recomputing
 from edulib.tp import ops
 from edulib.tp.layers import Index, ParallelModule
 

@@ -18,7 +18,7 @@ from edulib import comm
 from edulib.cp.ring import Context
 from edulib.ep.layer import ExpertParallelMoE
 from edulib.models import Block
-from edulib.recompute import Recomputed
+from edulib.models.recompute import Recomputed
 from edulib.tp.layers import ColumnParallelLinear, Index, ParallelBlock, ParallelModule
 from edulib.tp.sequence import SequenceSplit
 from edulib.tp.vocab import VocabParallelEmbedding

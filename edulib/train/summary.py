@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from edulib.base.table import format_bytes, format_rate, format_table
 from edulib.comm.groups import Grid
-from edulib.table import format_bytes, format_rate, format_table
 from edulib.train.config import TrainConfig
 from edulib.train.report import AGREE, TRAFFIC_AXES, agrees, disagreement
 

@@ -29,13 +29,13 @@ import torch.distributed as dist
 from torch import nn
 
 from edulib import comm
+from edulib.base.progress import progress_bar
 from edulib.comm.groups import Grid, subgroup
 from edulib.cp.ring import Context
+from edulib.launch.rank import finish_queued_work
 from edulib.models import cut_into_stages
 from edulib.pp.actions import Schedule
 from edulib.pp.executor import Links, execute
-from edulib.progress import progress_bar
-from edulib.rank import finish_queued_work
 from edulib.tp.layers import Index, ParallelBlock
 from edulib.tp.vocab import vocab_parallel_cross_entropy
 from edulib.train.averaging import Averaging, decay, decays, optimizer_of, set_lr, sum_over, tied_gradients

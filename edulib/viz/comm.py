@@ -7,10 +7,10 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
+from edulib.base.table import format_table
 from edulib.comm.algorithms import ALGORITHMS, ALL_REDUCES
 from edulib.comm.cost import formula
 from edulib.comm.schedule import CollectiveSchedule
-from edulib.table import format_table
 
 OP_COLOURS = {"reduce": "#dd8452", "copy": "#4c72b0"}
 ALGORITHM_COLOURS = {name: algorithm.colour for name, algorithm in ALL_REDUCES.items()}

@@ -29,12 +29,12 @@ def overlap_figure(timeline: dict, title: str = "") -> Figure:
 def bandwidth_table(workers: int, model_mb: float, step_seconds: float, link_gbs: float,
                     shards: int = 8) -> str:
     """GB/s needed each way at the busiest link, for one server, sharded servers and all-reduce."""
+    from edulib.base.table import format_table
     from edulib.dp.bandwidth import (
         allreduce_bandwidth,
         parameter_server_bandwidth,
         workers_until_server_saturates,
     )
-    from edulib.table import format_table
 
     model = model_mb * 1e6
     rows = [("parameter server, 1 shard", parameter_server_bandwidth(workers, model, step_seconds)),

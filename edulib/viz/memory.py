@@ -6,9 +6,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from edulib.base.table import format_table
 from edulib.footprint import GB, LECTURE_MODELS, ZERO_STAGES, sharded_bytes, training_footprint
-from edulib.recompute import korthikanti_bytes
-from edulib.table import format_table
+from edulib.models.recompute import korthikanti_bytes
 
 _TOKENS = 2048  # the sequence length of GPT-3, one sequence per micro-batch
 PARTS = (("weights", "#4c72b0"), ("gradients", "#dd8452"), ("optimizer state", "#55a868"),

@@ -7,8 +7,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from edulib.base.table import format_bytes, format_rate
 from edulib.planner.inter import Plan
-from edulib.table import format_bytes, format_rate
 
 STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
                  "#ccb974", "#64b5cd")

@@ -8,11 +8,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from edulib.arguments import check_choice, check_count
+from edulib.base.arguments import check_choice, check_count
+from edulib.base.table import format_table
 from edulib.cp.cost import ring_attention_bytes
 from edulib.footprint import GB
-from edulib.recompute import korthikanti_bytes
-from edulib.table import format_table
+from edulib.models.recompute import korthikanti_bytes
 from edulib.tp.sequence import layer_traffic
 from edulib.viz.tp import RANK_COLOURS
 

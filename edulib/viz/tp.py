@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from edulib.table import format_table
+from edulib.base.table import format_table
 from edulib.tp.cost import linear_traffic, mlp_traffic
 
 RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from edulib.measured import load
+from edulib.bench.measured import load
 from edulib.viz.comm import cost_figure, cost_table
 from edulib.widgets.explorer import Slider, drawn_once, explore
 

@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from edulib.table import format_bytes
+from edulib.base.table import format_bytes
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edulib.footprint import LECTURE_MODELS
-from edulib.recompute import MODES
+from edulib.models.recompute import MODES
 from edulib.viz.memory import memory_figure
 from edulib.widgets.explorer import Choice, Slider, explore
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from edulib.measured import load, pipeline_key
+from edulib.bench.measured import load, pipeline_key
 from edulib.pp import SCHEDULES, Timeline, build_schedule, simulate_ratio
 from edulib.pp.schedules import closed_form
 from edulib.pp.simulate import ratio_costs

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from edulib.base.progress import progress_bar
 from edulib.launch import BACKENDS, DEFAULT_TIMEOUT, RankError, resolve_backend, run
-from edulib.progress import progress_bar
 
 RANKS_PER_CORE = 8  # beyond this many ranks per core, starting them alone takes minutes
 
@@ -69,7 +69,7 @@ def load_function(target: str) -> Callable:
     """Import MODULE:FUNCTION, saying clearly what is wrong if it cannot be found."""
     module_name, _, function_name = target.partition(":")
     if not module_name or not function_name:
-        raise SystemExit(f"edulib: expected MODULE:FUNCTION, such as edulib.examples:whoami; "
+        raise SystemExit(f"edulib: expected MODULE:FUNCTION, such as edulib.lessons.examples:whoami; "
                          f"got {target!r}")
     try:
         module = importlib.import_module(module_name)
@@ -93,7 +93,7 @@ def run_under_torchrun(fn: Callable, args: Sequence[Any], backend: str, timeout:
     """Run fn on this rank of a torchrun job (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
     import torch.distributed as dist
 
-    from edulib.rank import init_process_group
+    from edulib.launch.rank import init_process_group
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -122,7 +122,7 @@ def _run_command(options: argparse.Namespace) -> int:
 
 def _tour_command(options: argparse.Namespace) -> int:
     """`edulib tour`: run every capability, check it against a reference, print the table."""
-    from edulib.tour import tour
+    from edulib.cli.tour import tour
 
     return 0 if tour(options.world_size, options.backend) else 1
 
@@ -132,7 +132,7 @@ def _bench_command(options: argparse.Namespace) -> int:
     pipedream, pipeline, plan, plan-scale, tp, train): against a baseline or the model; allreduce and
     pipeline also save theirs for the explorers."""
     from edulib import bench
-    from edulib.measured import results_path
+    from edulib.bench.measured import results_path
 
     if options.what == "launch":
         print(bench.bench_launch(options.world_size, options.repeats))

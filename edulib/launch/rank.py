@@ -120,7 +120,7 @@ def where(frame: FrameType | None) -> tuple[str, str]:
             qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             if "<locals>" not in qualname and qualname != "wrapper":
                 operation = frame.f_code.co_name
-        elif "/torch/" not in path and not path.endswith("/edulib/rank.py"):
+        elif "/torch/" not in path and not path.endswith("/edulib/launch/rank.py"):
             line = f"{frame.f_code.co_name} ({os.path.basename(path)}, line {frame.f_lineno})"
             if path.startswith((package, library, "<")):  # edulib, Python's own, or a `python -c` string
                 inside_edulib = inside_edulib or line

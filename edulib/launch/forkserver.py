@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-_SERVE = "import sys; from edulib.forkserver import serve_forks; serve_forks(int(sys.argv[1]))"
+_SERVE = "import sys; from edulib.launch.forkserver import serve_forks; serve_forks(int(sys.argv[1]))"
 _MESSAGE = 1 << 20  # bytes of one request: an environment, an import path and a few names
 _SKIPPED = ("edulib.widgets", "edulib.viz")  # what no rank needs (matplotlib, ipywidgets)
 RANK_NAME = b"edulib-rank"  # a forked rank in `ps -o comm` and /proc/PID/comm (its argv is the server's)
@@ -63,7 +63,7 @@ class _Client:
         theirs.close()
 
     def fork(self, argv: list[str], keep: tuple[int, int], environment: dict[str, str]) -> Served:
-        """Have the server fork a rank that runs `edulib.rank.serve(argv + keep)` with the two
+        """Have the server fork a rank that runs `edulib.launch.rank.serve(argv + keep)` with the two
         pipe ends `keep` and this process's modules, path and folder."""
         output_read, output_write = os.pipe()
         status_read, status_write = os.pipe()
@@ -123,7 +123,7 @@ def serve_forks(fd: int) -> None:
     import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (with sympy): about 1.5 s
     import torch.distributed  # noqa: F401
 
-    import edulib.rank  # noqa: F401
+    import edulib.launch.rank  # noqa: F401
 
     connection = socket.socket(fileno=fd)
     wake_read, wake_write = os.pipe()
@@ -193,7 +193,7 @@ def _fork_rank(request: dict, fds: list[int]) -> int:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        from edulib.rank import serve as serve_rank
+        from edulib.launch.rank import serve as serve_rank
 
         serve_rank([*request["argv"], str(command), str(result)])
     finally:

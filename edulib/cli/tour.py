@@ -15,17 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from edulib import examples
-from edulib.arguments import check_world_size
+from edulib.base.arguments import check_world_size
+from edulib.base.compare import disagreements
+from edulib.base.progress import progress_bar
+from edulib.base.table import format_table
 from edulib.comm import ALGORITHMS, build_collective, bytes_sent
 from edulib.comm.verify import collective_disagreements
-from edulib.compare import disagreements
 from edulib.cp import blocks_per_rank
 from edulib.dp.compression import TopK
 from edulib.energy import exhaustive_frontier, frontier, pipeline_dag
 from edulib.footprint import sharded_bytes
 from edulib.hybrid.plan import language_model_graph, local_cluster, stage_layouts
 from edulib.launch import Pool, resolve_backend
+from edulib.lessons import examples
 from edulib.lessons.collectives import collective_step
 from edulib.lessons.context_parallelism import ring_reference, ring_step
 from edulib.lessons.data_parallelism import (
@@ -55,15 +57,13 @@ from edulib.lessons.tensor_parallelism import (
     tensor_layer_step,
 )
 from edulib.models import mlp, reference_gradients, regression_batch
+from edulib.models.recompute import MODES as RECOMPUTE_MODES
+from edulib.models.recompute import recompute_step, saved_bytes_formula
 from edulib.planner.cluster import Cluster
 from edulib.planner.inter import plan
 from edulib.pp import SCHEDULES as PIPELINE_SCHEDULES
 from edulib.pp import build_schedule as build_pipeline
 from edulib.pp import simulate_ratio
-from edulib.progress import progress_bar
-from edulib.recompute import MODES as RECOMPUTE_MODES
-from edulib.recompute import recompute_step, saved_bytes_formula
-from edulib.table import format_table
 from edulib.tp import sequence
 from edulib.tp.grid import grid_bytes, grid_shapes
 from edulib.train import TrainConfig, reference, train

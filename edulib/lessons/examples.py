@@ -13,8 +13,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from edulib.launch.rank import device
 from edulib.lessons.collectives import rank_tensor
-from edulib.rank import device
 
 
 def whoami() -> dict:

@@ -1,7 +1,7 @@
 """Start torch.distributed ranks from a notebook cell or a script: `run` once, or keep a `Pool`.
 
 Every rank is a Python process of its own, in its own session, forked from a warm fork server
-(`edulib.forkserver`; spawned fresh for NCCL, or with start="spawn"), that joins one process group
+(`edulib.launch.forkserver`; spawned fresh for NCCL, or with start="spawn"), that joins one process group
 through a store that this process hosts on 127.0.0.1 (so no port can be taken between choosing it and
 using it). A failure anywhere comes back as one `RankError` naming the rank, with that rank's
 traceback; a deadlock comes back as a `RankTimeout` naming the rank and the operation it was
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from edulib import forkserver
-from edulib.arguments import check_choice, check_world_size
-from edulib.rank import START_TIMEOUT
+from edulib.base.arguments import check_choice, check_world_size
+from edulib.launch import forkserver
+from edulib.launch.rank import START_TIMEOUT
 
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("auto", "forkserver", "spawn", "fork")
@@ -39,7 +39,7 @@ MAX_REPLY = 1 << 30  # bytes of one reply from a rank: a longer length is not a 
 GARBLED = ("wrote something that is not a reply on its pipe to the launcher (code in the rank writing to a "
            "file descriptor it does not own?)")
 
-_SEND_SIDE = "from edulib.rank import serve; import sys; serve(sys.argv[1:])"
+_SEND_SIDE = "from edulib.launch.rank import serve; import sys; serve(sys.argv[1:])"
 
 
 class RankError(RuntimeError):
@@ -429,7 +429,7 @@ def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
             os.dup2(output_write, 1)
             os.dup2(output_write, 2)
             forkserver.close_all_but({0, 1, 2, *keep})
-            from edulib.rank import serve
+            from edulib.launch.rank import serve
             serve(argv)
         finally:
             os._exit(1)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from edulib.arguments import check_choice
+from edulib.base.arguments import check_choice
 from edulib.models import TOKENS, Block, built_on_host
 
 MODES = ("none", "selective", "full")

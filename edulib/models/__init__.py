@@ -103,7 +103,7 @@ def regression_batch(size: int, width: int, seed: int = 0) -> tuple[torch.Tensor
 def reference_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
                         ) -> dict[str, torch.Tensor]:
     """Gradients of the mean squared error of an unsplit model on the whole batch, by name: what
-    every parallel version must reproduce (`edulib.compare.disagreements` checks it)."""
+    every parallel version must reproduce (`edulib.base.compare.disagreements` checks it)."""
     nn.functional.mse_loss(model(inputs), targets).backward()
     return {name: parameter.grad for name, parameter in model.named_parameters()}
 
