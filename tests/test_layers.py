@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "edulib"
 # Bottom to top. Within a layer a module may import its neighbours, except the parallelisms: each
 # axis stands alone on what is below it. `base` holds what every module uses (argument checks,
 # tables, progress bars, weak hooks, the comparison with one process); `footprint` and
-# `utilization` are the sizing arithmetic. `launch` is the runtime: the launcher, its fork server
-# and what runs in each rank. `models` holds the small blocks that every part builds on
+# `utilization` are the sizing arithmetic. `launch` starts ranks: the launcher, its fork server and
+# what runs in each rank. `models` holds the small blocks that every part builds on
 # (attention, the transformer block, the lessons' MLPs) with the two ways to reshape their
 # backward pass (split in two, recomputed): below the axes, since tensor and pipeline parallelism
 # use them. The one language model and its loss (`edulib.train.gpt`) sit above the axes, with the

@@ -13,10 +13,11 @@ ROOT = Path(__file__).resolve().parents[1] / "edulib"
 
 def definitions(root: Path) -> dict[str, list[str]]:
     """Where each public name is defined at the top of a module (functions, classes, assigned
-    names); a package's __init__, which only gathers names, is left out."""
+    names), a package's __init__ included (`launch`, `models` and `cli` are defined there); a name
+    a module imports is not a definition."""
     found = defaultdict(list)
     for path in sorted(root.rglob("*.py")):
-        if path.name in ("__init__.py", "__main__.py"):
+        if path.name == "__main__.py":
             continue
         for node in ast.parse(path.read_text(), str(path)).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -48,8 +49,12 @@ def test_a_twin_is_found(tmp_path):
     (tmp_path / "pp").mkdir()
     (tmp_path / "pp" / "schedule.py").write_text("Schedule = tuple\n_hidden = 2\n")
     (tmp_path / "pp" / "__init__.py").write_text("from pp.schedule import Schedule\n")  # gathers only
-    where = [f"{tmp_path.name}/comm/schedule.py", f"{tmp_path.name}/pp/schedule.py"]
-    assert twins(tmp_path) == {"Schedule": where}
+    (tmp_path / "launch").mkdir()
+    (tmp_path / "launch" / "__init__.py").write_text("def run():\n    pass\n")  # a package's own module
+    (tmp_path / "comm" / "calls.py").write_text("run = print\n")
+    name = tmp_path.name
+    assert twins(tmp_path) == {"Schedule": [f"{name}/comm/schedule.py", f"{name}/pp/schedule.py"],
+                               "run": [f"{name}/comm/calls.py", f"{name}/launch/__init__.py"]}
 
 
 LESSON_NUMBER = re.compile(r"\blessons? \d{1,2}\b", re.IGNORECASE)
@@ -83,3 +88,29 @@ def test_a_lesson_number_in_a_docstring_is_found(tmp_path):
     (tmp_path / "checks" / "lesson04_pipeline.py").write_text('"""Lesson 04\'s checks."""\n')
     assert lesson_numbers(tmp_path) == [f"{tmp_path.name}/widgets/x.py: lesson 10",
                                         f"{tmp_path.name}/widgets/x.py: lessons 4"]
+
+
+# Other words for an axis, which a module's name outside `lessons/` (named after the lectures'
+# words, `pipeline_parallelism`) replaces by the axis's one short name.
+AXIS_WORDS = {"data_parallel": "dp", "tensor_parallel": "tp", "pipeline": "pp", "context": "cp",
+              "expert": "ep", "moe": "ep"}
+
+
+def axis_misnomers(folders: list[Path]) -> list[str]:
+    """Every module in the folders whose name calls an axis by another word, with the word to use."""
+    return [f"{path.parent.name}/{path.name}: {AXIS_WORDS[word]}, not {word!r}"
+            for folder in folders for path in sorted(folder.glob("*.py"))
+            for word in AXIS_WORDS if word in path.stem]
+
+
+def test_figures_explorers_benchmarks_and_tests_call_each_axis_by_one_name():
+    folders = [ROOT / "viz", ROOT / "widgets", ROOT / "bench", ROOT.parent / "tests"]
+    assert axis_misnomers(folders) == []
+
+
+def test_another_name_for_an_axis_is_found(tmp_path):
+    (tmp_path / "pipeline.py").write_text("")
+    (tmp_path / "test_expert_parallel.py").write_text("")
+    (tmp_path / "pp.py").write_text("")
+    assert axis_misnomers([tmp_path]) == [f"{tmp_path.name}/pipeline.py: pp, not 'pipeline'",
+                                          f"{tmp_path.name}/test_expert_parallel.py: ep, not 'expert'"]

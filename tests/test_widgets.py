@@ -52,7 +52,7 @@ def test_the_memory_explorer_falls_back_to_gpt3_on_64_devices_and_its_bars_are_t
 
 def test_the_sequence_explorer_draws_the_closed_forms_for_tp_sp_and_context_parallelism():
     from edulib.cp import ring_attention_bytes
-    from edulib.viz.sequence import parallel_memory_rows
+    from edulib.viz.cp import parallel_memory_rows
 
     figure = sequence_explorer(static=True)
     assert "32,768 tokens, 96 heads" in figure.texts[0].get_text()

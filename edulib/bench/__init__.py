@@ -1,4 +1,7 @@
 """`edulib bench ...`: speed measured against a baseline in the same run (never asserted in tests).
+Its modules are named as the axes are everywhere in edulib (dp, tp, pp, cp, ep); a command names
+what it measures (`pipeline` is in pp.py, `attention` in cp.py, `moe` in ep.py, `memory` in
+zero.py, `plan` and `plan-scale` in planner.py).
 
 `launch`: how long the launcher takes to start ranks and to serve a call on a warm pool, against
 the usual way to start ranks, `torch.multiprocessing.spawn` with the same process-group set-up.
@@ -23,16 +26,16 @@ from typing import Any
 # (the CLI, the grader's stand-in for `fit_link`) does not import every other (FSDP2, pipelining).
 _HOMES = {
     "allreduce": ("AGREEMENT_FROM", "agreement", "bench_allreduce"),
-    "attention": ("bench_attention",),
     "compression": ("bench_compression",),
+    "cp": ("bench_attention",),
     "dp": ("bench_data_parallel",),
     "energy": ("bench_energy",),
+    "ep": ("bench_moe",),
     "grade": ("bench_grade",),
     "launch": ("bench_launch",),
-    "moe": ("bench_moe",),
     "pipedream": ("bench_pipedream",),
-    "pipeline": ("MEMORY_SCHEDULES", "bench_pipeline", "bench_split_backward", "measure_pipeline",
-                 "pipeline_link", "pipeline_memory", "write_traces"),
+    "pp": ("MEMORY_SCHEDULES", "bench_pipeline", "bench_split_backward", "measure_pipeline", "pipeline_link",
+           "pipeline_memory", "write_traces"),
     "planner": ("bench_executed_plan", "bench_planner", "bench_planner_scale"),
     "timing": ("fit_link", "fit_overhead", "median_slowest"),
     "tp": ("bench_tp",),

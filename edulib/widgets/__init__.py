@@ -10,7 +10,7 @@ from typing import Any
 _HOMES = {"Choice": "explorer", "Slider": "explorer", "explore": "explorer",
           "bandwidth_explorer": "dp", "bubble_explorer": "pp", "comm_cost_explorer": "comm",
           "footprint_explorer": "footprint", "frontier_explorer": "energy", "memory_explorer": "memory",
-          "plan_explorer": "planner", "sequence_explorer": "sequence", "serving_explorer": "serving",
+          "plan_explorer": "planner", "sequence_explorer": "cp", "serving_explorer": "serving",
           "traffic_explorer": "tp"}
 
 __all__ = sorted(_HOMES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edulib.viz.sequence import SCORES, parallel_memory_figure
+from edulib.viz.cp import SCORES, parallel_memory_figure
 from edulib.widgets.explorer import Choice, Slider, explore
 
 
