@@ -291,3 +291,17 @@ def test_the_default_start_forks_from_the_server_on_gloo():
     assert Pool(2, backend="gloo", start="spawn").start_method == "spawn"
     with pytest.raises(ValueError, match="forkserver"):
         Pool(2, backend="gloo", start="vfork")
+
+
+def test_a_failure_is_placed_at_the_callers_line_not_inside_edulib():
+    """Where a rank failed is the innermost line outside edulib, wherever in edulib's folders the
+    error was raised (here in `edulib.base`, a package beside the launcher's)."""
+    from edulib.base.arguments import check_choice
+    from edulib.launch.rank import failure
+
+    try:
+        check_choice("x", ("a", "b"), "kind")
+    except ValueError as error:
+        *_, location = failure(error)
+    assert location.startswith(
+        "test_a_failure_is_placed_at_the_callers_line_not_inside_edulib (test_launch.py, line "), location

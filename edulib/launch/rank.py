@@ -111,7 +111,7 @@ def where(frame: FrameType | None) -> tuple[str, str]:
     line). The user's line is the innermost in a file outside torch, edulib and Python's own library
     (a student's exercise, a script, a cell), else the innermost outside torch."""
     operation, location, inside_edulib = "", "", ""
-    package = os.path.dirname(os.path.abspath(__file__)).replace(os.sep, "/") + "/"
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
     library = sysconfig.get_paths()["stdlib"].replace(os.sep, "/") + "/"
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
