@@ -1,4 +1,5 @@
-"""The `edulib` command: `tour` checks every capability on real ranks; `run` runs one worker."""
+"""The `edulib` command: `tour` (its own module) checks every capability on real ranks; `run`
+runs one worker."""
 
 from __future__ import annotations
 

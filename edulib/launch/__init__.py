@@ -6,6 +6,7 @@ through a store that this process hosts on 127.0.0.1 (so no port can be taken be
 using it). A failure anywhere comes back as one `RankError` naming the rank, with that rank's
 traceback; a deadlock comes back as a `RankTimeout` naming the rank and the operation it was
 stuck in; an interrupt stops every rank. No rank outlives a call, a closed pool or this process.
+The package's other modules run in the children: `forkserver` and `rank` (what each rank runs).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Each is built on the host from seeded generators, then moved to torch's default device (a rank's
 own GPU under NCCL), so the same seed gives the same numbers on every machine and every device.
+Beside them, the two ways to reshape a block's backward pass: `split_backward` (B and W apart, for
+zero-bubble pipelines) and `recompute` (activations computed again instead of kept).
 """
 
 from __future__ import annotations
