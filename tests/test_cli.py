@@ -344,3 +344,26 @@ def test_the_tour_reports_a_planted_failure_under_python_dash_o():
     result = _edulib("-O", "-B", "-c", plant)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAILED: the frontier is 1.00e+00 J from exhaustive search" in result.stdout
+
+
+def test_each_bench_command_calls_benches_that_exist_and_every_bench_has_a_command(monkeypatch, capsys):
+    """`edulib bench WHAT` for every command of `BENCHES`, with a stand-in for `edulib.bench` that
+    records what is asked of it: a name it lacks fails, and a bench no command reaches is found."""
+    import edulib
+    from edulib import bench
+    from edulib.cli import BENCHES
+
+    asked: dict[str, list[str]] = {}
+
+    class Recorder:
+        def __getattr__(self, name: str):
+            assert name in bench.__all__, f"edulib.bench has no {name}"
+            return lambda *args, **kwargs: asked.setdefault(what, []).append(name) or f"<{name}>"
+
+    monkeypatch.setattr(edulib, "bench", Recorder())
+    for what in BENCHES:
+        assert main(["bench", what]) == 0
+        assert capsys.readouterr().out == "\n\n".join(f"<{name}>" for name in asked[what]) + "\n"
+    reached = {name for names in asked.values() for name in names}
+    inside = {"bench_executed_plan"}  # the plan command's bench runs it after its table
+    assert {name for name in bench.__all__ if name.startswith("bench_")} - reached == inside

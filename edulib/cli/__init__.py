@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edulib.base.progress import progress_bar
+from edulib.bench.measured import results_path
 from edulib.launch import BACKENDS, DEFAULT_TIMEOUT, RankError, resolve_backend, run
 
 RANKS_PER_CORE = 8  # beyond this many ranks per core, starting them alone takes minutes
@@ -128,49 +129,36 @@ def _tour_command(options: argparse.Namespace) -> int:
     return 0 if tour(options.world_size, options.backend) else 1
 
 
-def _bench_command(options: argparse.Namespace) -> int:
-    """`edulib bench WHAT` (launch, allreduce, attention, compression, dp, energy, grade, memory, moe,
-    pipedream, pipeline, plan, plan-scale, tp, train): against a baseline or the model; allreduce and
-    pipeline also save theirs for the explorers."""
-    from edulib import bench
-    from edulib.bench.measured import results_path
+# `edulib bench WHAT`: one record per command, the reports it prints from the parsed options and
+# `edulib.bench` (which imports a bench's module when it is first asked for).
+BENCHES: dict[str, Callable[[Any, argparse.Namespace], list[str]]] = {
+    "launch": lambda bench, o: [bench.bench_launch(o.world_size, o.repeats)],
+    "allreduce": lambda bench, o: [bench.bench_allreduce(tuple(o.world_sizes), o.max_mib * 2**20,
+                                                         backend=o.backend, save_to=results_path())],
+    "attention": lambda bench, o: [bench.bench_attention(tuple(o.world_sizes), backend=o.backend)],
+    "compression": lambda bench, o: [bench.bench_compression(o.world_size)],
+    "dp": lambda bench, o: [bench.bench_data_parallel(tuple(o.world_sizes), backend=o.backend)],
+    "energy": lambda bench, o: [bench.bench_energy()],
+    "grade": lambda bench, o: [bench.bench_grade(o.students)],
+    "memory": lambda bench, o: [bench.bench_memory(tuple(o.world_sizes), backend=o.backend)],
+    "moe": lambda bench, o: [bench.bench_moe(tuple(o.world_sizes), backend=o.backend)],
+    "pipedream": lambda bench, o: [bench.bench_pipedream(tuple(o.world_sizes))],
+    "pipeline": lambda bench, o: [bench.bench_split_backward(backend=o.backend),
+                                  bench.bench_pipeline(tuple(o.world_sizes), backend=o.backend,
+                                                       save_to=results_path(), trace=o.trace)],
+    "plan": lambda bench, o: [bench.bench_planner()],
+    "plan-scale": lambda bench, o: [bench.bench_planner_scale()],
+    "tp": lambda bench, o: [bench.bench_tp(backend=o.backend)],
+    "train": lambda bench, o: [bench.bench_train(backend=o.backend), bench.bench_resident(backend=o.backend)],
+}
 
-    if options.what == "launch":
-        print(bench.bench_launch(options.world_size, options.repeats))
-    elif options.what == "dp":
-        print(bench.bench_data_parallel(tuple(options.world_sizes), backend=options.backend))
-    elif options.what == "pipeline":
-        print(bench.bench_split_backward(backend=options.backend))
-        print()
-        print(bench.bench_pipeline(tuple(options.world_sizes), backend=options.backend,
-                                   save_to=results_path(), trace=options.trace))
-    elif options.what == "plan":
-        print(bench.bench_planner())
-    elif options.what == "plan-scale":
-        print(bench.bench_planner_scale())
-    elif options.what == "memory":
-        print(bench.bench_memory(tuple(options.world_sizes), backend=options.backend))
-    elif options.what == "attention":
-        print(bench.bench_attention(tuple(options.world_sizes), backend=options.backend))
-    elif options.what == "moe":
-        print(bench.bench_moe(tuple(options.world_sizes), backend=options.backend))
-    elif options.what == "grade":
-        print(bench.bench_grade(options.students))
-    elif options.what == "compression":
-        print(bench.bench_compression(options.world_size))
-    elif options.what == "energy":
-        print(bench.bench_energy())
-    elif options.what == "pipedream":
-        print(bench.bench_pipedream(tuple(options.world_sizes)))
-    elif options.what == "train":
-        print(bench.bench_train(backend=options.backend))
-        print()
-        print(bench.bench_resident(backend=options.backend))
-    elif options.what == "tp":
-        print(bench.bench_tp(backend=options.backend))
-    else:
-        print(bench.bench_allreduce(tuple(options.world_sizes), options.max_mib * 2**20,
-                                    backend=options.backend, save_to=results_path()))
+
+def _bench_command(options: argparse.Namespace) -> int:
+    """`edulib bench WHAT`: against a baseline or the model; allreduce and pipeline also save theirs
+    for the explorers."""
+    from edulib import bench
+
+    print("\n\n".join(BENCHES[options.what](bench, options)))
     return 0
 
 
@@ -371,9 +359,7 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 def _add_bench(commands: argparse._SubParsersAction) -> None:
     """`edulib bench WHAT`: speed against a baseline measured in the same run."""
     bench = commands.add_parser("bench", help="measure speed against a baseline in the same run")
-    bench.add_argument("what", choices=["launch", "allreduce", "attention", "compression", "dp", "energy",
-                                        "grade", "memory", "moe", "pipedream", "pipeline", "plan",
-                                        "plan-scale", "tp", "train"])
+    bench.add_argument("what", choices=list(BENCHES))
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
