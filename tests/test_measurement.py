@@ -94,6 +94,14 @@ def test_the_breakdown_of_spans_made_by_hand():
     assert breakdown(report) == {"compute": 2.0, "communication": 1.0, "idle": 1.0, "overlapped": 1.0}
 
 
+def test_communication_that_no_compute_hides_overlaps_by_exactly_zero():
+    """Spans of whole microseconds, communication between two computes: nothing is
+    hidden, and no part comes out below 0 (in float seconds it came out -4e-19)."""
+    compute, communication = [(332e-6, 2122e-6), (3981e-6, 4189e-6)], [(3156e-6, 3446e-6)]
+    parts = breakdown({"compute": compute, "communication": communication, "profiled": 5000e-6})
+    assert parts == {"compute": 1998e-6, "communication": 290e-6, "idle": 2712e-6, "overlapped": 0.0}
+
+
 def test_an_async_all_reduce_is_timed_both_ways(pools):
     pool = pools(2)
     per_rank = pool.run(time_async_allreduce, 1 << 12, 3)

@@ -206,15 +206,21 @@ def idle(report: dict) -> list[Span]:
     return [(start, end) for start, end in zip(edges[::2], edges[1::2], strict=True) if end > start]
 
 
+def _nanoseconds(spans: list[Span]) -> int:
+    """Whole nanoseconds (the profiler's resolution) covered by the spans: times that are equal
+    subtract to exactly 0, never to a float's -2e-19."""
+    return round(covered(spans) * 1e9)
+
+
 def breakdown(report: dict) -> dict[str, float]:
     """A profiled step's time cut into compute, communication that no compute hides (exposed),
     and idle (neither), which add up to the profiled step; and the communication hidden under
-    compute (overlapped)."""
-    compute = covered(report["compute"])
-    busy = covered(report["compute"] + report["communication"])
-    exposed = busy - compute
-    return {"compute": compute, "communication": exposed, "idle": covered(idle(report)),
-            "overlapped": covered(report["communication"]) - exposed}
+    compute (overlapped). Seconds, none below 0."""
+    compute = _nanoseconds(report["compute"])
+    exposed = _nanoseconds(report["compute"] + report["communication"]) - compute
+    idle_time = _nanoseconds(idle(report))
+    return {"compute": compute / 1e9, "communication": exposed / 1e9, "idle": idle_time / 1e9,
+            "overlapped": (_nanoseconds(report["communication"]) - exposed) / 1e9}
 
 
 def format_ranges() -> list[tuple[str, int, int, float, float, float]]:
