@@ -498,9 +498,8 @@ class Relay:
 
     def _handle(self, rank: int, header: dict, payload: bytes, began: float) -> None:
         """One rank's operation (its frame's first byte came at `began`): log it, then route, hold
-        or compute it. Once the case has flooded
-        the wire (`overflow`), nothing more is done for it: an operation that waits for a reply is
-        told so, and the case scores 0 whatever comes after."""
+        or compute it. Once the case has flooded the wire (`overflow`), nothing more is done for it:
+        an operation that waits for a reply is told so, and the case scores 0 whatever comes after."""
         op, members = header.get("op"), header.get("group")
         if self.overflow:
             if op != "send":
