@@ -718,10 +718,26 @@ def every_operation() -> dict:
     return found
 
 
+def futures() -> dict:
+    """On the relay: an all-reduce followed through its future, as a DDP communication hook does
+    (`async_op=True`, `get_future().then(...)`), and a send's and a receive's Work asked whether it
+    is done."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    work = dist.all_reduce(torch.full((3,), float(rank + 1)), async_op=True)
+    averaged = work.get_future().then(lambda future: future.value()[0] / n).wait()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    incoming = torch.empty(2)
+    sent, received = dist.isend(torch.full((2,), float(rank)), right), dist.irecv(incoming, left)
+    received.wait()
+    sent.wait()
+    return {"averaged": averaged.tolist(), "completed": [work.is_completed(), received.is_completed()],
+            "received": incoming.tolist(), "future": received.get_future().value()[0].tolist()}
+
+
 def timed_messages(sizes: list[int]) -> dict:
     """On 2 ranks of a slowed wire: the seconds of a round trip of each size (rank 0 sends, rank 1
     sends it back), of two messages sent back to back (the second, smaller, must not overtake the
-    first), and of an all-reduce of each size's bytes."""
+    first), of an all-reduce of each size's bytes, and of a window of 8 messages of the largest."""
     import time
 
     peer, found = 1 - dist.get_rank(), {"round_trip": [], "all_reduce": []}
@@ -748,6 +764,15 @@ def timed_messages(sizes: list[int]) -> dict:
         found["first"] = time.perf_counter() - start
         dist.recv(torch.zeros(1, dtype=torch.uint8), peer)
         found["second"] = time.perf_counter() - start
+    dist.barrier()
+    start, window = time.perf_counter(), [torch.zeros(max(sizes), dtype=torch.uint8) for _ in range(8)]
+    if dist.get_rank() == 0:  # osu_bw's window: messages back to back, which a wire carries one by one
+        for work in [dist.isend(buffer, peer) for buffer in window]:
+            work.wait()
+    else:
+        for work in [dist.irecv(buffer, peer) for buffer in window]:
+            work.wait()
+        found["window"] = time.perf_counter() - start
     return found
 
 

@@ -516,12 +516,19 @@ def test_a_planted_deadlock_scores_zero_naming_the_operation(tmp_path):
     assert "at ring_allreduce (lesson02_allreduce.py, line 6)" in visible.feedback  # the student's line
 
 
-@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Limits)])
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Limits) if f.name != "confined"])
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), True, "20"])
 def test_a_limit_no_tree_could_keep_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=rf"Limits\({field}=.*each limit is a number above 0"):
         Limits(**{field: value})
     assert getattr(Limits(**{field: 7}), field) == 7
+
+
+@pytest.mark.parametrize("value", [0, 1, "no", None])
+def test_confinement_is_on_or_off_and_nothing_else(value):
+    with pytest.raises(ValueError, match=r"Limits\(confined=.*confined is True or False"):
+        Limits(confined=value)
+    assert Limits().confined is True
 
 
 def test_an_exception_names_the_students_line_not_the_graders(tmp_path):

@@ -40,9 +40,12 @@ def _send(answers: TextIO, **message: object) -> None:
 def _solo(submission: Path, forbidden: list, answers: TextIO, calls: int, done: int) -> None:
     """In the solo process: import the submission, then run each call that arrives on `calls` and
     answer it, one byte on `done` after each; exit when `calls` closes."""
+    from edulib.grading import student
+    from edulib.grading.confine import isolate
     from edulib.grading.plain import decode
-    from edulib.grading.student import COLLECTORS
 
+    if student.CONFINED:
+        isolate()  # it reaches no rank, and nothing but its pipes, as a rank does
     try:
         module = importlib.import_module(submission.stem)
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
@@ -52,7 +55,8 @@ def _solo(submission: Path, forbidden: list, answers: TextIO, calls: int, done: 
     os.write(done, b"\n")
     for line in os.fdopen(calls, "r"):
         call = json.loads(line)
-        _reply(answers, call["call"], COLLECTORS[call["collect"]](module, decode(call["case"]), forbidden))
+        collect = student.COLLECTORS[call["collect"]]
+        _reply(answers, call["call"], collect(module, decode(call["case"]), forbidden))
         os.write(done, b"\n")
     os._exit(0)  # no atexit hook of the submission's runs after its answers are sent
 
@@ -99,9 +103,10 @@ def run_child() -> None:
     answers = os.fdopen(request["answer_fd"], "w", buffering=1)
     calls = os.fdopen(request["call_fd"], "r")
 
-    from edulib.grading import confine, forbid
+    from edulib.grading import confine, forbid, student
     from edulib.grading.student import ON_RANKS, WIRES, close_pools, collect_on_ranks, start_pools
 
+    student.CONFINED = request["confined"]
     WIRES.update({int(count): [tuple(ends) for ends in wires] for count, wires in request["wires"].items()})
     submission = Path(request["submission"])
     for module in request["warm"]:  # what every rank would import, imported once here (the grader's list)
@@ -109,7 +114,8 @@ def run_child() -> None:
     sys.path.insert(0, str(submission.parent))
     forbid.forbid(request["forbidden"])
     hidden = confine.hide(forbid.sources(request["forbidden"]))
-    _send(answers, stage="importing", hidden=hidden, isolated=confine.confinement_available())
+    isolated = student.CONFINED and confine.confinement_available()
+    _send(answers, stage="importing", hidden=hidden, isolated=isolated)
     solo, to_solo, from_solo = _fork_solo(submission, request["forbidden"], request["solo_fd"])
     os.close(request["solo_fd"])
     start_pools(request["rank_wait"])  # after the fork: the solo process holds no pool, no pipe to a rank

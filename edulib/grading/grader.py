@@ -81,10 +81,17 @@ class Limits:
     tree_memory: int = 4 * 2**30  # bytes of memory the whole tree may use (a cgroup, where one can be made)
     tree_tasks: int = 512  # processes and threads in the whole tree at once (likewise)
     rank_wait: float = RANK_TIMEOUT  # seconds a rank may wait in one operation before it is a deadlock
+    # seccomp and Landlock in every process that runs the submission (`confine.isolate`); off only to
+    # test the layers around them, as a kernel without either would leave them alone
+    confined: bool = True
 
     def __post_init__(self) -> None:
-        """Refuse a limit that no tree could keep: each is a number above 0."""
+        """Refuse a limit that no tree could keep: each is a number above 0 (`confined` a bool)."""
+        if type(self.confined) is not bool:
+            raise ValueError(f"Limits(confined={self.confined!r}): confined is True or False")
         for name, value in vars(self).items():
+            if name == "confined":
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"Limits({name}={value!r}): each limit is a number above 0")
 
@@ -178,8 +185,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     wire_fds = [fd for ends in relay.rank_ends for fd in ends]
     warm = sorted({module for check in CHECKS[exercise] for module in WARM.get(check.collect, ())})
     request = {"submission": str(inside / submission.name), "forbidden": FORBIDDEN[exercise], "warm": warm,
-               "rank_wait": limits.rank_wait, "answer_fd": answer_write, "solo_fd": solo_write,
-               "call_fd": call_read, "wires": wires}
+               "rank_wait": limits.rank_wait, "confined": limits.confined, "answer_fd": answer_write,
+               "solo_fd": solo_write, "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read,
               "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30, "memory": limits.memory,

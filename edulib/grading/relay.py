@@ -104,12 +104,14 @@ def frame(header: dict, payload: bytes = b"") -> bytes:
 
 
 class _Pending(dist._Work):
-    """An operation sent to the relay, completed when its reply arrives (copied into `outputs`)."""
+    """An operation sent to the relay, completed when its reply arrives (copied into `outputs`); as
+    torch's own Work, it can be waited on, asked whether it is done, or followed by its future."""
 
     def __init__(self, outputs: list[torch.Tensor], timeout: float) -> None:
         super().__init__()
         self.outputs, self.timeout = outputs, timeout
         self.done, self.error = threading.Event(), ""
+        self.future: torch.futures.Future = torch.futures.Future()
 
     def finish(self, header: dict, payload: bytes) -> None:
         try:
@@ -119,7 +121,18 @@ class _Pending(dist._Work):
                 target.copy_(value.reshape(target.shape))
         except (WireError, ValueError, RuntimeError) as error:
             self.error = str(error)
+        self.settle()
+
+    def settle(self) -> None:
+        """Done: waiters wake, and the future holds the outputs (as gloo's does) or the error."""
         self.done.set()
+        if self.error:
+            self.future.set_exception(WireError(self.error))
+        else:
+            self.future.set_result(self.outputs)
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
 
     def wait(self, timeout: Any = None) -> bool:
         if not self.done.wait(self.timeout):
@@ -171,7 +184,7 @@ class _Wire:
             while view:
                 view = view[os.write(self.write_fd, view):]
         if not reply:
-            pending.done.set()
+            pending.settle()
         return pending
 
 
@@ -282,18 +295,21 @@ def ask(query: dict) -> float:
     return answer.item()
 
 
-def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int) -> None:
-    """In a graded rank: give up every other way to reach a process (`confine.isolate_rank`), then
-    join the default group through the relay on these two pipes (no store on the network, no backend
-    of its own)."""
-    from edulib.grading.confine import isolate_rank
+def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int,
+         confined: bool = True) -> Callable[[], bool] | None:
+    """In a graded rank: give up every other way to reach a process (`confine.isolate`, unless not
+    `confined`), then join the default group through the relay on these two pipes (no store on the
+    network, no backend of its own); what the rank calls once its own threads run (no more threads)."""
+    from edulib.grading.confine import isolate, seal_threads
     from edulib.launch.rank import device
 
-    isolate_rank()
+    if confined:
+        isolate()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)
     if "relay" not in dist.Backend.backend_list:
         dist.Backend.register_backend("relay", _create, extended_api=True, devices=[device().type])
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
+    return seal_threads if confined else None
 
 
 # -- the relay's side -----------------------------------------------------------------------------
@@ -339,6 +355,7 @@ class Relay:
         self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
         self.later: list[tuple[float, int, int, bytes]] = []  # held replies: (when, order, slot, frame)
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
+        self.free: dict[int, float] = {}  # rank -> when its link has sent all it was given
 
     def close_rank_ends(self) -> None:
         """Close the ends that the ranks' tree inherited (once it has started)."""
@@ -360,7 +377,8 @@ class Relay:
         `link` (alpha seconds, beta seconds per byte), every message of n bytes reaches its receiver
         alpha + beta * n after it was sent (in order, on each pair of ranks), and every collective
         answers alpha + beta * n after its last member asked, n being the most bytes a member sends
-        or receives: a wire only the grader knows, for a student to measure."""
+        or receives; each rank's link carries one message at a time, so what it sends back to back
+        queues (`_after`): a wire only the grader knows, for a student to measure."""
         self.drain()
         self._reset()
         self.oracle, self.link = oracle, link
@@ -479,14 +497,18 @@ class Relay:
             self.slots[index].outgoing += data
         self.flush()
 
-    def _after(self, nbytes: int, began: float) -> float:
-        """When something of `nbytes` whose first byte came at `began` is through the link (0: no
-        link, at once). The link's time runs from the first byte, as a wire's does: the time the
-        bytes took through the pipe (longer on a busy machine) is part of it, not added to it."""
+    def _after(self, nbytes: int, began: float, senders: tuple[int, ...]) -> float:
+        """When something of `nbytes` that `senders` put on their links (its first byte came at
+        `began`) is through (0: no link, at once). As on a wire, each sender's link carries one message
+        at a time: its bytes leave once the message before them has left, beta * n later, and arrive
+        alpha after that. The link's time runs from the first byte: the time the bytes took through the
+        pipe (longer on a busy machine) is part of it, not added to it."""
         if self.link is None:
             return 0.0
         alpha, beta = self.link
-        return began + alpha + beta * nbytes
+        leaves = max([began, *(self.free.get(sender, 0.0) for sender in senders)]) + beta * nbytes
+        self.free.update(dict.fromkeys(senders, leaves))
+        return leaves + alpha
 
     def _refuse(self, index: int, problem: str) -> None:
         self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
@@ -558,7 +580,7 @@ class Relay:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
-        arrives = max(self._after(len(payload), began), self.arrive.get((rank, peer), 0.0))
+        arrives = max(self._after(len(payload), began, (rank,)), self.arrive.get((rank, peer), 0.0))
         self.arrive[(rank, peer)] = arrives
         mail = (next(self.arrivals), inputs, len(payload), arrives)
         self.mail.setdefault((rank, peer), deque()).append(mail)
@@ -623,7 +645,7 @@ class Relay:
         for member, (_, sent, received) in zip(members, results, strict=True):
             parts[member][2].update(sent=sent, received=received)
         at = self._after(max(max(sent, received) for _, sent, received in results),
-                         max(part[3] for part in parts.values()))
+                         max(part[3] for part in parts.values()), members)
         for member, (outputs, _, _) in zip(members, results, strict=True):
             self._reply(member, parts[member][0], outputs, at=at)
 

@@ -11,6 +11,7 @@ with `solo` and `ranked`, beside its checks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import threading
 from collections.abc import Callable, Generator, Iterator
@@ -26,6 +27,7 @@ RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts
 CHUNKS_PER_RANK = 64  # a schedule with more chunks per rank is refused before anything is allocated
 _pools: dict[int, Pool] = {}  # one pool per rank count, shared by the checks of one exercise
 WIRES: dict[int, list[tuple[int, int]]] = {}  # each rank count's wires to the grader's relay, rank by rank
+CONFINED = True  # whether the submission's processes are confined (`confine.isolate`): the grader's word
 
 
 def outcome(call: Callable[[], Any]) -> dict:
@@ -132,7 +134,8 @@ def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:
     """The pool of `ranks` ranks, which reach each other only through the grader's relay; a rank
     that waits `wait` seconds in one operation is a deadlock."""
     if ranks not in _pools:
-        _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=relay.join, wires=WIRES[ranks])
+        join = functools.partial(relay.join, confined=CONFINED)
+        _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=join, wires=WIRES[ranks])
     return _pools[ranks]
 
 

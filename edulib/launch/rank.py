@@ -175,16 +175,19 @@ def serve(argv: list[str]) -> None:
     sys.stdout, sys.stderr = _Forward("stdout", send), _Forward("stderr", send)
     sys.stdin = open(os.devnull)
     tasks: queue.Queue = queue.Queue()
-    threading.Thread(target=_control, daemon=True,
-                     args=(commands, tasks, send,
-                           threading.main_thread().ident)).start()
+    control = threading.Thread(target=_control, daemon=True,
+                               args=(commands, tasks, send, threading.main_thread().ident))
     try:
         import torch.distributed as dist
 
-        if isinstance(port, tuple):  # the pool's own way to join: a function and this rank's wires
-            join, wire = port
-            join(int(rank), int(world_size), float(timeout), *wire)
+        if isinstance(port, tuple):  # the pool's own way to join: a function and this rank's wires,
+            join, wire = port  # called while this rank has one thread (a join may confine it)
+            then = join(int(rank), int(world_size), float(timeout), *wire)
+            control.start()
+            if callable(then):  # what the join does once the rank's own threads run
+                then()
         else:
+            control.start()
             store = dist.TCPStore("127.0.0.1", int(port), is_master=False,
                                   timeout=datetime.timedelta(seconds=START_TIMEOUT))
             # Wait until every rank has imported torch, so a short timeout only ever times communication.
