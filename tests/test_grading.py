@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -728,3 +729,39 @@ def test_grading_needs_neither_matplotlib_nor_ipywidgets():
         if argument == "child":
             assert "heavy before lesson04_pipeline []" in done.stdout, done.stdout
     assert "solutions: 14/8 points" in done.stdout, done.stdout  # the stash on ranks is 6 of extra credit
+
+
+def test_a_python_reached_through_a_link_in_a_hidden_folder_grades_as_any_other(tmp_path):
+    """An instructor whose Python was reached through a link in /tmp (which the sandbox hides) got
+    every student 0, "could not start", and exit 0: the sandbox now starts the real path."""
+    link = Path(tempfile.mkdtemp(prefix="edulib-link-")) / "environment"
+    try:
+        link.symlink_to(Path(sys.prefix).resolve())
+        (tmp_path / "alice").mkdir()
+        shutil.copy(ROOT / "solutions" / "lesson02_allreduce.py", tmp_path / "alice")
+        code = ("import json, sys; from edulib.grading import grade; "
+                "rows = grade(sys.argv[1], progress=False, seed=1); "
+                "print(json.dumps([(r.points, r.max_points, r.feedback) for r in rows "
+                "if r.exercise == 'lesson02_allreduce' and r.max_points]))")
+        done = subprocess.run([str(link / "bin" / "python"), "-c", code, str(tmp_path)], capture_output=True,
+                              text=True, timeout=600, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = json.loads(done.stdout.splitlines()[-1])
+        assert rows and all(points == most for points, most, _ in rows), rows
+    finally:
+        shutil.rmtree(link.parent)
+
+
+def test_a_sandbox_that_cannot_start_python_stops_the_run_naming_why(tmp_path, monkeypatch):
+    """Never a silent 0 for the class: the run refuses to start, and `edulib grade` exits non-zero."""
+    from edulib.grading import sandbox
+
+    sandbox.starts_python.cache_clear()
+    monkeypatch.setattr(sandbox, "interpreter", lambda: "/nowhere/python")
+    try:
+        (tmp_path / "alice").mkdir()
+        shutil.copy(ROOT / "solutions" / "lesson02_allreduce.py", tmp_path / "alice")
+        with pytest.raises(sandbox.SandboxMissing, match=r"cannot start this Python \(/nowhere/python\)"):
+            grade(tmp_path, progress=False)
+    finally:
+        sandbox.starts_python.cache_clear()

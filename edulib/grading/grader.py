@@ -172,7 +172,7 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
     solo_read, solo_write = os.pipe()  # the solo process's answers (calls in it) and its import
     status_read, status_write = os.pipe()
     call_read, call_write = os.pipe()
-    child = [sys.executable, "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I ignores PYTHON* variables
+    child = [bubblewrap.interpreter(), "-I", "-u", "-B", "-m", "edulib.grading.child"]  # -I: no PYTHON*
     if jail.etc is not None:
         argv, inside = bubblewrap.wrap(child, submission.parent, jail.etc), Path(bubblewrap.SUBMISSION)
         cwd, env = "/", {}
@@ -678,6 +678,10 @@ def _refuse(sandbox: bool) -> None:
             "grading runs each student in bubblewrap, which is not installed or cannot make namespaces "
             f"here. Install it ({bubblewrap.INSTALL}), or grade without containment with --no-sandbox "
             "(sandbox=False): student code can then read anything this user can, the solutions included")
+    if sandbox and (why := bubblewrap.starts_python()):
+        raise bubblewrap.SandboxMissing(
+            f"the sandbox cannot start this Python ({bubblewrap.interpreter()}) with edulib: {why}. Grade "
+            "with a Python installed outside /tmp and the folders the sandbox hides, or with --no-sandbox")
     if not sandbox:
         bubblewrap.refuse_root()
 

@@ -88,6 +88,28 @@ def sandbox_available() -> bool:
 
 
 @functools.cache
+def interpreter() -> str:
+    """This Python as a path the sandbox has: its folders' links resolved (the sandbox binds real
+    paths, and a link may lie in a folder it hides, /tmp say), its file's name kept where that folder
+    is bound (a virtual environment's python is a link, and its folder says which environment runs)."""
+    kept = Path(sys.executable).parent.resolve() / Path(sys.executable).name
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}  # all bound
+    bound = any(prefix in kept.parents for prefix in prefixes)
+    return str(kept) if bound and kept.exists() else str(Path(sys.executable).resolve())
+
+
+@functools.cache
+def starts_python() -> str:
+    """Why the sandbox cannot start this Python with edulib ("" where it can)."""
+    with tempfile.TemporaryDirectory(prefix="edulib-probe-") as folder:
+        os.chmod(folder, 0o755)
+        argv = wrap([interpreter(), "-I", "-B", "-c", "import edulib.grading.child"], Path(folder),
+                    write_etc(Path(folder) / "etc"))
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    return "" if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["no word why"])[-1]
+
+
+@functools.cache
 def isolated_path() -> list[str]:
     """The folders that `python -I`, as the submission's process runs, imports from: not this
     process's script folder nor PYTHONPATH, where a grading script beside the solutions puts them."""
@@ -202,12 +224,10 @@ def unprivileged_sandbox() -> bool:
     as a user of its own (so that user's process count can be capped)."""
     if os.getuid() != 0 or shutil.which("setpriv") is None:
         return False
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="edulib-probe-") as folder:
         os.chmod(folder, 0o755)
         etc = write_etc(Path(folder) / "etc")
-        argv = wrap([sys.executable, "-I", "-B", "-c", "import edulib.grading.child"], Path(folder), etc)
+        argv = wrap([interpreter(), "-I", "-B", "-c", "import edulib.grading.child"], Path(folder), etc)
         probe = subprocess.run(as_user(own_user(), argv), capture_output=True, timeout=60, cwd="/")
     return probe.returncode == 0
 
@@ -228,7 +248,7 @@ def drops_privileges() -> bool:
     if os.getuid() != 0 or shutil.which("setpriv") is None:
         return False
     probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            sys.executable, "-I", "-B", "-c", "import edulib.grading.child"],
+                            interpreter(), "-I", "-B", "-c", "import edulib.grading.child"],
                            capture_output=True, timeout=60, cwd="/")
     return probe.returncode == 0
 
@@ -239,7 +259,7 @@ def refuse_root() -> None:
     if os.getuid() != 0 or drops_privileges():
         return
     why = ("util-linux's setpriv is missing" if shutil.which("setpriv") is None else
-           f"the unprivileged user {NOBODY} cannot start {sys.executable} with edulib (a folder above "
+           f"the unprivileged user {NOBODY} cannot start {interpreter()} with edulib (a folder above "
            "it, or above the checkout, is private: mode 0700, as `mktemp -d` makes)")
     raise CannotDropRoot(
         f"grading without the sandbox as root would run every student as root: {why}. Grade in the "
@@ -261,7 +281,7 @@ def _private_environment(snapshot: Path) -> dict[str, str]:
     """What the private script reads: the snapshot to keep in sight, who owns the scratch folder,
     which Python brings up the loopback."""
     owner = f"{NOBODY}:{NOBODY}" if drops_privileges() else ""
-    return {"EDULIB_SNAPSHOT": str(snapshot), "EDULIB_OWNER": owner, "EDULIB_PYTHON": sys.executable}
+    return {"EDULIB_SNAPSHOT": str(snapshot), "EDULIB_OWNER": owner, "EDULIB_PYTHON": interpreter()}
 
 
 @functools.cache
@@ -272,7 +292,7 @@ def private_scratch() -> bool:
     scratch = "/tmp/edulib-probe-scratch"
     check = f"import os; assert os.getcwd() == {scratch!r}; os.listdir({SUBMISSION_PRIVATE!r})"
     env = {**environment(scratch), **_private_environment(Path("/"))}
-    probe = subprocess.run([*_unshare(True), sys.executable, "-I", "-c", check], capture_output=True, env=env,
+    probe = subprocess.run([*_unshare(True), interpreter(), "-I", "-c", check], capture_output=True, env=env,
                            timeout=60, cwd="/")
     return probe.returncode == 0
 
