@@ -246,3 +246,60 @@ def test_a_check_whose_collector_was_never_entered_is_refused_by_name():
     with pytest.raises(ValueError, match="collect with \\['nowhere'\\]"):
         exercise("lesson98_unfinished", [Check("x", 1, 0, "nowhere", list, print, "-", "-")], [])
     assert "lesson98_unfinished" not in CHECKS
+
+
+def _pipeline_wire(case, tamper=None) -> dict:
+    """The relay's log of a correct 1F1B run of a pipeline case, its values from the unsplit model
+    (each boundary's activation kept, its gradient taken with retain_grad), one send changed by
+    `tamper` (rank, index of its send, values -> values) if given."""
+    from edulib.models import cut_into_stages, mlp
+
+    inputs = case.inputs
+    ranks, microbatches = inputs["ranks"], len(inputs["inputs"])
+    stages = cut_into_stages(mlp(inputs["width"], inputs["depth"], inputs["seed"]), ranks)
+    out, back = {}, {}
+    for mb, (x, target) in enumerate(zip(inputs["inputs"], inputs["targets"], strict=True)):
+        activation = x.clone().requires_grad_()
+        edges = []
+        for stage in stages:
+            activation = stage(activation)
+            activation.retain_grad()
+            edges.append(activation)
+        (torch.nn.functional.mse_loss(activation, target) / microbatches).backward()
+        for rank, edge in enumerate(edges):
+            out[rank, mb], back[rank + 1, mb] = edge.detach(), edge.grad
+    events = []
+    for rank in range(ranks):
+        sends = 0
+        for action in inputs["actions"][rank].split():
+            mb, forward = int(action[1:]), action[0] == "F"
+            source, target = (rank - 1, rank + 1) if forward else (rank + 1, rank - 1)
+            if 0 <= source < ranks:
+                events.append({"rank": rank, "op": "recv", "peer": source, "elements": x.numel()})
+            if 0 <= target < ranks:
+                values = (out[rank, mb] if forward else back[rank, mb]).tolist()
+                if tamper is not None and tamper[:2] == (rank, sends):
+                    values = tamper[2](values)
+                events.append({"rank": rank, "op": "send", "peer": target, "elements": x.numel(),
+                               "bytes": 4 * x.numel(), "values": [values]})
+                sends += 1
+    return {"events": events, "problems": [], "overflow": ""}
+
+
+def test_the_pipeline_watch_judges_every_boundary_value_against_the_unsplit_model():
+    """Red team 5 sent zeros in the schedule's order and scored 7/7: the watch saw kinds, peers and
+    sizes, never values. A run whose values are the unsplit model's passes; one wrong message fails,
+    named."""
+    from edulib.grading.checks import lesson04_pipeline
+    from edulib.grading.checks.base import Wrong
+
+    case = lesson04_pipeline._pipeline_cases(random.Random(3))[1]  # 3 stages, 4 micro-batches
+    lesson04_pipeline._pipeline_watch(case, _pipeline_wire(case))
+    zero = lambda values: torch.zeros(torch.tensor(values).shape).tolist()  # noqa: E731
+    for rank, send, kind in [(1, 0, "activation sent to rank 2"), (1, 2, "gradient sent to rank 0"),
+                             (2, 1, "gradient sent to rank 1")]:
+        with pytest.raises(Wrong, match=f"rank {rank}'s {kind}"):
+            lesson04_pipeline._pipeline_watch(case, _pipeline_wire(case, (rank, send, zero)))
+    nudged = lambda values: (torch.tensor(values) * 1.001 + 1e-3).tolist()  # noqa: E731
+    with pytest.raises(Wrong, match="rank 0's activation"):
+        lesson04_pipeline._pipeline_watch(case, _pipeline_wire(case, (0, 0, nudged)))

@@ -91,6 +91,8 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
         return found
     _resident.append([resident(pid) for pid in pool.pids])
     _peaks.append(peaks)
+    if worker in _FINISHES:
+        answers = [_FINISHES[worker](case, answer) if answer is not None else None for answer in answers]
     return {"answer": answers, "resident": list(_resident), "peaks": list(_peaks)}
 
 
@@ -191,6 +193,8 @@ def mine(values: list, rank: int) -> dict[int, Any]:
 COLLECTORS: dict[str, Callable[..., dict]] = {}
 RANK_WORKERS: dict[str, Callable[[ModuleType, dict], Any]] = {}
 _SPLITS: dict[str, Callable[[dict, int], dict]] = {}  # what each rank of a case is given: its own part
+# what the dispatcher makes of a rank's answer with what the rank is not given (sampled positions, say)
+_FINISHES: dict[str, Callable[[dict, Any], Any]] = {}
 ON_RANKS: set[str] = set()
 WARM: dict[str, tuple[str, ...]] = {}  # what each worker's ranks would all import: imported before the fork
 
@@ -212,19 +216,23 @@ def solo(key: str, call: Callable[[ModuleType, dict], Any]) -> str:
 
 
 def ranked(key: str, worker: Callable[[ModuleType, dict], Any],
-           split: Callable[[dict, int], dict] | None = None, warm: tuple[str, ...] = ()) -> str:
+           split: Callable[[dict, int], dict] | None = None, warm: tuple[str, ...] = (),
+           finish: Callable[[dict, Any], Any] | None = None) -> str:
     """Enter the collector `key` that runs `worker(submission, part)` on real ranks on one case, each
     rank given `split(case, rank)`, only its own inputs (the whole case without one); a worker that
     is a generator answers in phases. The ranks import the submission by its name; the process that
     dispatches to them never does. `warm` names modules the worker's ranks would each import (a
     first optimizer imports torch._dynamo: 1.4 s of CPU): the dispatcher imports them before it
-    forks the ranks."""
+    forks the ranks. `finish(case, answer)`, in the dispatcher, makes each rank's encoded answer
+    what the grader is sent, with what of the case no rank is given (and student code cannot reach)."""
     def collect(module: str, case: dict, forbidden: list, phase: int = 0) -> dict:
         return on_ranks(module, key, case, forbidden, phase)
     _enter(key, collect)
     RANK_WORKERS[key] = worker
     if split is not None:
         _SPLITS[key] = split
+    if finish is not None:
+        _FINISHES[key] = finish
     WARM[key] = warm
     ON_RANKS.add(key)
     return key

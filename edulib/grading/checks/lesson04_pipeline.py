@@ -76,10 +76,38 @@ def _pipeline_cases(rng: random.Random) -> list[Case]:
         rows = [" ".join(action.short(1) for action in row)
                 for row in build_schedule("1f1b", stages, microbatches).actions]
         return Case({"ranks": stages, "width": width, "depth": depth, "batch": batch,
-                     "seed": rng.randrange(1000), "inputs": inputs, "targets": targets, "actions": rows},
+                     "seed": rng.randrange(2**62), "inputs": inputs, "targets": targets, "actions": rows},
                     f"1F1B on {stages} stages, {microbatches} micro-batches of {batch} x {width}", hidden)
     return [case(2, 4, False), case(3, 4, False), case(4, rng.randint(5, 7), True), case(3, 2, True),
             case(2, 1, True)]
+
+
+def _stages(inputs: dict) -> list[torch.nn.Module]:
+    """The case's model cut into its stages (only the grader and the dispatcher know its seed)."""
+    from edulib.models import cut_into_stages, mlp
+
+    return cut_into_stages(mlp(inputs["width"], inputs["depth"], inputs["seed"]), inputs["ranks"])
+
+
+def _boundaries(inputs: dict) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """What the unsplit model passes across each stage boundary: per stage, each micro-batch's output
+    (sent on) and the gradient of the loss with respect to its input (sent back), the loss summed
+    over micro-batches, each one's mean squared error divided by their count."""
+    stages, microbatches = _stages(inputs), len(inputs["inputs"])
+    outputs: list[list[torch.Tensor]] = [[] for _ in stages]
+    grads: list[list[torch.Tensor]] = [[] for _ in stages]
+    for x, target in zip(inputs["inputs"], inputs["targets"], strict=True):
+        entering, leaving = [x.clone().requires_grad_()], []
+        for stage in stages:
+            leaving.append(stage(entering[-1]))
+            entering.append(leaving[-1].detach().requires_grad_())
+        (torch.nn.functional.mse_loss(leaving[-1], target) / microbatches).backward()
+        for index in range(len(stages) - 2, -1, -1):  # each stage's backward from the next one's input
+            leaving[index].backward(entering[index + 1].grad)
+        for index, out in enumerate(leaving):
+            outputs[index].append(out.detach())
+            grads[index].append(entering[index].grad)
+    return outputs, grads
 
 
 def _pipeline_judge(case: Case, answer: Any) -> None:
@@ -123,14 +151,41 @@ def _pipeline_watch(case: Case, wire: dict, answer: Any = None) -> None:
                             f"{inputs['actions'][rank]!r} needs [kind, peer, elements] = {keep} "
                             f"(of {len(want)})",
                             f"rank {rank}'s messages are not in the schedule's order")
+    _boundary_values(inputs, wire)
+
+
+def _boundary_values(inputs: dict, wire: dict) -> None:
+    """Every value sent across a stage boundary, against the unsplit model's: the output of each
+    forward (sent on), the gradient of each backward's input (sent back), in the row's order (a rank
+    that computed the gradients alone and sent zeros, or anything else, is told which message)."""
+    outputs, grads = _boundaries(inputs)
+    shape = (inputs["batch"], inputs["width"])
+    for rank in range(inputs["ranks"]):
+        sends = [e for e in rank_events(wire, rank) if e["op"] == "send"]
+        wanted = [(outputs if action[0] == "F" else grads)[rank][int(action[1:])]
+                  for action in inputs["actions"][rank].split()
+                  if 0 <= rank + (1 if action[0] == "F" else -1) < inputs["ranks"]]
+        for event, want in zip(sends, wanted, strict=True):
+            values = event.get("values")
+            if values is None or len(values) != 1:
+                raise Wrong(f"rank {rank} sent a message the grader could not read",
+                            "a message the grader could not read")
+            kind = "activation" if event["peer"] > rank else "gradient"
+            check_tensor(torch.tensor(values[0]).reshape(shape), want,
+                         f"rank {rank}'s {kind} sent to rank {event['peer']}")
 
 
 def _pipeline(student: ModuleType, case: dict) -> list:
-    """The student's run_pipeline on this rank's stage: its gradients (the relay sees its messages)."""
+    """The student's run_pipeline on this rank's stage, built from its weights alone (this rank
+    knows neither the other stages' weights nor the seed that made them): its gradients (the relay
+    sees its messages)."""
     from edulib.models import cut_into_stages, mlp
 
     ranks, rank = dist.get_world_size(), dist.get_rank()
-    stage = cut_into_stages(mlp(case["width"], case["depth"], case["seed"]), ranks)[rank]
+    stage = cut_into_stages(mlp(case["width"], case["depth"], 0), ranks)[rank]
+    with torch.no_grad():
+        for parameter, weight in zip(stage.parameters(), case["weights"], strict=True):
+            parameter.copy_(weight)
     microbatches = len(case["inputs"])
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -142,7 +197,14 @@ def _pipeline(student: ModuleType, case: dict) -> list:
 
 solo("one_f_one_b", lambda s, c: s.one_f_one_b(c["p"], c["m"]))
 solo("bubble_fraction", lambda s, c: s.bubble_fraction(c["p"], c["m"], c["v"]))
-ranked("pipeline", _pipeline, lambda case, rank: {**case, "actions": mine(case["actions"], rank)})
+def _pipeline_part(case: dict, rank: int) -> dict:
+    """What rank `rank` is given: its row and its stage's weights, never the seed of the others'."""
+    weights = [parameter.detach() for parameter in _stages(case)[rank].parameters()]
+    return {**{key: value for key, value in case.items() if key != "seed"},
+            "actions": mine(case["actions"], rank), "weights": weights}
+
+
+ranked("pipeline", _pipeline, _pipeline_part)
 
 
 exercise("lesson04_pipeline", [
@@ -152,7 +214,7 @@ exercise("lesson04_pipeline", [
         Check("bubble fraction", 1, 1, "bubble_fraction", _bubble_cases, _bubble_judge,
               "matches the simulator", "other sizes, interleaved or not"),
         Check("pipeline executor", 4, 3, "pipeline", _pipeline_cases, _pipeline_judge,
-              "gradients equal to the unsplit model's, messages in the schedule's order",
+              "gradients and every message's values equal to the unsplit model's, in the schedule's order",
               "4 stages, fewer micro-batches than stages, one micro-batch", wire=True,
               watch=_pipeline_watch)],
          [

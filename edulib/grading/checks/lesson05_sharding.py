@@ -25,6 +25,7 @@ from edulib.grading.checks.base import (
     same_plain,
     seeded_tensors,
 )
+from edulib.grading.plain import NotPlain, decode, encode
 from edulib.grading.student import mine, ranked, solo
 
 
@@ -100,8 +101,9 @@ def _adamw_cases(rng: random.Random) -> list[Case]:
 
     def weighed(ranks: int, hidden: bool) -> Case:
         sample = sorted(rng.sample(range(WEIGHED), SAMPLED))
-        return Case({"ranks": ranks, "length": WEIGHED, "steps": 3, "seed": rng.randrange(2**31),
-                     "weight_decay": rng.choice((0.0, 0.1)), "sample": sample},
+        seeds = [[rng.randrange(2**62) for _ in range(ranks)] for _ in range(3)]
+        return Case({"ranks": ranks, "length": WEIGHED, "seed": rng.randrange(2**62),
+                     "gradient_seeds": seeds, "weight_decay": rng.choice((0.0, 0.1)), "sample": sample},
                     f"3 steps, length {WEIGHED:,} on {ranks} ranks, each rank's memory weighed", hidden)
     return [case(3, 10, False), case(2, 7, False), weighed(4, False), case(3, 2, True),
             case(4, rng.randint(5, 13), True), case(4, 1, True), weighed(3, True)]
@@ -242,17 +244,18 @@ def _shard_collectives(student: ModuleType, case: dict) -> torch.Tensor:
 
 def adamw_inputs(case: dict, rank: int | None = None) -> tuple[torch.Tensor, list]:
     """A ZeRO AdamW case's bf16 parameters and its gradients, step by step: as the case carries them,
-    or, for a case sized to be weighed ("seed"), drawn from its seed (rank `rank`'s only, or every
-    rank's), so that megabytes never travel as JSON."""
+    or, for a case sized to be weighed ("seed"), drawn from its seeds (rank `rank`'s only, or every
+    rank's; a rank is given its own gradients' seeds alone), so that megabytes never travel as JSON."""
     if "seed" not in case:
         return case["parameters"], case["gradients"]
     generator = torch.Generator().manual_seed(case["seed"])
     parameters = torch.randn(case["length"], generator=generator).bfloat16()
     gradients = []
-    for step in range(case["steps"]):
+    for seeds in case["gradient_seeds"]:
         drawn = []
-        for other in range(case["ranks"]):
-            generator.manual_seed(case["seed"] + 1 + step * case["ranks"] + other)
+        for other, seed in enumerate(seeds):
+            if rank in (None, other):
+                generator.manual_seed(seed)
             drawn.append(torch.randn(case["length"], generator=generator).bfloat16()
                          if rank in (None, other) else None)
         gradients.append(drawn)
@@ -273,8 +276,7 @@ def _sharded_adamw(student: ModuleType, case: dict) -> Generator[None, None, dic
     yield
     weights += [optimizer.step(step[rank].clone()) for step in gradients[1:]]
     dtypes = [str(getattr(w, "dtype", type(w).__name__)).removeprefix("torch.") for w in weights]
-    if "sample" in case:
-        weights = [w[case["sample"]] if isinstance(w, torch.Tensor) else w for w in weights]
+    if "seed" in case:  # weighed: the dispatcher keeps the sampled positions (`_sampled`)
         return {"weights": weights, "dtypes": dtypes, "state": {}}
     state = {name: getattr(optimizer, name, None) for name in ("master", "exp_avg", "exp_avg_sq")}
     return {"weights": weights, "dtypes": dtypes,
@@ -302,8 +304,29 @@ solo("shard_bounds", lambda s, c: s.shard_bounds(c["length"], c["ranks"]))
 ranked("shard_collectives", _shard_collectives, lambda case, rank: {
     "ranks": case["ranks"], "length": case["full"].numel(), "function": case["function"],
     "full": case["fulls"][rank], "shard": case["shards"][rank]})
-ranked("sharded_adamw", _sharded_adamw, lambda case, rank: case if "seed" in case else {
-    **case, "gradients": [mine(step, rank) for step in case["gradients"]]})
+def _adamw_part(case: dict, rank: int) -> dict:
+    """What rank `rank` is given: its own gradients (or their seeds), never the sampled positions."""
+    if "seed" not in case:
+        return {**case, "gradients": [mine(step, rank) for step in case["gradients"]]}
+    return {**{key: value for key, value in case.items() if key != "sample"},
+            "gradient_seeds": [[seed if other == rank else None for other, seed in enumerate(seeds)]
+                               for seeds in case["gradient_seeds"]]}
+
+
+def _sampled(case: dict, answer: Any) -> Any:
+    """In the dispatcher: a weighed case's weights at its sampled positions only (as the judge reads
+    them); an answer of another form as it came."""
+    if "sample" not in case or type(answer) is not dict or type(answer.get("weights")) is not list:
+        return answer
+    try:
+        weights = [decode(w) for w in answer["weights"]]
+    except NotPlain:
+        return answer
+    return {**answer, "weights": [encode(w[case["sample"]]) if isinstance(w, torch.Tensor) and w.dim() == 1
+                                  and w.numel() == case["length"] else encode(w) for w in weights]}
+
+
+ranked("sharded_adamw", _sharded_adamw, _adamw_part, finish=_sampled)
 ranked("zero3_unit", _zero3_unit, lambda case, rank: {
     "ranks": case["ranks"], "weight": case["weight"], "bias": case["bias"], "x": case["xs"][rank],
     "grad_y": case["grad_ys"][rank]})

@@ -79,7 +79,7 @@ def _stash_cases(rng: random.Random) -> list[Case]:
         plan = version_plan(async_1f1b(ranks, total), policy, every)
         width = WEIGHED_WIDTH if weighed else 8
         return Case({"ranks": ranks, "policy": policy, "every": every, "steps": steps, "lr": 0.05,
-                     "width": width, "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(1000),
+                     "width": width, "depth": 2 * ranks, "rows": 2 * every, "seed": rng.randrange(2**62),
                      "weighed": weighed, "plans": [[plan[stage, mb] for mb in range(total)]
                                                    for stage in range(ranks)]},
                     f"{policy} on {ranks} ranks, {total} micro-batches, an update every {every}"

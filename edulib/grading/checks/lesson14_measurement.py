@@ -32,7 +32,7 @@ def _cases(rng: random.Random) -> list[Case]:
         generator = torch.Generator().manual_seed(rng.randrange(2**31))
         shape = (_STEPS, ranks, micro_batches, batch, width)
         return Case({"ranks": ranks, "micro_batches": micro_batches, "width": width, "depth": depth,
-                     "seed": rng.randrange(1000), "lr": rng.choice((0.05, 0.1, 0.2)), "phases": _PHASES,
+                     "seed": rng.randrange(2**62), "lr": rng.choice((0.05, 0.1, 0.2)), "phases": _PHASES,
                      "inputs": torch.randn(shape, generator=generator),
                      "targets": torch.randn(shape, generator=generator)},
                     f"{ranks} ranks, {micro_batches} micro-batches of {batch}", hidden)
