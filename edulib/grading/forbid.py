@@ -17,6 +17,7 @@ stand-ins alone: every answer is judged against the grader's own reference and w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import sys
@@ -83,10 +84,36 @@ def forbid(names: Iterable[tuple[str, str]]) -> None:
         space = getattr(module, "__dict__", None)
         if not isinstance(space, dict) or not str(module.__name__).startswith(("edulib", "torch")):
             continue
-        for key, value in list(space.items()):
-            if id(value) in stubs:
-                space[key] = stubs[id(value)][1]
+        _replace(space, stubs, set())
     sys.meta_path.insert(0, _NoReload(modules))
+
+
+def _replace(holder: object, stubs: dict[int, tuple[object, Callable]], seen: set[int]) -> None:
+    """Put the stand-in in place of each original that `holder` holds: a module's names, and inside
+    the registries it holds (dicts, lists, and the records they keep: a dataclass's fields, frozen or
+    not), so `ALGORITHMS["halving_doubling"]` or a schedule record's builder is no way around."""
+    if id(holder) in seen:
+        return
+    seen.add(id(holder))
+    if isinstance(holder, dict):
+        for key, value in list(holder.items()):
+            if id(value) in stubs:
+                holder[key] = stubs[id(value)][1]
+            else:
+                _replace(value, stubs, seen)
+    elif isinstance(holder, list):
+        for index, value in enumerate(holder):
+            if id(value) in stubs:
+                holder[index] = stubs[id(value)][1]
+            else:
+                _replace(value, stubs, seen)
+    elif dataclasses.is_dataclass(holder) and not isinstance(holder, type):
+        for item in dataclasses.fields(holder):
+            value = getattr(holder, item.name, None)
+            if id(value) in stubs:
+                object.__setattr__(holder, item.name, stubs[id(value)][1])
+            else:
+                _replace(value, stubs, seen)
 
 
 def sources(names: Iterable[tuple[str, str]]) -> set[Path]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from types import ModuleType
 from typing import Any
 
@@ -191,6 +192,29 @@ def _torus_run_judge(case: Case, answer: Any) -> None:
         check_tensor(got, total, f"rank {rank}'s tensor after running your schedule", atol=0)
 
 
+def _torus_run_watch(case: Case, wire: dict, answer: Any = None) -> None:
+    """What the relay saw of the run: every message between torus neighbours, and each rank's along
+    its row, then its column, then its row again (the reduce-scatters, then the all-gathers), as
+    the torus's schedule runs; a ring over all the ranks, or any other schedule that sums, does not."""
+    rows, cols = case.inputs["rows"], case.inputs["cols"]
+    for rank in range(rows * cols):
+        ways = []
+        for event in (e for e in rank_events(wire, rank) if e["op"] == "send"):
+            (r1, c1), (r2, c2) = divmod(rank, cols), divmod(event["peer"], cols)
+            if r1 == r2 and (c2 - c1) % cols in (1, cols - 1):
+                ways.append("r")
+            elif c1 == c2 and (r2 - r1) % rows in (1, rows - 1):
+                ways.append("c")
+            else:
+                raise Wrong(f"rank {rank} sent to rank {event['peer']}, not its neighbour on the "
+                            f"{rows} x {cols} torus", "a message between ranks that are not torus neighbours")
+        if not re.fullmatch("r*c*r*", "".join(ways)):
+            runs = [("row" if way == "r" else "column") for way, _ in itertools.groupby(ways)]
+            raise Wrong(f"rank {rank} sent along its {' then its '.join(runs)}; the torus runs rings along "
+                        "the rows, then the columns, then the rows",
+                        "not the torus's rings, rows then columns")
+
+
 def _ring(student: ModuleType, case: dict) -> torch.Tensor:
     """The student's ring_allreduce on this rank's input (the relay sees what it sends)."""
     tensor = case["inputs"][dist.get_rank()].clone()
@@ -241,8 +265,8 @@ exercise("lesson02_allreduce", [
               "simulated sums, neighbours only, the torus's rounds and bytes",
               "other torus shapes, rows or columns of 1", optional=True),
         Check("2D torus on real ranks (optional)", 2, 1, "torus_run", _torus_run_cases, _torus_run_judge,
-              "edulib's runtime gives every rank the sum", "6 ranks, other lengths", optional=True,
-              wire=True)],
+              "edulib's runtime gives every rank the sum over the torus's rings", "6 ranks, other lengths",
+              optional=True, wire=True, watch=_torus_run_watch)],
          [
         *((f"torch.distributed.{name}", "the ring all-reduce") for name in _COLLECTIVES),
         *((f"edulib.comm.collectives.{name}", "the ring all-reduce")
