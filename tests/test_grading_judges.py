@@ -303,3 +303,28 @@ def test_the_pipeline_watch_judges_every_boundary_value_against_the_unsplit_mode
     nudged = lambda values: (torch.tensor(values) * 1.001 + 1e-3).tolist()  # noqa: E731
     with pytest.raises(Wrong, match="rank 0's activation"):
         lesson04_pipeline._pipeline_watch(case, _pipeline_wire(case, (0, 0, nudged)))
+
+
+def test_a_flood_of_partial_sums_after_a_ring_is_refused_by_its_bytes_before_any_sum_is_walked(monkeypatch):
+    """Red team 5: a correct ring followed by 19,900 unreceived messages, each a valid partial sum,
+    made the ring's watch try every message against every subset of ranks (16-18 s of the grader's
+    CPU, holding the judges' lock). The bytes are checked first now: no message is walked."""
+    from edulib.grading.checks import lesson02_allreduce
+    from edulib.grading.checks.base import Wrong
+
+    case = lesson02_allreduce._ring_cases(random.Random(5))[0]  # 3 ranks, length 9
+    inputs, walked = case.inputs["inputs"], []
+    partial = lesson02_allreduce._partial_sum
+    monkeypatch.setattr(lesson02_allreduce, "_partial_sum", lambda *args: walked.append(1) or partial(*args))
+    events = []
+    for rank in range(3):  # a ring's messages: chunks of 3, each rank sends 4 of them
+        events += [{"rank": rank, "op": "send", "peer": (rank + 1) % 3, "elements": 3, "bytes": 12,
+                    "values": [inputs[rank][:3].tolist()]} for _ in range(4)]
+        events += [{"rank": rank, "op": "recv", "peer": (rank - 1) % 3, "elements": 3, "bytes": 12}] * 4
+    flood = [{"rank": 0, "op": "send", "peer": 1, "elements": 3, "bytes": 12,
+              "values": [inputs[0][:3].tolist()]}] * 19_900
+    with pytest.raises(Wrong, match="bytes"):
+        lesson02_allreduce._ring_watch(case, {"events": events + flood, "problems": [], "overflow": ""})
+    assert walked == []
+    lesson02_allreduce._ring_watch(case, {"events": events, "problems": [], "overflow": ""})
+    assert len(walked) == 12  # the ring's own messages, each walked once

@@ -95,20 +95,18 @@ def _ring_watch(case: Case, wire: dict, answer: Any = None) -> None:
     assignment of chunks to ranks (`_ring_sends`)."""
     ranks, length = case.inputs["ranks"], len(case.inputs["inputs"][0])
     step = ring_direction(wire, ranks, "the chunks' partial sums")
-    sent = []
-    for rank in range(ranks):
-        events = rank_events(wire, rank)
-        for event in events:
-            if event["op"] == "send" and not _partial_sum(event, rank, case.inputs["inputs"]):
-                raise Wrong(f"rank {rank} sent {event['values']}, which is no sum of its own and other "
-                            "ranks' inputs over a run of elements: a ring passes partial sums of chunks",
-                            "sent values that are not partial sums of the ranks' chunks")
-        sent.append(bytes_moved(events, "sent"))
-    if ranks > 1 and not _ring_sends(sent, length, step):
+    sent = [bytes_moved(rank_events(wire, rank), "sent") for rank in range(ranks)]
+    if ranks > 1 and not _ring_sends(sent, length, step):  # first: it bounds the messages walked below
         bounds = chunk_bounds(length, ranks)
         raise Wrong(f"the ranks sent {sent} bytes; in a ring each sends every chunk but one in each phase "
                     f"(chunks of {[bounds[c + 1] - bounds[c] for c in range(ranks)]} floats, in some order)",
                     "the ranks did not send a ring's bytes")
+    for rank in range(ranks):
+        for event in rank_events(wire, rank):
+            if event["op"] == "send" and not _partial_sum(event, rank, case.inputs["inputs"]):
+                raise Wrong(f"rank {rank} sent {event['values']}, which is no sum of its own and other "
+                            "ranks' inputs over a run of elements: a ring passes partial sums of chunks",
+                            "sent values that are not partial sums of the ranks' chunks")
 
 
 def _halving_cases(rng: random.Random) -> list[Case]:
