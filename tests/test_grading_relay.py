@@ -110,3 +110,30 @@ def test_mismatched_collectives_and_reductions_are_refused_by_name():
         assert "different shapes" in str(error)
     else:
         raise AssertionError("an all-reduce of tensors of different shapes was accepted")
+
+
+def _all_reduce_frames(relay: Relay, values: list[torch.Tensor]) -> None:
+    """Each rank's part of one all-reduce, written on its wire and read by the relay."""
+    for slot, tensor in enumerate(values):
+        meta = [["float32", list(tensor.shape)]]
+        os.write(relay.rank_ends[slot][1], frame({"op": "all_reduce", "group": [0, 1], "meta": meta,
+                                                  "out": meta, "id": slot}, tensor.numpy().tobytes()))
+        relay.readable(slot)
+
+
+def test_a_collectives_parts_are_logged_with_their_values_while_the_case_keeps_values():
+    """A judge reads what a collective carried (ZeRO-3's gathers must bring the real weights, not
+    zeros of their size); past the case's budget of values a collective is still served, logged
+    without them, and the case goes on (small messages past it are a flood, collectives are not)."""
+    from edulib.grading import relay as wire
+
+    relay = Relay(2)
+    relay.begin([0, 1])
+    _all_reduce_frames(relay, [torch.arange(3.0), torch.ones(3)])
+    events = relay.log()["events"]
+    assert [e["values"] for e in events] == [[[0.0, 1.0, 2.0]], [[1.0, 1.0, 1.0]]]
+    relay.values = wire.MAX_VALUES - 8  # the case's budget all but spent
+    _all_reduce_frames(relay, [torch.arange(3.0), torch.ones(3)])
+    log = relay.log()
+    assert [e["values"] for e in log["events"][2:]] == [None, None] and not log["overflow"]
+    relay.close()

@@ -300,7 +300,7 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
     """In a graded rank: give up every other way to reach a process (`confine.isolate`, unless not
     `confined`), then join the default group through the relay on these two pipes (no store on the
     network, no backend of its own); what the rank calls once its own threads run (no more threads)."""
-    from edulib.grading.confine import isolate, seal_threads
+    from edulib.grading.confine import isolate
     from edulib.launch.rank import device
 
     if confined:
@@ -309,7 +309,22 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
     if "relay" not in dist.Backend.backend_list:
         dist.Backend.register_backend("relay", _create, extended_api=True, devices=[device().type])
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
-    return seal_threads if confined else None
+    if not confined:
+        return None
+    torch.set_num_threads(1)  # torch's pool would start threads, which a sealed rank cannot
+    return _seal
+
+
+def _seal() -> None:
+    """In a confined rank whose own threads run: no thread more (`confine.seal_threads`), and torch's
+    thread counts stay at one, told where they are asked for."""
+    from edulib.grading.confine import seal_threads
+
+    def one_thread(count: int) -> None:
+        if count != 1:
+            raise RuntimeError(f"a graded rank computes on one thread; set_num_threads({count}) is refused")
+    torch.set_num_threads = torch.set_num_interop_threads = one_thread
+    seal_threads()
 
 
 # -- the relay's side -----------------------------------------------------------------------------
@@ -569,13 +584,8 @@ class Relay:
         peer = header["peer"]
         if type(peer) is not int or peer == rank or peer not in self.ranks.values():
             raise WireError(f"a send to rank {peer!r}")
-        small = len(payload) <= KEPT_VALUES
-        if small and self.values + len(payload) > MAX_VALUES:
-            self.overflow = self.overflow or f"more than {MAX_VALUES >> 20} MiB of small messages in one case"
-        kept = small and not self.overflow
-        self.values += len(payload) if kept else 0
         self._event(rank, "send", peer=peer, elements=sum(t.numel() for t in inputs), bytes=len(payload),
-                    values=[t.tolist() for t in inputs] if kept else None)
+                    values=self._values(inputs, len(payload)))
         if self.held + len(payload) > MAX_HELD:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
@@ -585,6 +595,20 @@ class Relay:
         mail = (next(self.arrivals), inputs, len(payload), arrives)
         self.mail.setdefault((rank, peer), deque()).append(mail)
         self._match(peer)
+
+    def _values(self, inputs: list[torch.Tensor], nbytes: int, message: bool = True) -> list | None:
+        """The values a message or a member's part of a collective carries, to log: a small one's
+        (KEPT_VALUES bytes at most), while the case has logged less than MAX_VALUES; None otherwise.
+        Small messages past that flood the wire (the case stops); collectives only stop being logged."""
+        small = nbytes <= KEPT_VALUES
+        if small and self.values + nbytes > MAX_VALUES:
+            if not message:
+                return None
+            self.overflow = self.overflow or f"more than {MAX_VALUES >> 20} MiB of small messages in one case"
+        if not small or self.overflow:
+            return None
+        self.values += nbytes
+        return [t.tolist() for t in inputs]
 
     def _post_receive(self, rank: int, header: dict, outs: list) -> None:
         peer = header["peer"]
@@ -626,7 +650,9 @@ class Relay:
         turn = self.counts.get((members, rank), 0)
         self.counts[(members, rank)] = turn + 1
         event = self._event(rank, header["op"], group=list(members), elements=sum(t.numel() for t in inputs),
-                            sent=0, received=0)
+                            sent=0, received=0,
+                            values=self._values(inputs, sum(t.numel() * t.element_size() for t in inputs),
+                                                message=False))
         parts = self.collectives.setdefault((members, turn), {})
         parts[rank] = (header, inputs, event, began)
         if len(parts) < len(members):

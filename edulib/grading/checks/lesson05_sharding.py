@@ -233,6 +233,39 @@ def _zero3_watch(case: Case, wire: dict, answer: Any = None) -> None:
                         f"takes {least} to {most} (an all-gather and a reduce-scatter of shards of at most "
                         f"{largest} floats)",
                         "not ZeRO-3's traffic in the backward: gather again, then reduce-scatter")
+    flat = torch.cat([inputs["weight"].reshape(-1), inputs["bias"]]).float()
+    for phase, name in enumerate(("forward", "backward")):
+        for rank in range(ranks):
+            arrived = _arrived(wire, rank, phase)
+            lacking = [value for index, value in enumerate(flat.tolist())
+                       if not bounds[rank] <= index < bounds[rank + 1]]
+            if not set(lacking) <= arrived:
+                raise Wrong(f"rank {rank}'s {name} received none of the other ranks' weights it lacks "
+                            f"(the {len(lacking)} values of their shards)" if not set(lacking) & arrived else
+                            f"rank {rank}'s {name} received only some of the weights it lacks",
+                            f"the {name} did not gather the real weights")
+
+
+def _arrived(wire: dict, rank: int, phase: int) -> set[float]:
+    """Every value that reached `rank` in one phase: what other ranks sent it, and the other members'
+    parts of each collective it joined (an all-gather brings them whole), as far as the relay kept
+    them (a case's messages are small enough for all of them)."""
+    found: set[float] = set()
+    mine = phase_events(wire, rank)[phase]
+    groups = [event for event in mine if event["op"] not in ("send", "recv", "ask")]
+    for other in (r for r in {e["rank"] for e in wire["events"]} if r != rank):
+        theirs = phase_events(wire, other)[phase]
+        carried = [e for e in theirs if e["op"] == "send" and e.get("peer") == rank]
+        carried += [e for e in theirs if e["op"] not in ("send", "recv", "ask")
+                    and any(rank in g.get("group", []) and g.get("group") == e.get("group") for g in groups)]
+        for event in carried:
+            found.update(_flat(event.get("values") or []))
+    return found
+
+
+def _flat(values: Any) -> list[float]:
+    """The numbers of a logged message's values (tensors as nested lists)."""
+    return [number for item in values for number in _flat(item)] if type(values) is list else [values]
 
 
 def _shard_collectives(student: ModuleType, case: dict) -> torch.Tensor:
