@@ -12,7 +12,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   torus's rounds and bytes. Visible cases: a 2 x 2 torus; a 2 x 4 torus. Hidden cases: other torus
   shapes, rows or columns of 1.
 - 2D torus on real ranks (optional), 2 + 1 points of extra credit: edulib's runtime gives every rank
-  the sum. Visible cases: a 2 x 2 torus, length 10. Hidden cases: 6 ranks, other lengths.
+  the sum over the torus's rings. Visible cases: a 2 x 2 torus, length 10. Hidden cases: 6 ranks,
+  other lengths.
 """
 
 from __future__ import annotations

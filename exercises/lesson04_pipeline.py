@@ -7,9 +7,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   than stages.
 - bubble fraction, 1 + 1 points: matches the simulator. Visible cases: bubble_fraction(3, 6, 1);
   bubble_fraction(5, 10, 2). Hidden cases: other sizes, interleaved or not.
-- pipeline executor, 4 + 3 points: gradients equal to the unsplit model's, messages in the
-  schedule's order. Visible cases: 1F1B on 2 stages, 4 micro-batches of 1 x 6; 1F1B on 3 stages, 4
-  micro-batches of 1 x 3. Hidden cases: 4 stages, fewer micro-batches than stages, one micro-batch.
+- pipeline executor, 4 + 3 points: gradients and every message's values equal to the unsplit
+  model's, in the schedule's order. Visible cases: 1F1B on 2 stages, 4 micro-batches of 1 x 6; 1F1B
+  on 3 stages, 4 micro-batches of 2 x 2. Hidden cases: 4 stages, fewer micro-batches than stages,
+  one micro-batch.
 """
 
 from __future__ import annotations
