@@ -166,8 +166,10 @@ def test_the_ring_judge_refuses_messages_that_are_no_partial_sums():
     assert _partial_sum(send(1, (inputs[1][2:5] + inputs[2][2:5]).tolist()), 1, inputs)  # and another's
     assert not _partial_sum(send(1, inputs[2][2:5].tolist()), 1, inputs)  # without its own part
     assert not _partial_sum(send(0, [0.5, 0.5, 0.5]), 0, inputs)
+    assert case.inputs["ranks"] == 3 and len(inputs[0]) == 9  # a ring sends 4 chunks of 3 from each rank
+    for_show = [send(rank, [0.5, 0.5, 0.5]) for rank in range(3) for _ in range(4)]
     with pytest.raises(Wrong, match="which is no sum of its own and other ranks' inputs"):
-        _ring_watch(case, {"events": [send(0, [0.5, 0.5, 0.5])], "problems": []})
+        _ring_watch(case, {"events": for_show, "problems": []})
 
 
 THROWAWAY = '''

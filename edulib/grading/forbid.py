@@ -75,7 +75,7 @@ class _NoReload:
 
 def forbid(names: Iterable[tuple[str, str]]) -> None:
     """Put each (dotted name, what the exercise implements) out of reach in this process."""
-    stubs, modules = {}, set()
+    stubs, modules, seen = {}, set(), set()
     for dotted, what in names:
         module, original = _resolve(dotted)
         stubs[id(original)] = (original, _stub(dotted, what))  # the original kept, so ids stay unique
@@ -84,7 +84,11 @@ def forbid(names: Iterable[tuple[str, str]]) -> None:
         space = getattr(module, "__dict__", None)
         if not isinstance(space, dict) or not str(module.__name__).startswith(("edulib", "torch")):
             continue
-        _replace(space, stubs, set())
+        for key, value in list(space.items()):
+            if id(value) in stubs:
+                space[key] = stubs[id(value)][1]
+            elif str(module.__name__).startswith("edulib"):  # edulib's registries (torch holds none)
+                _replace(value, stubs, seen)
     sys.meta_path.insert(0, _NoReload(modules))
 
 
@@ -92,22 +96,23 @@ def _replace(holder: object, stubs: dict[int, tuple[object, Callable]], seen: se
     """Put the stand-in in place of each original that `holder` holds: a module's names, and inside
     the registries it holds (dicts, lists, and the records they keep: a dataclass's fields, frozen or
     not), so `ALGORITHMS["halving_doubling"]` or a schedule record's builder is no way around."""
-    if id(holder) in seen:
+    kind = type(holder)
+    if kind not in (dict, list) and not hasattr(kind, "__dataclass_fields__") or id(holder) in seen:
         return
     seen.add(id(holder))
-    if isinstance(holder, dict):
+    if kind is dict:
         for key, value in list(holder.items()):
             if id(value) in stubs:
                 holder[key] = stubs[id(value)][1]
             else:
                 _replace(value, stubs, seen)
-    elif isinstance(holder, list):
+    elif kind is list:
         for index, value in enumerate(holder):
             if id(value) in stubs:
                 holder[index] = stubs[id(value)][1]
             else:
                 _replace(value, stubs, seen)
-    elif dataclasses.is_dataclass(holder) and not isinstance(holder, type):
+    else:
         for item in dataclasses.fields(holder):
             value = getattr(holder, item.name, None)
             if id(value) in stubs:
