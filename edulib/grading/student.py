@@ -125,11 +125,13 @@ def _watching(pids: list[int], every: float = 0.001) -> Iterator[list[int]]:
 
 
 def resident(pid: int) -> int:
-    """The bytes of anonymous memory a process holds now, as the kernel counts them (RssAnon: its
-    data, not the pages of code and libraries it has run); read by the dispatcher, which runs no
-    student code, never by the process itself."""
+    """The bytes of memory a process holds now that could hold its data, as the kernel counts them:
+    anonymous pages and shared ones (RssAnon + RssShmem: state in an `mmap(-1, n)` counts), not the
+    pages of code and libraries it has run (a confined rank writes no file a mapping could keep data
+    in); read by the dispatcher, which runs no student code, never by the process itself."""
     with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+        return sum(int(line.split()[1]) * 1024 for line in status
+                   if line.startswith(("RssAnon:", "RssShmem:")))
 
 
 def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:
