@@ -124,12 +124,13 @@ class _Pending(dist._Work):
         self.settle()
 
     def settle(self) -> None:
-        """Done: waiters wake, and the future holds the outputs (as gloo's does) or the error."""
-        self.done.set()
+        """Done: the future holds the outputs (as gloo's does) or the error, then waiters wake (a
+        waiter may read the future at once: CI saw one read it before it was set)."""
         if self.error:
             self.future.set_exception(WireError(self.error))
         else:
             self.future.set_result(self.outputs)
+        self.done.set()
 
     def get_future(self) -> torch.futures.Future:
         return self.future
