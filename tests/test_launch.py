@@ -285,6 +285,21 @@ def _live() -> set[int]:
     return found
 
 
+def test_a_forked_pools_ranks_copy_the_launcher_as_it_was_when_the_pool_was_made():
+    """start="fork": every rank, one started again after a failure too, is a copy of the launcher
+    from when the pool was made, so it holds nothing the launcher came to hold later (the grader's
+    case, found through the garbage collector); a pool made after it does hold it."""
+    early = Pool(2, backend="gloo", start="fork")
+    secret = {"judges-sample-6d1f": [3, 1, 4]}  # noqa: F841 - held in this frame while the ranks start
+    with early:
+        assert early.run(ranks.holds, "judges-sample-6d1f") == [False, False]
+        with pytest.raises(RankError):
+            early.run(ranks.raise_on, 1)
+        assert early.run(ranks.holds, "judges-sample-6d1f") == [False, False]  # restarted ranks
+    with Pool(2, backend="gloo", start="fork") as late:
+        assert late.run(ranks.holds, "judges-sample-6d1f") == [True, True]
+
+
 def test_the_default_start_forks_from_the_server_on_gloo():
     """Ranks on gloo come from the fork server unless spawn is asked for; an unknown start is refused."""
     assert Pool(2, backend="gloo").start_method == "forkserver"

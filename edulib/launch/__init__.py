@@ -99,7 +99,7 @@ class _Rank:
     """The launcher's handle on one rank process and its two pipes."""
 
     rank: int
-    process: subprocess.Popen | _Forked | forkserver.Served
+    process: subprocess.Popen | forkserver.Served
     commands: Connection
     results: Connection
     raw: bytearray = field(default_factory=bytearray)
@@ -150,12 +150,15 @@ class Pool:
 
     Use it as a context manager; `run(fn, *args, **kwargs)` runs `fn(*args, **kwargs)` on every
     rank and returns the list of return values. After any failure the ranks are stopped, and the
-    next call starts fresh ones.
+    next call starts fresh ones. With start="fork", every rank is forked by `server` (by default a
+    copy of this process made with the pool: `forkserver.zygote`), so that it holds nothing this
+    process came to hold after that.
     """
 
     def __init__(self, world_size: int, backend: str = "auto",
                  timeout: float = DEFAULT_TIMEOUT, start: str = "auto", join: Callable | None = None,
-                 wires: list[tuple[int, int]] | None = None) -> None:
+                 wires: list[tuple[int, int]] | None = None,
+                 server: forkserver.ForkServer | None = None) -> None:
         self.world_size = check_world_size(world_size)
         self.start_method = check_choice(start, START_METHODS, "start")
         odd = wires is not None and (start != "fork" or len(wires) != world_size)
@@ -171,6 +174,9 @@ class Pool:
             self.start_method = "spawn" if self.backend == "nccl" else "forkserver"
         self._ranks: list[_Rank] = []
         self._store: Any = None
+        if self.start_method == "fork":  # every rank, a restarted one too, copies this process as it is now
+            self._zygote = server or forkserver.zygote(tuple(fd for wire in wires or () for fd in wire))
+            self._own_zygote = server is None
         _open_pools.add(self)
 
     def __enter__(self) -> Pool:
@@ -181,6 +187,8 @@ class Pool:
 
     def __del__(self) -> None:
         self.close()
+        if getattr(self, "_own_zygote", False):
+            self._zygote.close()
 
     @property
     def pids(self) -> list[int]:
@@ -265,8 +273,7 @@ class Pool:
                 str(self.timeout), str(command_read), str(result_write)]
         try:
             if self.start_method == "fork":
-                wire = tuple(self.wires[rank]) if self.wires else ()
-                process = _fork(argv[3:], keep=(command_read, result_write, *wire))
+                process = self._zygote.fork(argv[3:-2], (command_read, result_write), dict(os.environ))
             elif self.start_method == "forkserver":
                 process = forkserver.fork(argv[3:-2], (command_read, result_write), _rank_environment(self))
             else:
@@ -402,40 +409,6 @@ class Pool:
                 for line in _tail(handle.raw).splitlines():
                     print(f"[rank {handle.rank}] {line}", file=sys.stderr)
                 handle.raw = bytearray()
-
-
-class _Forked:
-    """A rank forked from this process, with the part of Popen's interface that a Pool uses."""
-
-    def __init__(self, pid: int, stdout: Any) -> None:
-        self.pid, self.stdout, self.returncode = pid, stdout, None
-
-    def wait(self) -> int:
-        """Reap the rank (once) and return its exit code."""
-        if self.returncode is None:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-        return self.returncode
-
-
-def _fork(argv: list[str], keep: tuple[int, ...]) -> _Forked:
-    """Start a rank by forking this process, which has imported torch already: it starts in
-    milliseconds rather than seconds. Only for a process that has run no parallel torch work yet
-    and whose code the ranks need anyway (the grader's check process)."""
-    output_read, output_write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the rank
-        try:
-            os.setsid()
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(output_write, 1)
-            os.dup2(output_write, 2)
-            forkserver.close_all_but({0, 1, 2, *keep})
-            from edulib.launch.rank import serve
-            serve(argv)
-        finally:
-            os._exit(1)
-    os.close(output_write)
-    return _Forked(pid, os.fdopen(output_read, "rb"))
 
 
 def _tail(raw: bytes, lines: int = 40) -> str:

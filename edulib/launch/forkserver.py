@@ -48,29 +48,62 @@ class Served:
         return self.returncode
 
 
-class _Client:
-    """This process's connection to its fork server."""
+class _Copy:
+    """A copy of this process made by `zygote`, with the part of Popen's interface a client uses."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        """Its exit code once it has ended (reaped then), else None."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        """Reap it (once) and return its exit code."""
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+class ForkServer:
+    """This process's connection to a fork server: a fresh interpreter, or a copy of this process
+    (`zygote`), whose ranks also inherit the descriptors `inherited`."""
+
+    def __init__(self, inherited: tuple[int, ...] | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.socket = ours
-        self.process = subprocess.Popen([sys.executable, "-c", _SERVE, str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, start_new_session=True,
-                                        env={**os.environ, "PYTHONPATH": os.pathsep.join(_path())})
+        self.socket, self.inherited = ours, inherited or ()
+        if inherited is None:
+            self.process: subprocess.Popen | _Copy = subprocess.Popen(
+                [sys.executable, "-c", _SERVE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(_path())})
+        else:
+            copy = os.fork()
+            if copy == 0:
+                try:
+                    ours.close()
+                    close_all_but({0, 1, 2, theirs.fileno(), *inherited})
+                    serve_forks(theirs.fileno())
+                finally:
+                    os._exit(0)
+            self.process = _Copy(copy)
         theirs.close()
 
     def fork(self, argv: list[str], keep: tuple[int, int], environment: dict[str, str]) -> Served:
         """Have the server fork a rank that runs `edulib.launch.rank.serve(argv + keep)` with the two
-        pipe ends `keep` and this process's modules, path and folder."""
+        pipe ends `keep`, the inherited descriptors and this process's modules, path and folder."""
         output_read, output_write = os.pipe()
         status_read, status_write = os.pipe()
         modules = sorted(name for name in sys.modules
                          if name.startswith("edulib.") and not name.startswith(_SKIPPED))
         request = pickle.dumps({"argv": argv, "environment": environment, "path": _path(),
-                                "folder": os.getcwd(), "modules": modules})
+                                "folder": os.getcwd(), "modules": modules, "inherited": self.inherited})
         try:
             with self.lock:
                 socket.send_fds(self.socket, [request], [*keep, output_write, status_write])
@@ -90,7 +123,14 @@ class _Client:
         self.process.wait()
 
 
-_client: _Client | None = None
+_client: ForkServer | None = None
+
+
+def zygote(inherited: tuple[int, ...]) -> ForkServer:
+    """A fork server that is a copy of this process as it is now, torch and all: a rank it forks
+    later starts in milliseconds and holds nothing this process came to hold after this call (no
+    frame or object of it, found through the garbage collector), with the descriptors `inherited`."""
+    return ForkServer(tuple(inherited))
 
 
 def close_all_but(keep: set[int]) -> None:
@@ -107,7 +147,7 @@ def fork(argv: list[str], keep: tuple[int, int], environment: dict[str, str]) ->
     """Fork a rank from this process's fork server, starting the server first if need be."""
     global _client
     if _client is None or _client.pid != os.getpid() or _client.process.poll() is not None:
-        _client = _Client()
+        _client = ForkServer()
         atexit.register(_client.close)
     return _client.fork(argv, keep, environment)
 
@@ -185,7 +225,7 @@ def _fork_rank(request: dict, fds: list[int]) -> int:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(output, 1)
         os.dup2(output, 2)
-        close_all_but({0, 1, 2, command, result})  # other ranks' pipes, this server's socket
+        close_all_but({0, 1, 2, command, result, *request["inherited"]})  # not others' pipes, the socket
         os.environ.clear()
         os.environ.update(request["environment"])
         sys.path[:] = request["path"]
