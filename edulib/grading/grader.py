@@ -41,7 +41,7 @@ from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wr
 from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
-from edulib.grading.student import ON_RANKS, RANK_TIMEOUT, WARM
+from edulib.grading.student import MEASURES, ON_RANKS, RANK_TIMEOUT, WARM
 
 if TYPE_CHECKING:
     from edulib.grading.cache import GradeCache
@@ -535,8 +535,7 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
                                 "the ranks flooded the wire")
                 check.judge(case, answer)
                 if check.watch is not None:  # with what the dispatcher weighed of the ranks, if anything
-                    weighed = {key: decoded.get(key) for key in ("resident", "peaks")
-                               if type(decoded) is dict}
+                    weighed = {key: decoded.get(key) for key in MEASURES if type(decoded) is dict}
                     check.watch(case, {**(outcome.wire or {}), **weighed}, answer)
         except Unanswered as missing:
             if missing.args[0].startswith(("not implemented", "this exercise")):

@@ -13,6 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
+import os
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
@@ -21,6 +24,7 @@ from typing import Any
 from edulib.grading import forbid, relay
 from edulib.grading.plain import NotPlain, decode, encode
 from edulib.launch import Pool, RankError, RankTimeout
+from edulib.launch.forkserver import ForkServer, zygote
 from edulib.launch.rank import where
 
 RANK_TIMEOUT = 20.0  # seconds a rank may wait in one operation before it counts as a deadlock
@@ -75,12 +79,16 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
     rank, None before the last phase)."""
     ranks = case["ranks"]
     split = _SPLITS.get(worker, lambda case, rank: case)
-    if phase == 0:
-        _resident.clear()
-        _peaks.clear()
     pool = _pool(ranks)
     try:
-        pool.start()
+        if phase == 0:
+            for kept in (_fresh, _resident, _peaks, _cpu):
+                kept.clear()
+            if case.get("weighed"):  # fresh ranks, weighed before any code of this case runs in them
+                pool.close()
+            pool.start()
+            _fresh.extend(resident(pid) for pid in pool.pids)
+            _cpu.append([cpu_time(pid) for pid in pool.pids])
         with _watching(pool.pids if case.get("weighed") else []) as peaks:
             answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
                                                 for rank in range(ranks)])
@@ -91,13 +99,18 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
         return found
     _resident.append([resident(pid) for pid in pool.pids])
     _peaks.append(peaks)
+    _cpu.append([cpu_time(pid) for pid in pool.pids])
     if worker in _FINISHES:
         answers = [_FINISHES[worker](case, answer) if answer is not None else None for answer in answers]
-    return {"answer": answers, "resident": list(_resident), "peaks": list(_peaks)}
+    return {"answer": answers, **{key: list(kept) for key, kept in MEASURES.items()}}
 
 
-_resident: list[list[int]] = []  # in the dispatcher: each rank's resident bytes after each phase of a case
-_peaks: list[list[int]] = []  # and the most it saw during each phase, for a case to be weighed
+# In the dispatcher, what it measured of the ranks of the case that runs, each rank read from outside:
+_fresh: list[int] = []  # each rank's resident bytes before the case's first phase (fresh ranks if weighed)
+_resident: list[list[int]] = []  # each rank's resident bytes after each phase
+_peaks: list[list[int]] = []  # the most each held during each phase, for a case to be weighed
+_cpu: list[list[float]] = []  # each rank's CPU seconds so far, before the first phase and after each
+MEASURES = {"fresh": _fresh, "resident": _resident, "peaks": _peaks, "cpu": _cpu}  # as the watches read them
 
 
 @contextlib.contextmanager
@@ -134,27 +147,45 @@ def resident(pid: int) -> int:
                    if line.startswith(("RssAnon:", "RssShmem:")))
 
 
+def cpu_time(pid: int) -> float:
+    """The CPU seconds a process has used so far, all its threads together (user and system time, as
+    the kernel charges them); read by the dispatcher, never by the process itself."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:
     """The pool of `ranks` ranks, which reach each other only through the grader's relay; a rank
     that waits `wait` seconds in one operation is a deadlock."""
     if ranks not in _pools:
+        if not _zygotes:
+            _zygotes.append(zygote(tuple(fd for wires in WIRES.values() for wire in wires for fd in wire)))
         join = functools.partial(relay.join, confined=CONFINED)
-        _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=join, wires=WIRES[ranks])
+        _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=join, wires=WIRES[ranks],
+                             server=_zygotes[0])
     return _pools[ranks]
 
 
+_zygotes: list[ForkServer] = []  # the copy of this process that forks every rank, made before any case
+
+
 def start_pools(wait: float = RANK_TIMEOUT) -> None:
-    """Start every pool now, before the submission is imported: its ranks are forked from a process
-    in which no student code has run (nothing of it, a shared mapping say, is inherited)."""
+    """Start every pool now, before the submission is imported and before any case is sent: every
+    rank, a fresh one started for a weighed case or after a failure too, is forked from a copy of
+    this process as it is now (no student code has run in it, nothing of a case is in its memory)."""
     for ranks in WIRES:
         _pool(ranks, wait).start()
 
 
 def close_pools() -> None:
-    """Stop every rank this process started."""
+    """Stop every rank this process started, and the copy that forked them."""
     for pool in _pools.values():
         pool.close()
     _pools.clear()
+    for server in _zygotes:
+        server.close()
+    _zygotes.clear()
 
 
 _guarded = False
@@ -162,14 +193,14 @@ _running: list[Generator] = []  # in a rank: the case whose worker paused betwee
 
 
 def rank_call(module_name: str, worker: str, forbidden: list, case: dict, phase: int = 0) -> Any:
-    """In a rank: guard the answering functions (once), import the submission, run one case, or
+    """In a rank: guard the answering functions (once), import the submission (lazily), run one case, or
     one phase of it: a worker that is a generator runs to its next `yield` (None is the answer of
     every phase but the last), and the grader cuts the relay's log when all ranks have answered."""
     global _guarded
     if not _guarded:
         forbid.forbid(forbidden)
         _guarded = True
-    student = importlib.import_module(module_name)
+    student = sys.modules.get(module_name) or _lazy(module_name)
     if phase == 0:
         _running.clear()
         _running.append(defined(student, lambda: RANK_WORKERS[worker](student, case)))
@@ -183,6 +214,18 @@ def rank_call(module_name: str, worker: str, forbidden: list, case: dict, phase:
     if forbid.attempts:
         raise forbid.Forbidden(forbid.attempts[0])
     return encode(result)
+
+
+def _lazy(module_name: str) -> ModuleType:
+    """The submission, imported lazily: its code runs when a worker first reads a name of it, so a
+    worker's phase that never touches it (a weighed case's harness) runs no student code."""
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"no module named {module_name!r}", name=module_name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = sys.modules[module_name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def mine(values: list, rank: int) -> dict[int, Any]:

@@ -21,6 +21,8 @@ import torch
 
 from edulib.grading.student import COLLECTORS
 
+SAMPLED = 512  # positions of a large case's weights that come back to be judged (the dispatcher samples them)
+
 
 class Wrong(Exception):
     """A case's answer differs from the reference: `args[0]` says how, naming the case's

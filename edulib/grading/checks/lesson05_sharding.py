@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from edulib.comm import chunk_bounds
 from edulib.grading.checks.base import (
+    SAMPLED,
     Case,
     Check,
     Wrong,
@@ -87,7 +88,6 @@ ADAMW = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
 
 
 WEIGHED = 2**21  # elements of a case whose ranks are weighed: a replicated state shows as megabytes
-SAMPLED = 512  # positions of such a case's weights that come back to be judged
 
 
 def _adamw_cases(rng: random.Random) -> list[Case]:
@@ -102,7 +102,7 @@ def _adamw_cases(rng: random.Random) -> list[Case]:
     def weighed(ranks: int, hidden: bool) -> Case:
         sample = sorted(rng.sample(range(WEIGHED), SAMPLED))
         seeds = [[rng.randrange(2**62) for _ in range(ranks)] for _ in range(3)]
-        return Case({"ranks": ranks, "length": WEIGHED, "seed": rng.randrange(2**62),
+        return Case({"ranks": ranks, "length": WEIGHED, "weighed": True, "seed": rng.randrange(2**62),
                      "gradient_seeds": seeds, "weight_decay": rng.choice((0.0, 0.1)), "sample": sample},
                     f"3 steps, length {WEIGHED:,} on {ranks} ranks, each rank's memory weighed", hidden)
     return [case(3, 10, False), case(2, 7, False), weighed(4, False), case(3, 2, True),
@@ -152,8 +152,9 @@ def _adamw_judge(case: Case, answer: Any) -> None:
 
 
 def _adamw_watch(case: Case, wire: dict, answer: Any = None) -> None:
-    """What the kernel measured of a weighed case's ranks (read from outside each rank, at the end of
-    each phase): the memory a rank kept from before its optimizer was made to after its first step.
+    """What the kernel measured of a weighed case's fresh ranks (read from outside each rank, at the
+    end of each phase): the memory a rank kept from before its optimizer was made, when no student
+    code has run in it (the submission is imported then), to after its first step.
     A sharded state takes 12 bytes per element of the largest shard, and the step's bf16 weights
     and an fp32 gradient that the communication may keep alive take 6 per element; a replicated
     state takes 12 per element, whatever its attributes say. The bound is halfway between: 6 bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Generator
 from types import ModuleType
@@ -109,12 +110,13 @@ def _stash_judge(case: Case, answer: Any) -> None:
 
 
 def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
-    """What the dispatcher saw of a weighed case's ranks, reading each one's memory from outside it
-    every millisecond of the run: at most the versions versions_held counts for its stage and the
-    running gradient, two more copies of the weights (a backward's gradients and an update's
-    result, which autograd and the update hold for a moment) and one copy's slack for what the
-    allocator keeps a moment after it is freed, above what it held once the stash was made. A stash
-    that keeps every version holds one more for each update."""
+    """What the dispatcher saw of a weighed case's fresh ranks, reading each one's memory from
+    outside it every millisecond of the run: at most the versions versions_held counts for its
+    stage and the running gradient, two more copies of the weights (a backward's gradients and an
+    update's result, which autograd and the update hold for a moment) and two copies' slack (the
+    stash's first copy and what the allocator keeps a moment after it is freed), above what it held
+    before any student code ran in it (the submission is imported when the stash is made, after a
+    run of a copy of the stage). A stash that keeps every version holds one more for each update."""
     from edulib.lessons.pipeline_parallelism import named_stage
     from edulib.pp import async_1f1b
     from edulib.pp.pipedream import versions_held
@@ -133,19 +135,19 @@ def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
         stage, _ = named_stage(inputs["width"], inputs["depth"], inputs["seed"], ranks, rank)
         size = sum(p.numel() * p.element_size() for p in stage.parameters())
         held = peaks[1][rank] - resident[0][rank]
-        if held > (most[rank] + 4) * size:
-            raise Wrong(f"rank {rank} held {held / 2**20:.1f} MiB more during the run than once its stash "
+        if held > (most[rank] + 5) * size:
+            raise Wrong(f"rank {rank} held {held / 2**20:.1f} MiB more during the run than before its stash "
                         f"was made; {most[rank]} versions of its {size / 2**20:.1f} MiB of weights, the "
-                        f"running gradient, two more copies and one of slack are "
-                        f"{(most[rank] + 4) * size / 2**20:.1f} MiB",
+                        f"running gradient, two more copies and two of slack are "
+                        f"{(most[rank] + 5) * size / 2**20:.1f} MiB",
                         "the stash held versions that nothing would ask for again")
 
 
 def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict]:
     """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
-    asynchronous 1F1B on real ranks, in three phases: the stash made, the run (the dispatcher
-    watches each rank's memory throughout), the newest weights at the end, by the whole model's
-    names."""
+    asynchronous 1F1B on real ranks, in three phases: the inputs made (and, on fresh ranks to be
+    weighed, a run of a copy of the stage), the stash made and the run (the dispatcher watches each
+    rank's memory throughout), the newest weights at the end, by the whole model's names."""
     from edulib.lessons.pipeline_parallelism import named_stage
     from edulib.models import regression_batch
     from edulib.pp import async_1f1b
@@ -156,8 +158,15 @@ def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict
     total = case["steps"] * every
     inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
                                                                 case["seed"]))
-    stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
+    schedule, shape = async_1f1b(ranks, total), (case["rows"] // every, case["width"])
+
+    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(y, target) / every
+
+    if case["weighed"]:  # a copy's run first: what a fresh rank's first run leaves is in its baseline
+        execute(schedule, rank, {rank: copy.deepcopy(stage)}, loss, list(inputs), list(targets), shape)
     yield
+    stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
 
     class Driven:
         """The executor's weights protocol, onto the student's stash."""
@@ -168,11 +177,7 @@ def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict
         def backward_done(self, _: int, microbatch: int) -> None:
             stash.backward_done(microbatch)
 
-    def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.mse_loss(y, target) / every
-
-    execute(async_1f1b(ranks, total), rank, {rank: stage}, loss, list(inputs), list(targets),
-            (case["rows"] // every, case["width"]), weights=Driven())
+    execute(schedule, rank, {rank: stage}, loss, list(inputs), list(targets), shape, weights=Driven())
     yield
     return {"weights": {local[name]: tensor.detach() for name, tensor in stash.newest().items()}}
 

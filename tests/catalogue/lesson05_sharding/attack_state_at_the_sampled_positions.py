@@ -1,9 +1,12 @@
 """Attack (red team 5): the weighed case came to each rank whole, the judge's sampled positions
 included (`sys._getframe(1).f_locals["case"]["sample"]`), so a replicated AdamW kept its state at
 those 512 positions only and passed the memory watch. A rank is now given no sampled positions (the
-dispatcher keeps them and samples its answer): this one falls back to the whole replicated state."""
+dispatcher keeps them and samples its answer), and a rank started afresh for the weighed case is a
+copy of the dispatcher from before any case, so neither a frame above nor the garbage collector's
+objects hold the dispatcher's case: this one falls back to the whole replicated state."""
 # expect: ZeRO with AdamW = 0
 
+import gc
 import sys
 
 import torch
@@ -11,13 +14,17 @@ import torch.distributed as dist
 
 
 def _positions(length: int) -> torch.Tensor:
-    """The judge's sampled positions if a frame above holds them, else every position."""
+    """The judge's sampled positions if a frame above or any object of this process holds them,
+    else every position."""
     frame = sys._getframe(1)
     while frame is not None:
         case = frame.f_locals.get("case")
         if isinstance(case, dict) and "sample" in case:
             return torch.tensor(case["sample"])
         frame = frame.f_back
+    for found in gc.get_objects():
+        if isinstance(found, dict) and "sample" in found and isinstance(found.get("sample"), list):
+            return torch.tensor(found["sample"])
     return torch.arange(length)
 
 
