@@ -3,8 +3,9 @@ micro-batches with one all-reduce of each gradient per optimizer step.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - gradient accumulation, 3 + 3 points: the weights of one process on the whole batch, one all-reduce
-  of each gradient per step. Visible cases: 2 ranks, 2 micro-batches of 2. Hidden cases: 3 ranks, 1,
-  3 and 4 micro-batches, other models.
+  of each gradient per step. Visible cases: 2 ranks, 2 micro-batches of 2; 2 ranks, 3 micro-batches
+  of 2048 rows of 512, each call's CPU time measured. Hidden cases: 3 ranks, 1, 3 and 4
+  micro-batches, other models.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class GradientAccumulation:
     Graded: after every step, the weights on every rank equal one process's after one optimizer
     step on the mean loss over all the step's micro-batches of all ranks. The relay sees no
     communication during a step's earlier micro-batches, and in its last only all-reduces that
-    carry every gradient element once (in one tensor or many, during backward or after it).
+    carry every gradient element once (in one tensor or many, during backward or after it). On
+    larger models each call's CPU time is measured from outside the rank: every call does its own
+    micro-batch's work, so the step's last costs about what the others cost, plus the step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: int) -> None:

@@ -21,7 +21,9 @@ class GradientAccumulation:
     Graded: after every step, the weights on every rank equal one process's after one optimizer
     step on the mean loss over all the step's micro-batches of all ranks. The relay sees no
     communication during a step's earlier micro-batches, and in its last only all-reduces that
-    carry every gradient element once (in one tensor or many, during backward or after it).
+    carry every gradient element once (in one tensor or many, during backward or after it). On
+    larger models each call's CPU time is measured from outside the rank: every call does its own
+    micro-batch's work, so the step's last costs about what the others cost, plus the step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: int) -> None:

@@ -9,8 +9,10 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from edulib.grading.checks.base import (
+    SAMPLED,
     Case,
     Check,
     Wrong,
@@ -19,11 +21,15 @@ from edulib.grading.checks.base import (
     per_rank_answers,
     phase_events,
 )
-from edulib.grading.student import ranked
+from edulib.grading.plain import NotPlain, decode, encode
+from edulib.grading.student import mine, ranked
 
 _STEPS = 2  # optimizer steps per case
 _MOST_MICRO_BATCHES = 4
 _PHASES = 2 + _STEPS * _MOST_MICRO_BATCHES  # making it, each micro-batch, then the weights (padded)
+
+
+TIMED_WIDTH, TIMED_BATCH = 512, 2048  # a timed case's layers and micro-batches: 0.2 s of CPU each
 
 
 def _cases(rng: random.Random) -> list[Case]:
@@ -36,12 +42,31 @@ def _cases(rng: random.Random) -> list[Case]:
                      "inputs": torch.randn(shape, generator=generator),
                      "targets": torch.randn(shape, generator=generator)},
                     f"{ranks} ranks, {micro_batches} micro-batches of {batch}", hidden)
-    return [case(2, 2, False), case(3, 3, True), case(2, _MOST_MICRO_BATCHES, True), case(3, 1, True)]
+
+    def timed(ranks: int, micro_batches: int, hidden: bool) -> Case:
+        count = 2 * (TIMED_WIDTH**2 + TIMED_WIDTH)
+        return Case({"ranks": ranks, "micro_batches": micro_batches, "width": TIMED_WIDTH, "depth": 2,
+                     "batch": TIMED_BATCH, "seed": rng.randrange(2**62), "lr": rng.choice((0.05, 0.1)),
+                     "phases": _PHASES, "input_seeds": [rng.randrange(2**62) for _ in range(ranks)],
+                     "sample": sorted(rng.sample(range(count), SAMPLED))},
+                    f"{ranks} ranks, {micro_batches} micro-batches of {TIMED_BATCH} rows of {TIMED_WIDTH}, "
+                    "each call's CPU time measured", hidden)
+    return [case(2, 2, False), timed(2, 3, False), case(3, 3, True), case(2, _MOST_MICRO_BATCHES, True),
+            case(3, 1, True), timed(3, 2, True)]
+
+
+def timed_inputs(case: dict, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A timed case's inputs and targets on rank `rank`, one row of micro-batches per step, drawn
+    from that rank's seed (megabytes never travel as JSON)."""
+    generator = torch.Generator().manual_seed(case["input_seeds"][rank])
+    shape = (_STEPS, case["micro_batches"], case["batch"], case["width"])
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
 
 
 def _reference(inputs: dict) -> list[torch.Tensor]:
     """One process's weights after each step: SGD with momentum on the mean loss of the step's
-    micro-batches of every rank (all of one size, so the mean over their concatenation)."""
+    micro-batches of every rank (all of one size, so the mean over their concatenation); a timed
+    case's at its sampled positions."""
     from torch.nn.utils import parameters_to_vector
 
     from edulib.models import mlp
@@ -49,12 +74,16 @@ def _reference(inputs: dict) -> list[torch.Tensor]:
     model = mlp(inputs["width"], inputs["depth"], inputs["seed"])
     optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=0.9)
     weights = []
+    if "input_seeds" in inputs:
+        drawn = [timed_inputs(inputs, rank) for rank in range(inputs["ranks"])]
+        inputs = {"inputs": torch.stack([x for x, _ in drawn], 1), "sample": inputs["sample"],
+                  "targets": torch.stack([y for _, y in drawn], 1)}
     for x, y in zip(inputs["inputs"], inputs["targets"], strict=True):
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x.flatten(0, -2)), y.flatten(0, -2)).backward()
         optimizer.step()
         weights.append(parameters_to_vector(model.parameters()).detach().clone())
-    return weights
+    return [w[inputs["sample"]] for w in weights] if "sample" in inputs else weights
 
 
 def _judge(case: Case, answer: Any) -> None:
@@ -66,17 +95,37 @@ def _judge(case: Case, answer: Any) -> None:
             check_tensor(got, weights, f"rank {rank}'s weights after step {step + 1}")
 
 
+CPU_SLACK = 1.5  # how many times its costliest earlier call the step's last call may cost, and 0.05 s more
+
+
 def _watch(case: Case, wire: dict, answer: Any = None) -> None:
     """Per rank and step: nothing on the wire in the earlier micro-batches; in the last, all-reduces
-    only, of the model's parameter count in all."""
+    only, of the model's parameter count in all. In a timed case, each call's CPU time (the rank's,
+    read by the dispatcher before and after it): every call runs its micro-batch's forward and
+    backward, so the step's last costs at most CPU_SLACK times its costliest earlier one, and 0.05 s
+    for the all-reduce and the update; a call that leaves its backward to the step's last costs it
+    the step's every backward."""
     from edulib.models import mlp
 
     inputs = case.inputs
     count = sum(p.numel() for p in mlp(inputs["width"], inputs["depth"], inputs["seed"]).parameters())
     k = inputs["micro_batches"]
+    cpu = wire.get("cpu")
+    if "input_seeds" in inputs and (type(cpu) is not list or len(cpu) < 2 + _STEPS * k):
+        raise Wrong("the grader could not time the ranks' calls (a rank stopped early?)",
+                    "the calls were not timed")
     for rank in range(inputs["ranks"]):
         phases = phase_events(wire, rank)
         for step in range(_STEPS):
+            if "input_seeds" in inputs:
+                calls = [cpu[2 + step * k + micro][rank] - cpu[1 + step * k + micro][rank]
+                         for micro in range(k)]
+                if calls[-1] > CPU_SLACK * max(calls[:-1]) + 0.05:
+                    took = ", ".join(f"{c:.2f}" for c in calls)
+                    raise Wrong(f"step {step + 1}, rank {rank}: the calls took {took} s of CPU; each call "
+                                "runs its own micro-batch's backward, so the step's last costs at most "
+                                f"{CPU_SLACK} times the costliest of the others and 0.05 s more",
+                                "a call left its micro-batch's backward to the step's last")
             for micro in range(k):
                 events = phases[1 + step * k + micro] if 1 + step * k + micro < len(phases) else []
                 where = f"step {step + 1}, micro-batch {micro + 1} of {k}, rank {rank}"
@@ -104,9 +153,10 @@ def _accumulation(student: ModuleType, case: dict) -> Generator[None, None, list
     model = mlp(case["width"], case["depth"], case["seed"])
     optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"], momentum=0.9)
     accumulation = student.GradientAccumulation(model, optimizer, case["micro_batches"])
+    rows = timed_inputs(case, dist.get_rank()) if "input_seeds" in case else (case["inputs"], case["targets"])
     yield
     weights, calls = [], 1
-    for inputs, targets in zip(case["inputs"], case["targets"], strict=True):
+    for inputs, targets in zip(*rows, strict=True):
         for micro_inputs, micro_targets in zip(inputs, targets, strict=True):
             accumulation.micro_step(micro_inputs, micro_targets)
             calls += 1
@@ -117,8 +167,29 @@ def _accumulation(student: ModuleType, case: dict) -> Generator[None, None, list
     return weights
 
 
-ranked("accumulation", _accumulation, lambda case, rank: {**case, "inputs": case["inputs"][:, rank],
-    "targets": case["targets"][:, rank]}, warm=("torch._dynamo",))  # each rank makes an optimizer
+def _accumulation_part(case: dict, rank: int) -> dict:
+    """What rank `rank` is given: its own micro-batches (or their seed), never the sampled positions."""
+    if "input_seeds" not in case:
+        return {**case, "inputs": case["inputs"][:, rank], "targets": case["targets"][:, rank]}
+    return {**{key: value for key, value in case.items() if key != "sample"},
+            "input_seeds": mine(case["input_seeds"], rank)}
+
+
+def _sampled(case: dict, answer: Any) -> Any:
+    """In the dispatcher: a timed case's weights at its sampled positions only (as the judge reads
+    them); an answer of another form as it came."""
+    if "sample" not in case or type(answer) is not list:
+        return answer
+    try:
+        weights = [decode(w) for w in answer]
+    except NotPlain:
+        return answer
+    return [encode(w[case["sample"]]) if isinstance(w, torch.Tensor) and w.dim() == 1
+            and w.numel() > case["sample"][-1] else encode(w) for w in weights]
+
+
+ranked("accumulation", _accumulation, _accumulation_part, finish=_sampled,
+       warm=("torch._dynamo",))  # each rank makes an optimizer
 
 
 exercise("lesson14_measurement", [
