@@ -46,6 +46,10 @@ def inter_op(times: list[list[list[list[float]]]], sizes: list[int], devices: in
     Returns (the least latency, how many t_max values were tried): the lesson's program over the
     distinct finite times as t_max, smallest first, with Alpa's early stop (a t_max is not tried
     once B t_max reaches the best latency found); (inf, the number tried) if nothing fits.
+
+    Graded: both numbers equal exhaustive search's on tables of up to 18 clusters on 8 devices,
+    all of them within the check's 10 s of CPU (the program's work grows polynomially with the
+    clusters, the number of plans exponentially).
     """
     # BEGIN SOLUTION
     # HINT: what does a state remember (stages, first layer, devices left), and when is one finished?
