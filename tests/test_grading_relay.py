@@ -80,7 +80,8 @@ def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_byt
     first = alpha + beta * max(sizes)
     assert first <= received["first"] and first <= received["second"] < first + 0.05, received
     window = alpha + 8 * beta * max(sizes)  # one wire: each message waits for the one before it to leave
-    assert window <= received["window"] < window + 0.1, (received["window"], window)
+    # the receiver times from its own start, which may come a few ms after the sender's first byte
+    assert window - 0.01 <= received["window"] < window + 0.1, (received["window"], window)
 
 
 def test_a_messages_time_on_the_link_runs_from_its_first_byte():
