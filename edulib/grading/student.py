@@ -110,7 +110,7 @@ _fresh: list[int] = []  # each rank's resident bytes before the case's first pha
 _resident: list[list[int]] = []  # each rank's resident bytes after each phase
 _peaks: list[list[int]] = []  # the most each held during each phase, for a case to be weighed
 _cpu: list[list[float]] = []  # each rank's CPU seconds so far, before the first phase and after each
-MEASURES = {"fresh": _fresh, "resident": _resident, "peaks": _peaks, "cpu": _cpu}  # as the watches read them
+MEASURES = {"fresh": _fresh, "resident": _resident, "peaks": _peaks, "cpu_time": _cpu}  # as watches read them
 
 
 @contextlib.contextmanager

@@ -89,7 +89,7 @@ class ForkServer:
                 try:
                     ours.close()
                     close_all_but({0, 1, 2, theirs.fileno(), *inherited})
-                    serve_forks(theirs.fileno())
+                    _serve(theirs.fileno())  # nothing more to import: it is a copy of this process
                 finally:
                     os._exit(0)
             self.process = _Copy(copy)
@@ -157,14 +157,19 @@ def _path() -> list[str]:
 
 
 def serve_forks(fd: int) -> None:
-    """The server's loop: fork a rank for each request, reap each rank and write its exit code on
-    its status pipe; exit when the launcher's socket closes."""
+    """A fresh interpreter's server: import what every rank needs, then serve (`_serve`)."""
     import torch  # noqa: F401 - what every rank needs, imported once for all of them
     import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (with sympy): about 1.5 s
     import torch.distributed  # noqa: F401
 
     import edulib.launch.rank  # noqa: F401
 
+    _serve(fd)
+
+
+def _serve(fd: int) -> None:
+    """Fork a rank for each request on the socket `fd`, reap each rank and write its exit code on
+    its status pipe; return when the launcher's socket closes."""
     connection = socket.socket(fileno=fd)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
