@@ -104,6 +104,27 @@ def test_a_messages_time_on_the_link_runs_from_its_first_byte():
     relay.close()
 
 
+def test_the_log_says_how_late_the_links_held_replies_went_out():
+    """A busy grader flushes a held reply after it was due: the log's "late" is that lateness (the
+    median over the case), which lesson 01's link judge allows alpha on top of the link's; a reply
+    sent on time is 0 late, and a new case starts from none."""
+    relay = Relay(2)
+    relay.begin([0, 1], link=(0.05, 0.0))
+    os.write(relay.rank_ends[1][1], frame({"op": "recv", "group": [0, 1], "peer": 0,
+                                           "out": [["float32", [4]]], "id": 0}))
+    relay.readable(1)
+    send = {"op": "send", "group": [0, 1], "peer": 1, "meta": [["float32", [4]]], "id": 0}
+    os.write(relay.rank_ends[0][1], frame(send, torch.arange(4.0).numpy().tobytes()))
+    relay.readable(0)
+    assert relay.log()["late"] == 0.0  # nothing has gone out yet
+    time.sleep(0.25)  # the grader's loop comes back 0.2 s after the reply was due
+    relay.flush()
+    assert 0.19 < relay.log()["late"] < 0.5, relay.log()["late"]
+    relay.begin([0, 1], link=(0.05, 0.0))
+    assert relay.log()["late"] == 0.0
+    relay.close()
+
+
 def test_mismatched_collectives_and_reductions_are_refused_by_name():
     try:
         collective("all_reduce", [{}, {}], [[torch.zeros(2)], [torch.zeros(3)]])

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import secrets
+import statistics
 import struct
 import threading
 import time
@@ -38,6 +39,7 @@ MAX_HELD = 32 * 2**20  # bytes the relay holds for receivers that have not asked
 MAX_EVENTS = 20_000  # operations logged in one case: far more than any check's, far fewer than a flood's
 MAX_VALUES = 2**20  # bytes of small messages' values logged in one case (a judge reads them)
 KEPT_VALUES = 4096  # a message up to this many bytes has its values logged
+MAX_LATE = 100_000  # held replies whose lateness one case records
 _DTYPES = {str(t).removeprefix("torch."): t
           for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -372,6 +374,7 @@ class Relay:
         self.later: list[tuple[float, int, int, bytes]] = []  # held replies: (when, order, slot, frame)
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
         self.free: dict[int, float] = {}  # rank -> when its link has sent all it was given
+        self.late: list[float] = []  # seconds each held reply went out after it was due (a busy grader)
 
     def close_rank_ends(self) -> None:
         """Close the ends that the ranks' tree inherited (once it has started)."""
@@ -404,10 +407,12 @@ class Relay:
         self.ranks = {slot: rank for rank, slot in enumerate(slots)}
 
     def log(self) -> dict:
-        """The case's wire so far: every rank's operations in order, what the relay refused, and why
-        it stopped logging, if it did (more than a case's share of operations or values)."""
+        """The case's wire so far: every rank's operations in order, what the relay refused, why it
+        stopped logging, if it did (more than a case's share of operations or values), and how late
+        the link's held replies went out, in the median (seconds: a busy grader's share of a delay)."""
         self.drain()
-        return {"events": list(self.events), "problems": list(self.problems), "overflow": self.overflow}
+        return {"events": list(self.events), "problems": list(self.problems), "overflow": self.overflow,
+                "late": statistics.median(self.late) if self.late else 0.0}
 
     def mark(self) -> int:
         """Where the case's log stands now (its operations so far): the grader cuts it there when a
@@ -491,8 +496,10 @@ class Relay:
         goes out once its time has come)."""
         now = time.monotonic()
         while self.later and self.later[0][0] <= now:
-            _, _, index, data = heapq.heappop(self.later)
+            due, _, index, data = heapq.heappop(self.later)
             self.slots[index].outgoing += data
+            if len(self.late) < MAX_LATE:
+                self.late.append(now - due)
         for slot in self.slots:
             while slot.outgoing:
                 try:
