@@ -4,8 +4,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - log-sum-exp merge, 1 + 1 points: two parts' attention merged into attention over all keys. Visible
   cases: 7 keys split 3 + 4; 7 keys split 7 + 0. Hidden cases: other shapes, an empty part.
 - ring attention, 3 + 3 points: full attention's output on every rank, causal or not; keys and
-  values passed round the ring, one chunk per message. Visible cases: causal attention of 7 tokens
-  on 2 ranks; full attention of 7 tokens on 3 ranks. Hidden cases: 3 and 4 ranks, other lengths.
+  values passed round the ring, one chunk per message, a rank's memory never holding every chunk
+  (weighed from outside). Visible cases: causal attention of 7 tokens on 2 ranks; full attention of
+  7 tokens on 3 ranks; causal attention of 1280 tokens on 5 ranks, heads 256 wide, each rank's
+  memory weighed. Hidden cases: 3, 4 and 5 ranks, other lengths.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     Constraints: keys and values travel only round the ring (each rank sends to the next and
     receives from the one before; the other way round is as good), point-to-point, one chunk's keys
     and values per message; a rank never gathers the other chunks (one arriving while it uses
-    another is fine). Graded: the output against full attention on 2 to 4 ranks; the relay sees no
+    another is fine). Graded: the output against full attention on 2 to 5 ranks; the relay sees no
     collective, every rank sending to the same neighbour, no message larger than a chunk's keys and
-    values, and no rank sending more than a ring passes on.
+    values, and no rank sending more than a ring passes on; on cases sized for it, each rank's
+    memory (weighed from outside during the call) holds a few chunks' keys and values at once,
+    never every chunk's.
     """
     raise NotImplementedError('at each ring step, whose keys do you hold, and which may your queries see (causal)?')
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Generator
 from types import ModuleType
 from typing import Any
 
@@ -50,17 +51,26 @@ def _merge_judge(case: Case, answer: Any) -> None:
     check_tensor(answer[1], case.expect["lse"], "the merged lse")
 
 
+WEIGHED_CHUNK, WEIGHED_WIDTH = 256, 256  # a weighed case's tokens per rank and head width: 1 MiB of keys
+# and values per chunk, so that a rank holding every chunk shows in its memory
+HELD_CHUNKS = 6  # chunks' keys and values (and blocks of scores, and outputs) a weighed rank may hold at once
+
+
 def _attention_cases(rng: random.Random) -> list[Case]:
     from edulib.lessons.context_parallelism import attention_case
 
-    def case(ranks: int, length: int, causal: bool, hidden: bool) -> Case:
-        inputs = attention_case(length, batch=1, heads=2, width=4, seed=rng.randrange(2**62))
-        return Case({"ranks": ranks, "length": length, "causal": causal,
+    def case(ranks: int, length: int, causal: bool, hidden: bool, width: int = 4) -> Case:
+        inputs = attention_case(length, batch=1, heads=2, width=width, seed=rng.randrange(2**62))
+        weighed = width == WEIGHED_WIDTH
+        return Case({"ranks": ranks, "length": length, "causal": causal, "weighed": weighed,
                      **{name: inputs[name] for name in ("q", "k", "v")}},
-                    f"{'causal' if causal else 'full'} attention of {length} tokens on {ranks} ranks", hidden)
+                    f"{'causal' if causal else 'full'} attention of {length} tokens on {ranks} ranks"
+                    + (f", heads {width} wide, each rank's memory weighed" if weighed else ""), hidden)
     length = rng.randint(4, 15)
-    return [case(2, 7, True, False), case(3, 7, False, False), case(3, 11, True, True),
-            case(4, length, rng.random() < 0.5, True)]
+    return [case(2, 7, True, False), case(3, 7, False, False),
+            case(5, 5 * WEIGHED_CHUNK, True, False, WEIGHED_WIDTH), case(3, 11, True, True),
+            case(4, length, rng.random() < 0.5, True),
+            case(5, 5 * WEIGHED_CHUNK - rng.randint(0, 4), rng.random() < 0.5, True, WEIGHED_WIDTH)]
 
 
 def _attention_judge(case: Case, answer: Any) -> None:
@@ -95,11 +105,43 @@ def _attention_watch(case: Case, wire: dict, answer: Any = None) -> None:
             raise Wrong(f"rank {rank} sent {sent} bytes; passing keys and values round the ring sends at "
                         f"most {most} (every chunk's but the one that comes round to it last)",
                         "sent more than a ring passes")
+    if case.inputs["weighed"]:
+        _attention_weighed(case, wire, max(blocks))
 
 
-def _ring_attention(student: ModuleType, case: dict) -> torch.Tensor:
-    """The student's ring_attention_forward on this rank's contiguous chunk of the sequence."""
-    return student.ring_attention_forward(case["q"], case["k"], case["v"], case["length"], case["causal"])
+def _attention_weighed(case: Case, wire: dict, block: int) -> None:
+    """What the dispatcher saw of a weighed case's fresh ranks, reading each one's memory from
+    outside it every millisecond of the call: at most HELD_CHUNKS chunks' keys and values in float32,
+    as many blocks of scores and copies of the output (the chunk in use, one arriving, one being
+    sent, and what the allocator keeps of their temporaries), above what the rank held before the
+    call: 12 MiB on the weighed cases, where correct rings held 6.1 to 9.4 MiB and a rank that
+    keeps every chunk 18 MiB."""
+    inputs = case.inputs
+    peaks, resident = wire.get("peaks"), wire.get("resident")
+    if type(resident) is not list or type(peaks) is not list or len(peaks) < 2:
+        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
+                    "the ranks were not weighed")
+    heads, width = inputs["q"].shape[1], inputs["q"].shape[-1]
+    chunk = -(-inputs["length"] // inputs["ranks"])
+    allowed = HELD_CHUNKS * (block + 4 * heads * chunk * (chunk + width))
+    for rank in range(inputs["ranks"]):
+        held = peaks[1][rank] - resident[0][rank]
+        if held > allowed:
+            raise Wrong(f"rank {rank} held {held / 2**20:.1f} MiB more during the call than before it; "
+                        f"{HELD_CHUNKS} chunks' keys and values, blocks of scores and outputs are "
+                        f"{allowed / 2**20:.1f} MiB, every chunk's keys and values alone "
+                        f"{inputs['ranks'] * block / 2**20:.1f} MiB",
+                        "a rank held every chunk's keys and values")
+
+
+
+def _ring_attention(student: ModuleType, case: dict) -> Generator[None, None, torch.Tensor]:
+    """The student's ring_attention_forward on this rank's contiguous chunk of the sequence, in two
+    phases: the inputs made, then the call (the dispatcher weighs a weighed case's ranks between
+    them and throughout the call)."""
+    q, k, v = (case[name].clone() for name in ("q", "k", "v"))
+    yield
+    return student.ring_attention_forward(q, k, v, case["length"], case["causal"])
 
 
 def _attention_part(case: dict, rank: int) -> dict:
@@ -118,5 +160,6 @@ exercise("lesson06_context", [
               "two parts' attention merged into attention over all keys", "other shapes, an empty part"),
         Check("ring attention", 3, 3, "ring_attention", _attention_cases, _attention_judge,
               "full attention's output on every rank, causal or not; keys and values passed round the ring, "
-              "one chunk per message", "3 and 4 ranks, other lengths", wire=True, watch=_attention_watch)],
+              "one chunk per message, a rank's memory never holding every chunk (weighed from outside)",
+              "3, 4 and 5 ranks, other lengths", wire=True, watch=_attention_watch, phases=2)],
          [("edulib.cp.ring.ring_attention", "ring attention")])
