@@ -6,10 +6,10 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   cases: grid_groups(3, 2, 2); grid_groups(1, 2, 4). Hidden cases: other grid shapes, sizes of 1.
 - layout choice, 3 + 3 points: a layout that fits the memory limit and trains within 5 % of the best
   that exhaustive search finds on the true cluster, or None when nothing fits, within the budget of
-  measurements. Visible cases: case 1: 6 layers of 1024, 32 heads, batch 32 x 512 tokens on 1 x 8
-  devices, 0.2 GiB each, 43 measurements; case 2: 12 layers of 4096, 16 heads, batch 128 x 2048
-  tokens on 1 x 4 devices, 10.5 GiB each, 30 measurements. Hidden cases: other models, clusters,
-  speeds and memory limits, one where nothing fits.
+  measurements. Visible cases: case 1: 16 layers of 2048, 32 heads, batch 64 x 2048 tokens on 2 x 8
+  devices, 2.8 GiB each, 97 measurements; case 2: 4 layers of 2048, 16 heads, batch 96 x 2048 tokens
+  on 4 x 8 devices, 0.3 GiB each, 58 measurements. Hidden cases: other models, clusters, speeds and
+  memory limits, one where nothing fits.
 """
 
 from __future__ import annotations

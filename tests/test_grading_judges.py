@@ -330,3 +330,36 @@ def test_a_flood_of_partial_sums_after_a_ring_is_refused_by_its_bytes_before_any
     assert walked == []
     lesson02_allreduce._ring_watch(case, {"events": events, "problems": [], "overflow": ""})
     assert len(walked) == 12  # the ring's own messages, each walked once
+
+
+def test_a_layout_chosen_from_guessed_speeds_fails_the_hidden_cases_of_every_seed():
+    """Red team 5's layout search measured once, ignored it, priced every layout on speeds it
+    guessed, and passed the hidden cases on half the seeds (15 of 20 before the hidden cases were
+    drawn so that the cluster's own speeds decide the best layout). Judged here directly, on the
+    plant's own choice: no seed of eight passes."""
+    from dataclasses import asdict
+
+    from edulib.grading.checks import Wrong, lesson08_hybrid
+    from edulib.hybrid.layout import Transformer
+    from edulib.planner import Cluster
+
+    path = Path(__file__).with_name("catalogue") / "lesson08_hybrid" / "shortcut_guessed_speeds.py"
+    spec = importlib.util.spec_from_file_location("guessed_speeds", path)
+    plant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plant)
+    check = next(c for c in CHECKS["lesson08_hybrid"] if c.name == "layout choice")
+    passed = []
+    for seed in range(8):
+        hidden = [case for case in cases_of("lesson08_hybrid", check, seed) if case.hidden]
+        try:
+            for case in hidden:
+                shape = Cluster(**case.inputs["cluster"], flops=math.nan, intra=(math.nan,) * 2,
+                                inter=(math.nan,) * 2)
+                model = Transformer(**case.inputs["model"])
+                chosen = plant.choose_layout(model, shape, case.inputs["memory"], case.inputs["budget"],
+                                             lambda layout: 1.0)
+                lesson08_hybrid._layout_judge(case, [None if chosen is None else asdict(chosen)])
+        except Wrong:
+            continue
+        passed.append(seed)
+    assert passed == [], passed
