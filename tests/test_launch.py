@@ -298,6 +298,8 @@ def test_a_forked_pools_ranks_copy_the_launcher_as_it_was_when_the_pool_was_made
         assert early.run(ranks.holds, "judges-sample-6d1f") == [False, False]  # restarted ranks
     with Pool(2, backend="gloo", start="fork") as late:
         assert late.run(ranks.holds, "judges-sample-6d1f") == [True, True]
+    with pytest.raises(ValueError, match="start='forkserver'"):
+        Pool(2, backend="gloo", start="forkserver", server=early._zygote)
 
 
 def test_the_default_start_forks_from_the_server_on_gloo():

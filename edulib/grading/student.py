@@ -82,12 +82,11 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
     pool = _pool(ranks)
     try:
         if phase == 0:
-            for kept in (_fresh, _resident, _peaks, _cpu):
+            for kept in MEASURES.values():
                 kept.clear()
             if case.get("weighed"):  # fresh ranks, weighed before any code of this case runs in them
                 pool.close()
             pool.start()
-            _fresh.extend(resident(pid) for pid in pool.pids)
             _cpu.append([cpu_time(pid) for pid in pool.pids])
         with _watching(pool.pids if case.get("weighed") else []) as peaks:
             answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
@@ -106,11 +105,10 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
 
 
 # In the dispatcher, what it measured of the ranks of the case that runs, each rank read from outside:
-_fresh: list[int] = []  # each rank's resident bytes before the case's first phase (fresh ranks if weighed)
 _resident: list[list[int]] = []  # each rank's resident bytes after each phase
 _peaks: list[list[int]] = []  # the most each held during each phase, for a case to be weighed
 _cpu: list[list[float]] = []  # each rank's CPU seconds so far, before the first phase and after each
-MEASURES = {"fresh": _fresh, "resident": _resident, "peaks": _peaks, "cpu_time": _cpu}  # as watches read them
+MEASURES = {"resident": _resident, "peaks": _peaks, "cpu_time": _cpu}  # as the watches read them
 
 
 @contextlib.contextmanager

@@ -165,6 +165,8 @@ class Pool:
         if (join is None) != (wires is None) or odd:
             raise ValueError("join and wires go together: a forked pool whose rank r joins its group by "
                              "join(rank, world_size, timeout, *wires[r]) on the file descriptors it inherits")
+        if server is not None and start != "fork":
+            raise ValueError(f"a fork server forks the ranks of start='fork' only; got start={start!r}")
         self.join, self.wires = join, wires
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
