@@ -59,7 +59,7 @@ def _bucket_cases(rng: random.Random) -> list[Case]:
         generator = torch.Generator().manual_seed(rng.randrange(2**31))
         batch = rng.randint(1, 3)
         tokens, targets = (torch.randint(vocab, (2, ranks, batch, 2), generator=generator) for _ in range(2))
-        return Case({"ranks": ranks, "vocab": vocab, "hidden": hidden, "seed": rng.randrange(1000),
+        return Case({"ranks": ranks, "vocab": vocab, "hidden": hidden, "seed": rng.randrange(2**62),
                      "bucket_bytes": bucket_bytes, "overlap": overlap, "tokens": tokens, "targets": targets},
                     f"{ranks} ranks, vocabulary {vocab}, hidden {hidden}, buckets of {bucket_bytes} bytes, "
                     f"overlap={overlap}", hide)

@@ -144,27 +144,28 @@ def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
 
 
 def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict]:
-    """The student's WeightStash holding this rank's stage while edulib's executor runs PipeDream's
-    asynchronous 1F1B on real ranks, in three phases: the inputs made (and, on fresh ranks to be
-    weighed, a run of a copy of the stage), the stash made and the run (the dispatcher watches each
-    rank's memory throughout), the newest weights at the end, by the whole model's names."""
-    from edulib.lessons.pipeline_parallelism import named_stage
-    from edulib.models import regression_batch
+    """The student's WeightStash holding this rank's stage, built from its weights alone (this rank
+    knows neither the other stages' weights nor the seed that made them), while edulib's executor
+    runs PipeDream's asynchronous 1F1B on real ranks, in three phases: the inputs made (and, on fresh
+    ranks to be weighed, a run of a copy of the stage), the stash made and the run (the dispatcher
+    watches each rank's memory throughout), the newest weights at the end, by the whole model's names."""
+    from edulib.models import cut_into_stages, mlp
     from edulib.pp import async_1f1b
     from edulib.pp.executor import execute
 
     ranks, rank, every = dist.get_world_size(), dist.get_rank(), case["every"]
-    stage, local = named_stage(case["width"], case["depth"], case["seed"], ranks, rank)
+    stage = cut_into_stages(mlp(case["width"], case["depth"], 0), ranks)[rank]
+    with torch.no_grad():
+        for parameter, weight in zip(stage.parameters(), case["weights"], strict=True):
+            parameter.copy_(weight)
     total = case["steps"] * every
-    inputs, targets = (t.chunk(total) for t in regression_batch(case["steps"] * case["rows"], case["width"],
-                                                                case["seed"]))
     schedule, shape = async_1f1b(ranks, total), (case["rows"] // every, case["width"])
 
     def loss(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(y, target) / every
 
     if case["weighed"]:  # a copy's run first: what a fresh rank's first run leaves is in its baseline
-        execute(schedule, rank, {rank: copy.deepcopy(stage)}, loss, list(inputs), list(targets), shape)
+        execute(schedule, rank, {rank: copy.deepcopy(stage)}, loss, case["inputs"], case["targets"], shape)
     yield
     stash = student.WeightStash(stage, list(case["plan"]), case["lr"], every)
 
@@ -177,17 +178,32 @@ def _weight_stash(student: ModuleType, case: dict) -> Generator[None, None, dict
         def backward_done(self, _: int, microbatch: int) -> None:
             stash.backward_done(microbatch)
 
-    execute(schedule, rank, {rank: stage}, loss, list(inputs), list(targets), shape, weights=Driven())
+    execute(schedule, rank, {rank: stage}, loss, case["inputs"], case["targets"], shape, weights=Driven())
     yield
-    return {"weights": {local[name]: tensor.detach() for name, tensor in stash.newest().items()}}
+    return {"weights": {case["names"][name]: tensor.detach() for name, tensor in stash.newest().items()}}
+
+
+def _stash_part(case: dict, rank: int) -> dict:
+    """What rank `rank` is given: its stage's weights and their names in the whole model, its plan,
+    the micro-batches' inputs on the first stage and targets on the last, never the seed."""
+    from edulib.lessons.pipeline_parallelism import named_stage
+    from edulib.models import regression_batch
+
+    ranks, total = case["ranks"], case["steps"] * case["every"]
+    stage, names = named_stage(case["width"], case["depth"], case["seed"], ranks, rank)
+    inputs, targets = (list(t.chunk(total)) for t in regression_batch(case["steps"] * case["rows"],
+                                                                       case["width"], case["seed"]))
+    return {**{key: value for key, value in case.items() if key not in ("seed", "plans")},
+            "plan": case["plans"][rank], "weights": [parameter.detach() for parameter in stage.parameters()],
+            "names": names, "inputs": inputs if rank == 0 else [],
+            "targets": targets if rank == ranks - 1 else []}
 
 
 solo("version_plan", lambda s, c: s.version_plan([list(row) for row in c["rows"]], c["policy"],
     c["every"]))
 solo("versions_held", lambda s, c: s.versions_held([list(row) for row in c["rows"]], c["policy"],
     c["every"]))
-ranked("weight_stash", _weight_stash, lambda case, rank: {**{k: v for k, v in case.items() if k != "plans"},
-    "plan": case["plans"][rank]})
+ranked("weight_stash", _weight_stash, _stash_part)
 
 
 exercise("lesson11_pipedream", [
