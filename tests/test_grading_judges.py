@@ -363,3 +363,28 @@ def test_a_layout_chosen_from_guessed_speeds_fails_the_hidden_cases_of_every_see
             continue
         passed.append(seed)
     assert passed == [], passed
+
+
+def test_a_phased_worker_is_sent_its_case_with_the_first_phase_only(monkeypatch):
+    """A later phase that carried the case again would make each rank hold a second copy of it
+    while it is weighed (lesson 11's stage weights: a correct stash at 93-100 % of its bound)."""
+    from edulib.grading import student
+
+    sent: list[list[tuple]] = []
+
+    class Pool:
+        pids: list[int] = []
+
+        def start(self) -> None: ...
+
+        def close(self) -> None: ...
+
+        def run_each(self, call, arguments: list[tuple]) -> list:
+            sent.append(arguments)
+            return [None] * len(arguments)
+
+    monkeypatch.setattr(student, "_pool", lambda ranks: Pool())
+    for phase in range(3):
+        student.on_ranks("x", "measure_link", {"ranks": 2, "weights": [1.0]}, [], phase)
+    assert [[arguments[3] for arguments in phase] for phase in sent[1:]] == [[None, None]] * 2
+    assert [type(arguments[3]) for arguments in sent[0]] == [dict, dict]

@@ -75,8 +75,9 @@ def _rank_outcome(error: RankError) -> dict:
 
 def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int = 0) -> dict:
     """Run phase `phase` of rank worker `worker` on case["ranks"] ranks, each rank given only its own
-    part of the case and importing the submission `module` itself; the outcome (one answer per
-    rank, None before the last phase)."""
+    part of the case (with the first phase only: a later one would hold a second copy while it is
+    weighed) and importing the submission `module` itself; the outcome (one answer per rank, None
+    before the last phase)."""
     ranks = case["ranks"]
     split = _SPLITS.get(worker, lambda case, rank: case)
     pool = _pool(ranks)
@@ -89,8 +90,8 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
             pool.start()
             _cpu.append([cpu_time(pid) for pid in pool.pids])
         with _watching(pool.pids if case.get("weighed") else []) as peaks:
-            answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank), phase)
-                                                for rank in range(ranks)])
+            answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank) if phase == 0
+                                                 else None, phase) for rank in range(ranks)])
     except RankError as error:
         found = _rank_outcome(error)
         if isinstance(error, RankTimeout):
@@ -190,7 +191,7 @@ _guarded = False
 _running: list[Generator] = []  # in a rank: the case whose worker paused between phases
 
 
-def rank_call(module_name: str, worker: str, forbidden: list, case: dict, phase: int = 0) -> Any:
+def rank_call(module_name: str, worker: str, forbidden: list, case: dict | None, phase: int = 0) -> Any:
     """In a rank: guard the answering functions (once), import the submission (lazily), run one case, or
     one phase of it: a worker that is a generator runs to its next `yield` (None is the answer of
     every phase but the last), and the grader cuts the relay's log when all ranks have answered."""
