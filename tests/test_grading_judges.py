@@ -388,3 +388,24 @@ def test_a_phased_worker_is_sent_its_case_with_the_first_phase_only(monkeypatch)
         student.on_ranks("x", "measure_link", {"ranks": 2, "weights": [1.0]}, [], phase)
     assert [[arguments[3] for arguments in phase] for phase in sent[1:]] == [[None, None]] * 2
     assert [type(arguments[3]) for arguments in sent[0]] == [dict, dict]
+
+
+def test_a_checks_cases_are_drawn_once_per_seed_and_each_student_judged_on_a_copy():
+    """Lesson 08's draw takes seconds under the grader's lock: once per seed for a class, and a
+    judge that changed its case in place could not change the next student's."""
+    from edulib.grading.checks.base import Case, Check
+
+    draws: list[int] = []
+
+    def cases(rng):
+        draws.append(1)
+        return [Case({"x": torch.zeros(2)}, "x"), Case({"x": torch.ones(2) * rng.random()}, "y", hidden=True)]
+
+    check = Check("drawn", 1, 1, "measure_link", cases, print, "-", "-")
+    first = cases_of("lesson99_drawn", check, seed=5)
+    first[0].inputs["x"] += 1
+    again = cases_of("lesson99_drawn", check, seed=5)
+    assert len(draws) == 2  # the visible cases' draw, and seed 5's
+    assert again[0].inputs["x"].tolist() == [0.0, 0.0] and torch.equal(again[1].inputs["x"], first[1].inputs["x"])
+    cases_of("lesson99_drawn", check, seed=6)
+    assert len(draws) == 3

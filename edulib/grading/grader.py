@@ -14,6 +14,7 @@ the checks after it run again in a fresh tree.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import json
 import os
@@ -148,11 +149,20 @@ class _Jail:
     beside: int = 0  # trees graded at the same time as each one, as the same user unless own_users
 
 
+_DRAWN: dict[tuple, list[Case]] = {}  # each check's cases, drawn once per seed (lesson 08's take seconds)
+DRAWN = 128  # the most draws kept: every check's visible and hidden cases of a class run, and some
+
+
 def cases_of(exercise: str, check: Check, seed: int = 0) -> list[Case]:
     """The cases of a check: the visible ones the same in every run (a student can reproduce them),
-    the hidden ones drawn from the run's seed."""
+    the hidden ones drawn from the run's seed; drawn once per seed, each student judged on a copy."""
     def draw(key: int) -> list[Case]:
-        return check.cases(random.Random(f"{key}/{exercise}/{check.name}"))
+        drawn = (check.cases, exercise, check.name, key)
+        if drawn not in _DRAWN:
+            while len(_DRAWN) >= DRAWN:
+                _DRAWN.pop(next(iter(_DRAWN)))
+            _DRAWN[drawn] = check.cases(random.Random(f"{key}/{exercise}/{check.name}"))
+        return copy.deepcopy(_DRAWN[drawn])
     return [c for c in draw(0) if not c.hidden] + [c for c in draw(seed) if c.hidden]
 
 

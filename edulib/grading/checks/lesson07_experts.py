@@ -37,7 +37,8 @@ def _expert_cases(rng: random.Random) -> list[Case]:
         gates = [torch.tensor([rng.uniform(0.1, 1.0) for _ in range(count)]) for count in tokens]
         ys = []
         for x, chosen, gate in zip(xs, experts, gates, strict=True):
-            rows = [expert_mlp(*weights[e])(x[t:t + 1]) * gate[t] for t, e in enumerate(chosen.tolist())]
+            with torch.no_grad():  # the expected values only, no graph kept with the case
+                rows = [expert_mlp(*weights[e])(x[t:t + 1]) * gate[t] for t, e in enumerate(chosen.tolist())]
             ys.append(torch.cat(rows) if rows else torch.zeros(0, width))
         starving = "" if starved is None else f", rank {starved}'s experts never chosen"
         return Case({"ranks": ranks, "per_rank": per_rank, "xs": xs, "experts": experts, "gates": gates,
