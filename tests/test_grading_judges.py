@@ -39,7 +39,7 @@ def _reply(outcome: Any) -> Reply:
 
 def _verdict(check, case, outcome: Any) -> str:
     """The visible part's feedback for one case with this outcome."""
-    return _judge(check, [case], [_reply(outcome)])[0 if not case.hidden else 1]
+    return _judge(check, [case], [_reply(outcome)])[0][0 if not case.hidden else 1]
 
 
 def _passed(check, case, text: str) -> bool:
@@ -139,7 +139,7 @@ def test_broken_lines_from_a_childs_pipe_never_raise():
         _take(tree, calls, line, False)
     replies = tree.outcomes.get(check.name, [])
     assert len(replies) == 1 and type(replies[0].kind) is str  # the first well-formed line's
-    assert not _passed(check, cases[check.name][0], _judge(check, cases[check.name][:1], replies[:1])[0])
+    assert not _passed(check, cases[check.name][0], _judge(check, cases[check.name][:1], replies[:1])[0][0])
 
 
 def test_the_tensor_shaped_dict_that_stopped_a_class_is_a_named_zero():
@@ -406,6 +406,36 @@ def test_a_checks_cases_are_drawn_once_per_seed_and_each_student_judged_on_a_cop
     first[0].inputs["x"] += 1
     again = cases_of("lesson99_drawn", check, seed=5)
     assert len(draws) == 2  # the visible cases' draw, and seed 5's
-    assert again[0].inputs["x"].tolist() == [0.0, 0.0] and torch.equal(again[1].inputs["x"], first[1].inputs["x"])
+    assert again[0].inputs["x"].tolist() == [0.0, 0.0]
+    assert torch.equal(again[1].inputs["x"], first[1].inputs["x"])
     cases_of("lesson99_drawn", check, seed=6)
     assert len(draws) == 3
+
+
+def test_a_judge_past_its_cpu_allowance_is_a_named_zero_for_that_case_and_each_part_reports_its_cpu(
+        monkeypatch):
+    """A judge that an answer keeps busy is stopped at the grader's CPU cap (a named 0 for its case,
+    the other part still judged), a judge that only waits is not, and each part says what it cost."""
+    import time as clock
+
+    from edulib.grading import grader
+    from edulib.grading.checks.base import Case, Check
+
+    def judge(case, answer):
+        if answer == "spin":
+            while True:
+                pass
+        clock.sleep(0.3)  # waiting is no CPU
+
+    monkeypatch.setattr(grader, "JUDGE_CPU", 0.2)
+    check = Check("busy", 1, 1, "measure_link", list, judge, "judged", "other answers")
+    cases = [Case({}, "an answer that keeps the judge busy"), Case({}, "another", hidden=True)]
+    began = clock.monotonic()
+    (visible, hidden), (spent, waited) = _judge(check, cases, [_reply({"answer": "spin"}),
+                                                                _reply({"answer": "wait"})])
+    assert clock.monotonic() - began < 5
+    assert visible == ("an answer that keeps the judge busy: judging this answer took more than the 0.2 s "
+                       "of the grader's CPU a case may take")
+    assert hidden == "passed the hidden cases (other answers)"
+    assert 0.2 <= spent < 1.0 and waited < 0.1
+    clock.sleep(0.2)  # nothing is left to land in this thread once the judge is over

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import itertools
 import json
 import os
@@ -52,6 +53,7 @@ STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Pytho
 STARTUP_WALL = 30.0  # wall seconds the same may take, on a machine busy with the rest of the class
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
 JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
+JUDGE_CPU = 10.0  # CPU seconds the grader may spend judging one case (the solutions: 0.8 s a part at most)
 STICKY = ("missing", "forbidden", "deadlock")  # an outcome that the check's later cases would repeat
 UNHIDDEN = ("this kernel offers no Landlock: a submission could read edulib's own answers from their files "
             "(only the stand-ins for the answering functions stop it)")
@@ -112,6 +114,7 @@ class Result:
     sandbox: str = "none"
     submission: str = ""
     seed: int | None = None
+    judged: float = 0.0  # CPU seconds the grader spent judging this part's cases
 
 
 @dataclass(frozen=True)
@@ -527,17 +530,49 @@ def _memory_cap(extra: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str, str]:
+class _Overtime(BaseException):
+    """Raised in a judge that spent its CPU allowance (no judge's `except Exception` catches it)."""
+
+
+@contextlib.contextmanager
+def _cpu_cap(seconds: float) -> Iterator[None]:
+    """While the block runs, this thread may spend `seconds` of CPU: past that, a watcher raises
+    _Overtime in it (between two bytecodes: a torch call that runs ends first)."""
+    ident = threading.get_ident()
+    clock = time.pthread_getcpuclockid(ident)
+    start, done, fired = time.clock_gettime(clock), threading.Event(), []
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            if time.clock_gettime(clock) - start > seconds:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_Overtime))
+                fired.append(True)
+                return
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        if fired:  # raised after the block ended, it would land in the grader: withdrawn
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+
+
+def _judge(check: Check, cases: list[Case], outcomes: list[Reply]
+           ) -> tuple[tuple[str, str], tuple[float, float]]:
     """Judge the visible and the hidden cases of a check (one outcome per case); the feedback of
-    each part. Each outcome is decoded here, under the judge's memory cap: whatever a student sent,
-    the worst it can do is a named 0."""
+    each part, and the CPU seconds judging it took. Each outcome is decoded here, under the judge's
+    memory and CPU caps: whatever a student sent, the worst it can do is a named 0."""
     feedback = {False: check.passed, True: f"passed the hidden cases ({check.hidden})"}
     failed: dict[bool, str] = {}
+    judged = {False: 0.0, True: 0.0}
     for case, outcome in zip(cases, outcomes, strict=True):
         if case.hidden in failed:
             continue
+        began = time.thread_time()
         try:
-            with _memory_cap(JUDGE_MEMORY):
+            with _cpu_cap(JUDGE_CPU), _memory_cap(JUDGE_MEMORY):
                 decoded = loads(outcome.raw)
                 answer = answer_of(decoded)
                 if outcome.wire is not None and outcome.wire.get("overflow"):
@@ -559,27 +594,38 @@ def _judge(check: Check, cases: list[Case], outcomes: list[Reply]) -> tuple[str,
         except MemoryError:
             failed[case.hidden] = (f"{'a hidden case' if case.hidden else case.label}: judging this answer "
                                    f"would take more than {JUDGE_MEMORY >> 30} GiB (its sizes are too large)")
+        except _Overtime:
+            failed[case.hidden] = (f"{'a hidden case' if case.hidden else case.label}: judging this answer "
+                                   f"took more than the {JUDGE_CPU:g} s of the grader's CPU a case may take")
         except Exception as error:  # noqa: BLE001 - an answer the judge cannot read is a wrong answer
             failed[case.hidden] = (f"a hidden case ({check.hidden}): an answer of the wrong kind"
                                    if case.hidden else f"{case.label}: an answer of the wrong kind "
                                    f"({type(error).__name__}: {str(error)[:200]})")
+        finally:
+            judged[case.hidden] += time.thread_time() - began
     forbidden = next((text for text in failed.values() if text.startswith("this exercise must")), None)
     if forbidden is not None:
         failed = {False: forbidden, True: forbidden}
-    return failed.get(False, feedback[False]), failed.get(True, feedback[True])
+    return (failed.get(False, feedback[False]), failed.get(True, feedback[True])), (judged[False],
+                                                                                   judged[True])
 
 
 def _rows(student: str, exercise: str, check: Check, feedback: tuple[str, str], seconds: float,
-          state: str, submission: str, seed: int | None) -> list[Result]:
-    """A check's two rows (visible and hidden cases) from their feedback."""
+          judged: tuple[float, float], state: str, submission: str, seed: int | None) -> list[Result]:
+    """A check's two rows (visible and hidden cases) from their feedback and judging CPU seconds."""
     rows = []
-    for is_hidden, points, text in ((False, check.points, feedback[0]),
-                                    (True, check.hidden_points, feedback[1])):
+    for is_hidden, points, text, cpu in ((False, check.points, feedback[0], judged[0]),
+                                         (True, check.hidden_points, feedback[1], judged[1])):
         passed = text in (check.passed, f"passed the hidden cases ({check.hidden})")
         rows.append(Result(student, exercise, check.name + (" (hidden)" if is_hidden else ""),
                            points if passed else 0, 0 if check.optional else points, text, round(seconds, 2),
-                           is_hidden, state, submission, seed))
+                           is_hidden, state, submission, seed, round(cpu, 3)))
     return rows
+
+
+def _unjudged(text: str, seconds: float = 0.0) -> tuple[tuple[str, str], float, tuple[float, float]]:
+    """The verdict of a check that was not judged (not run, stopped, or its judge failed): `text`."""
+    return (text, text), seconds, (0.0, 0.0)
 
 
 def exercise_budget(exercise: str, time_limit: float | None = None) -> float:
@@ -605,7 +651,7 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
     while pending:
         if spent >= budget:
             text = f"not run: this exercise's {budget:g} s of wall time were spent on the checks before it"
-            verdicts.update({check.name: ((text, text), 0.0) for check in pending})
+            verdicts.update({check.name: _unjudged(text) for check in pending})
             break
         cpu = STARTUP_CPU + sum(limit[check.name] for check in pending)
         tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail, limit, budget - spent, stop)
@@ -616,7 +662,7 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
             _warn(tree, warnings)
             if tree.stage == "import failed":
                 text = f"the module raised while being imported: {tree.message}"
-                verdicts.update({check.name: ((text, text), 0.0) for check in pending})
+                verdicts.update({check.name: _unjudged(text) for check in pending})
                 break
             for check in pending:
                 outcomes = tree.outcomes.get(check.name, [])
@@ -627,13 +673,13 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
         if stopped is None:
             break
         text = _why(tree, limit[stopped.name])
-        verdicts[stopped.name] = ((text, text), round(tree.status.get("wall", 0.0), 2))
+        verdicts[stopped.name] = _unjudged(text, round(tree.status.get("wall", 0.0), 2))
         if tree.stage in ("starting", "importing"):
-            verdicts.update({check.name: ((text, text), 0.0) for check in pending})
+            verdicts.update({check.name: _unjudged(text) for check in pending})
             break
         pending = pending[pending.index(stopped) + 1:]
     return [row for check in checks
-            for row in _rows(student, exercise, check, verdicts[check.name][0], verdicts[check.name][1],
+            for row in _rows(student, exercise, check, *verdicts[check.name],
                              jail.state, str(original or submission), seed)]
 
 
@@ -649,22 +695,23 @@ def _warn(tree: _Tree, warnings: list[str]) -> None:
 
 
 def _verdict(check: Check, cases: list[Case], outcomes: list[Reply], tree: _Tree, warnings: list[str],
-             where: str) -> tuple[tuple[str, str], float]:
-    """A check's feedback (visible, hidden) and seconds, from the tree's outcomes; a failure of the
-    judge itself costs this check only, and the instructor is told in `warnings`."""
+             where: str) -> tuple[tuple[str, str], float, tuple[float, float]]:
+    """A check's feedback (visible, hidden), seconds and judging CPU seconds, from the tree's
+    outcomes; a failure of the judge itself costs this check only, and the instructor is told in
+    `warnings`."""
     try:
-        return _judge(check, cases, outcomes), tree.seconds.get(check.name, 0.0)
+        feedback, judged = _judge(check, cases, outcomes)
+        return feedback, tree.seconds.get(check.name, 0.0), judged
     except Exception as error:  # noqa: BLE001 - the grader's own failure costs one check only
         warnings.append(f"{where}: the judge failed: {type(error).__name__}: {error}")
-        text = (f"the grader could not judge this check ({type(error).__name__}); "
-                "the instructor has the details")
-        return (text, text), 0.0
+        return _unjudged(f"the grader could not judge this check ({type(error).__name__}); "
+                         "the instructor has the details")
 
 
 def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list[Result]:
     """The rows of an exercise a student did not hand in, or handed in as something refused."""
     return [row for check in CHECKS[exercise]
-            for row in _rows(student, exercise, check, (why, why), 0.0, "", "", seed)]
+            for row in _rows(student, exercise, check, *_unjudged(why), "", "", seed)]
 
 
 def _jail(work: Path, sandbox: bool, beside: int, warnings: list[str]) -> _Jail:
