@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from edulib.grading.plain import NotPlain, decode, encode
 from edulib.grading.student import COLLECTORS
 
 SAMPLED = 512  # positions of a large case's weights that come back to be judged (the dispatcher samples them)
@@ -180,6 +181,28 @@ def bytes_moved(events: list[dict], direction: str) -> int:
     kind = "send" if direction == "sent" else "recv"
     return sum(event["bytes"] if event["op"] == kind else event.get(direction, 0) for event in events
                if event["op"] not in ("send", "recv") or event["op"] == kind)
+
+
+def weighed(wire: dict) -> tuple[list[list[int]], list[list[int]]]:
+    """What the dispatcher weighed of a weighed case's ranks, from outside them: each rank's resident
+    bytes after each phase, and the most each held during each phase; a named 0 if it could not."""
+    resident, peaks = wire.get("resident"), wire.get("peaks")
+    if type(resident) is not list or type(peaks) is not list or len(resident) < 2 or len(peaks) < 2:
+        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
+                    "the ranks were not weighed")
+    return resident, peaks
+
+
+def at_sampled(weights: list, sample: list[int]) -> list | None:
+    """In the dispatcher: a rank's encoded weights, each one-dimensional tensor long enough taken at
+    the sorted `sample` only (as the judge reads them), the others as they came; None if one cannot
+    be decoded (the judge then reads the answer as it came)."""
+    try:
+        decoded = [decode(weight) for weight in weights]
+    except NotPlain:
+        return None
+    return [encode(w[sample]) if isinstance(w, torch.Tensor) and w.dim() == 1 and w.numel() > sample[-1]
+            else encode(w) for w in decoded]
 
 
 def per_rank_answers(answer: Any, ranks: int) -> list:

@@ -17,6 +17,7 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
+    at_sampled,
     bytes_moved,
     check_tensor,
     exercise,
@@ -25,8 +26,8 @@ from edulib.grading.checks.base import (
     rank_events,
     same_plain,
     seeded_tensors,
+    weighed,
 )
-from edulib.grading.plain import NotPlain, decode, encode
 from edulib.grading.student import mine, ranked, solo
 
 
@@ -162,10 +163,7 @@ def _adamw_watch(case: Case, wire: dict, answer: Any = None) -> None:
     inputs, ranks = case.inputs, case.inputs["ranks"]
     if "sample" not in inputs:
         return
-    resident = wire.get("resident")
-    if type(resident) is not list or len(resident) < 2:
-        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
-                    "the ranks were not weighed")
+    resident, _ = weighed(wire)
     length, largest = inputs["length"], -(-inputs["length"] // ranks)
     allowed = 6 * largest + 10 * length
     for rank in range(ranks):
@@ -352,12 +350,8 @@ def _sampled(case: dict, answer: Any) -> Any:
     them); an answer of another form as it came."""
     if "sample" not in case or type(answer) is not dict or type(answer.get("weights")) is not list:
         return answer
-    try:
-        weights = [decode(w) for w in answer["weights"]]
-    except NotPlain:
-        return answer
-    return {**answer, "weights": [encode(w[case["sample"]]) if isinstance(w, torch.Tensor) and w.dim() == 1
-                                  and w.numel() == case["length"] else encode(w) for w in weights]}
+    weights = at_sampled(answer["weights"], case["sample"])
+    return answer if weights is None else {**answer, "weights": weights}
 
 
 ranked("sharded_adamw", _sharded_adamw, _adamw_part, finish=_sampled)

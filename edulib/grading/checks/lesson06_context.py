@@ -20,6 +20,7 @@ from edulib.grading.checks.base import (
     rank_events,
     ring_direction,
     seeded_tensors,
+    weighed,
 )
 from edulib.grading.student import ranked, solo
 
@@ -117,10 +118,7 @@ def _attention_weighed(case: Case, wire: dict, block: int) -> None:
     call: 12 MiB on the weighed cases, where correct rings held 6.1 to 9.4 MiB and a rank that
     keeps every chunk 18 MiB."""
     inputs = case.inputs
-    peaks, resident = wire.get("peaks"), wire.get("resident")
-    if type(resident) is not list or type(peaks) is not list or len(peaks) < 2:
-        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
-                    "the ranks were not weighed")
+    resident, peaks = weighed(wire)
     heads, width = inputs["q"].shape[1], inputs["q"].shape[-1]
     chunk = -(-inputs["length"] // inputs["ranks"])
     allowed = HELD_CHUNKS * (block + 4 * heads * chunk * (chunk + width))

@@ -19,6 +19,7 @@ from edulib.grading.checks.base import (
     exercise,
     per_rank_answers,
     same_plain,
+    weighed,
 )
 from edulib.grading.student import ranked, solo
 
@@ -124,10 +125,7 @@ def _stash_watch(case: Case, wire: dict, answer: Any = None) -> None:
     inputs = case.inputs
     if not inputs["weighed"]:
         return
-    resident, peaks = wire.get("resident"), wire.get("peaks")
-    if type(resident) is not list or type(peaks) is not list or len(peaks) < 2:
-        raise Wrong("the grader could not weigh the ranks (a rank stopped early?)",
-                    "the ranks were not weighed")
+    resident, peaks = weighed(wire)
     ranks = inputs["ranks"]
     most = [max(counts) for counts in versions_held(async_1f1b(ranks, inputs["steps"] * inputs["every"]),
                                                     inputs["policy"], inputs["every"])]

@@ -16,12 +16,12 @@ from edulib.grading.checks.base import (
     Case,
     Check,
     Wrong,
+    at_sampled,
     check_tensor,
     exercise,
     per_rank_answers,
     phase_events,
 )
-from edulib.grading.plain import NotPlain, decode, encode
 from edulib.grading.student import mine, ranked
 
 _STEPS = 2  # optimizer steps per case
@@ -180,12 +180,7 @@ def _sampled(case: dict, answer: Any) -> Any:
     them); an answer of another form as it came."""
     if "sample" not in case or type(answer) is not list:
         return answer
-    try:
-        weights = [decode(w) for w in answer]
-    except NotPlain:
-        return answer
-    return [encode(w[case["sample"]]) if isinstance(w, torch.Tensor) and w.dim() == 1
-            and w.numel() > case["sample"][-1] else encode(w) for w in weights]
+    return at_sampled(answer, case["sample"]) or answer
 
 
 ranked("accumulation", _accumulation, _accumulation_part, finish=_sampled,
