@@ -9,6 +9,7 @@ import json
 import math
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +440,48 @@ def test_a_judge_past_its_cpu_allowance_is_a_named_zero_for_that_case_and_each_p
     assert hidden == "passed the hidden cases (other answers)"
     assert 0.2 <= spent < 1.0 and waited < 0.1
     clock.sleep(0.2)  # nothing is left to land in this thread once the judge is over
+
+
+def test_a_watch_is_told_when_the_ranks_were_not_weighed_in_every_phase():
+    """Weighed from outside after each phase and throughout it: a case whose ranks stopped before
+    either came back is a named 0, never a figure read from a missing phase."""
+    from edulib.grading.checks.base import Wrong, weighed
+
+    both = {"resident": [[1], [2]], "peaks": [[1], [3]]}
+    assert weighed(both) == ([[1], [2]], [[1], [3]])
+    for missing in ({"resident": [[1], [2]], "peaks": [[1]]}, {"resident": [[1]], "peaks": [[1], [3]]},
+                    {"resident": [[1], [2]]}, {"resident": "x", "peaks": [[1], [3]]}):
+        with pytest.raises(Wrong, match="could not weigh the ranks"):
+            weighed(missing)
+
+
+def test_the_dispatcher_samples_every_weight_long_enough_and_hands_on_the_rest():
+    """What comes back of a large case is its weights at the sampled positions: a 1-D weight that
+    holds the last position is sampled, a shorter one or a matrix goes on whole, and an answer that
+    is not plain data goes on untouched for the judge to refuse."""
+    from edulib.grading.checks.base import at_sampled
+    from edulib.grading.plain import decode, encode
+
+    sample = [1, 4]
+    weights = [encode(torch.arange(5.0)), encode(torch.arange(4.0)), encode(torch.ones(5, 5))]
+    got = [decode(w) for w in at_sampled(weights, sample)]
+    assert got[0].tolist() == [1.0, 4.0] and got[1].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert got[2].shape == (5, 5)
+    assert at_sampled([{"tensor": "float32", "shape": [2], "data": "!"}], sample) is None
+
+
+def test_each_row_reports_the_cpu_its_own_part_took_to_judge():
+    from edulib.grading import grader
+    from edulib.grading.checks.base import Case, Check
+
+    def judge(case, answer):
+        began = time.thread_time()
+        while time.thread_time() - began < (0.2 if case.hidden else 0.0):
+            pass
+
+    check = Check("busy", 1, 1, "measure_link", list, judge, "judged", "other answers")
+    cases = [Case({}, "quick"), Case({}, "slow", hidden=True)]
+    feedback, judged = _judge(check, cases, [_reply({"answer": 1}), _reply({"answer": 1})])
+    assert judged[0] < 0.1 and judged[1] >= 0.2
+    rows = grader._rows("s", "e", check, feedback, 1.0, judged, "none", "", None)
+    assert [row.judged for row in rows] == [round(judged[0], 3), round(judged[1], 3)]

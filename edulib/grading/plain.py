@@ -9,6 +9,7 @@ student's class, and no method a student wrote, ever runs in the grader.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 from typing import Any
@@ -72,7 +73,10 @@ def _tensor(data: dict) -> torch.Tensor:
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if size > MAX_TEXT:  # checked before anything is allocated
         raise NotPlain(f"a tensor of shape {shape}, larger than any answer may be")
-    raw = base64.b64decode(data["data"], validate=True)
+    try:
+        raw = base64.b64decode(data["data"], validate=True)
+    except binascii.Error:
+        raise NotPlain(f"a tensor of shape {shape} whose data is not base64") from None
     if len(raw) != size:
         raise NotPlain(f"a tensor of shape {shape} whose data has {len(raw)} bytes")
     if not raw:
