@@ -8,8 +8,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - gradient buckets, 3 + 3 points: gradients equal to one process's, buckets launched as they fill.
   Visible cases: 2 ranks, vocabulary 11, hidden 6, buckets of 1048576 bytes, overlap=True; 2 ranks,
   vocabulary 11, hidden 6, buckets of 400 bytes, overlap=True; 2 ranks, vocabulary 11, hidden 6,
-  buckets of 300 bytes, overlap=False. Hidden cases: 3 and 4 ranks, other models and bucket sizes,
-  with and without overlap.
+  buckets of 300 bytes, overlap=False; 2 ranks, vocabulary 11, hidden 6, buckets of 100 bytes,
+  overlap=True. Hidden cases: 3 and 4 ranks, other models and bucket sizes, with and without
+  overlap.
 - measure the link, 1 + 2 points: alpha and beta each within 25% of the link's. Visible cases: a
   link of alpha = 36.0 ms, 1 / beta = 2.9 MB/s. Hidden cases: two more links, alpha from 20 to 80 ms
   and 1 / beta from 1 to 4 MB/s.

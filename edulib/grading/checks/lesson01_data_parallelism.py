@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from edulib.grading import relay
 from edulib.grading.checks.base import (
     Case,
     Check,
@@ -41,17 +42,22 @@ def _server_judge(case: Case, answer: Any) -> None:
     check_tensor(answer, want, "server_step's result", atol=1e-6)
 
 
-def _bucket_sizes(model: torch.nn.Module, bucket_bytes: int) -> list[int]:
-    """Elements in each bucket, first launched first: parameters in reverse order, greedily packed."""
-    sizes, used = [[]], 0
-    for parameter in reversed(list(model.parameters())):
+def _buckets_of(model: torch.nn.Module, bucket_bytes: int) -> list[dict[str, int]]:
+    """Each bucket, first launched first, as its parameters' names and sizes: parameters in reverse
+    order, greedily packed."""
+    buckets, used = [{}], 0
+    for name, parameter in reversed(list(model.named_parameters())):
         nbytes = 4 * parameter.numel()
-        if sizes[-1] and used + nbytes > bucket_bytes:
-            sizes.append([])
+        if buckets[-1] and used + nbytes > bucket_bytes:
+            buckets.append({})
             used = 0
-        sizes[-1].append(parameter.numel())
+        buckets[-1][name] = parameter.numel()
         used += nbytes
-    return [sum(bucket) for bucket in sizes]
+    return buckets
+
+
+REACHED = {"backward reached": "mix"}  # the harness's question, asked once the mix layer's gradient flows
+BEFORE_MIX = ("head_bias", "norm.weight", "norm.bias")  # the parameters whose gradients are final by then
 
 
 def _bucket_cases(rng: random.Random) -> list[Case]:
@@ -66,7 +72,8 @@ def _bucket_cases(rng: random.Random) -> list[Case]:
     hidden = [case(rng.randint(3, 4), rng.randint(5, 13), rng.randint(2, 7), rng.randint(40, 400), overlap,
                    True) for overlap in (True, False)]
     return [case(2, 11, 6, 1 << 20, True, False), case(2, 11, 6, 400, True, False),  # 1 and 2 buckets
-            case(2, 11, 6, 300, False, False), *hidden, case(3, 11, 6, 100, True, True)]  # 3, then more
+            case(2, 11, 6, 300, False, False), case(2, 11, 6, 100, True, False),  # 3 and 4 (the last
+            *hidden, case(3, 11, 6, 100, True, True)]  # full before the mix layer), then more
 
 
 def _rank_average(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
@@ -105,16 +112,27 @@ def _bucket_judge(case: Case, answer: Any) -> None:
 
 def _bucket_watch(case: Case, wire: dict, answer: Any = None) -> None:
     """What the relay saw of each step: all-reduces of the buckets' sizes, launched during the
-    backward with overlap and only in finish without it (the grader cut the log at each phase)."""
+    backward with overlap and only in finish without it (the grader cut the log at each phase); with
+    overlap, every bucket whose gradients are all final before backward reaches the mix layer
+    (BEFORE_MIX) is launched before the harness's question from there (REACHED), which the relay
+    logs in order: a bucket that waits for a later gradient shows."""
     from edulib.models import tied_lm
 
     inputs = case.inputs
-    sizes = sorted(_bucket_sizes(tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"]),
-                                 inputs["bucket_bytes"]))
+    model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
+    buckets = _buckets_of(model, inputs["bucket_bytes"])
+    sizes = sorted(sum(bucket.values()) for bucket in buckets)
+    ready = sum(set(bucket) <= set(BEFORE_MIX) for bucket in buckets)  # full before the mix layer
     for rank in range(inputs["ranks"]):
         phases = phase_events(wire, rank)
         for step in range(len(phases) // 3):
             forward, backward, finish = phases[3 * step:3 * step + 3]
+            marks = [index for index, e in enumerate(backward) if e["op"] == "ask" and e["query"] == REACHED]
+            if len(marks) != 1 or sum(e["op"] == "ask" for e in forward + backward + finish) != 1:
+                raise Wrong(f"step {step + 1}, rank {rank}: backward did not pass the mix layer once, in "
+                            "backward, as the relay saw it (the grader asks there)",
+                            "backward not run once per step")
+            backward = backward[:marks[0]] + backward[marks[0] + 1:]
             events = forward + backward + finish
             others = sorted({e["op"] for e in events} - {"all_reduce"})
             got = sorted(e["elements"] for e in events)
@@ -126,9 +144,36 @@ def _bucket_watch(case: Case, wire: dict, answer: Any = None) -> None:
                 raise Wrong(f"step {step + 1}, rank {rank}: with overlap every bucket is launched during "
                             f"backward, the moment it fills; {len(events) - len(backward)} of {len(events)} "
                             "were launched outside it", "buckets not launched during backward")
+            if inputs["overlap"] and marks[0] < ready:
+                raise Wrong(f"step {step + 1}, rank {rank}: {ready} bucket(s) held only gradients that were "
+                            f"final before backward reached the mix layer, but {marks[0]} all-reduce(s) had "
+                            "been launched by then: a bucket waited for later gradients",
+                            "buckets launched after they filled")
             if not inputs["overlap"] and len(finish) < len(events):
                 raise Wrong(f"step {step + 1}, rank {rank}: without overlap nothing is launched before "
                             "finish", "launched during backward without overlap")
+
+
+class _Reached(torch.autograd.Function):
+    """The identity; its backward asks the grader REACHED, so the relay logs where backward is."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        relay.ask(REACHED)
+        return grad
+
+
+def _reached_oracle(case: Case) -> Any:
+    """Answer the harness's question (0), refusing any other."""
+    def answer(query: dict) -> float:
+        if query != REACHED:
+            raise ValueError("this check answers only the grader's own question")
+        return 0.0
+    return answer
 
 
 LATENCY = (20e-3, 80e-3)  # seconds: the graded links' alpha is drawn from this range
@@ -178,6 +223,7 @@ def _buckets(student: ModuleType, case: dict) -> Generator[None, None, list]:
     from edulib.models import tied_lm
 
     model, grads = tied_lm(case["vocab"], case["hidden"], case["seed"]), []
+    model.mix.register_forward_hook(lambda module, args, output: _Reached.apply(output))
     buckets = student.GradientBuckets(model, case["bucket_bytes"], case["overlap"])
     for tokens, targets in zip(case["tokens"], case["targets"], strict=True):
         logits = model(tokens[dist.get_rank()]).flatten(0, -2)
@@ -212,7 +258,7 @@ exercise("lesson01_data_parallelism", [
         Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
               "gradients equal to one process's, buckets launched as they fill",
               "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True,
-              watch=_bucket_watch, phases=7),
+              watch=_bucket_watch, phases=7, oracle=_reached_oracle),
         Check("measure the link", 1, 2, "measure_link", _link_cases, _link_judge,
               f"alpha and beta each within {TOLERANCE:.0%} of the link's",
               "two more links, alpha from 20 to 80 ms and 1 / beta from 1 to 4 MB/s", time_limit=60.0,
