@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from edulib.grading.relay import Relay, WireError, collective, frame
@@ -123,6 +124,49 @@ def test_the_log_says_how_late_the_links_held_replies_went_out():
     relay.begin([0, 1], link=(0.05, 0.0))
     assert relay.log()["late"] == 0.0
     relay.close()
+
+
+def test_the_log_says_how_long_a_rank_took_to_answer_a_held_reply():
+    """On a busy machine a rank waits for its turn to run after a reply reaches it, and a student's
+    ping-pong measures that wait as part of alpha: the log's "turnaround" is the median time from a
+    held reply going out to that rank's next frame coming in (a frame that follows no held reply
+    counts nothing), and a new case starts from none."""
+    relay = Relay(2)
+    relay.begin([0, 1], link=(0.05, 0.0))
+    recv = frame({"op": "recv", "group": [0, 1], "peer": 0, "out": [["float32", [4]]], "id": 0})
+    os.write(relay.rank_ends[1][1], recv)
+    relay.readable(1)
+    os.write(relay.rank_ends[0][1], frame({"op": "send", "group": [0, 1], "peer": 1,
+                                           "meta": [["float32", [4]]], "id": 0}, bytes(16)))
+    relay.readable(0)
+    time.sleep(0.06)
+    relay.flush()  # the held reply goes out to rank 1
+    assert relay.log()["turnaround"] == 0.0  # rank 1 has not answered yet
+    time.sleep(0.2)  # rank 1 waits 0.2 s for its turn, then asks again
+    os.write(relay.rank_ends[1][1], recv)
+    relay.readable(1)
+    assert 0.19 < relay.log()["turnaround"] < 0.5, relay.log()["turnaround"]
+    relay.begin([0, 1], link=(0.05, 0.0))
+    assert relay.log()["turnaround"] == 0.0
+    relay.close()
+
+
+def test_the_link_judge_allows_alpha_the_machines_delays_and_no_more():
+    """Lesson 01's link judge: alpha within 25 % of the link's, plus the wire's 5 ms, the relay's
+    lateness and the ranks' turnaround (the latter at most 20 ms), so that a busy machine never
+    fails a correct measurement and a long turnaround buys a guess nothing beyond its cap."""
+    from edulib.grading.checks import CHECKS, Case, Wrong
+
+    check = next(c for c in CHECKS["lesson01_data_parallelism"] if c.name == "measure the link")
+    case = Case({"ranks": 2}, "a link", False, {"link": (0.04, 5e-7)})
+    wire = {"late": 0.003, "turnaround": 0.012}
+    check.watch(case, wire, [(0.05 + 0.005 + 0.003 + 0.012 - 1e-6, 5e-7), None])
+    for alpha, delays in ((0.05 + 0.005 + 0.003 + 0.012 + 1e-4, wire), (0.05 + 0.005 + 0.02 + 1e-4,
+                                                                          {"turnaround": 1.0})):
+        with pytest.raises(Wrong, match="alpha = "):
+            check.watch(case, delays, [(alpha, 5e-7), None])
+    with pytest.raises(Wrong, match="beta = "):
+        check.watch(case, wire, [(0.04, 5e-7 * 1.26), None])
 
 
 def test_mismatched_collectives_and_reductions_are_refused_by_name():

@@ -39,7 +39,7 @@ MAX_HELD = 32 * 2**20  # bytes the relay holds for receivers that have not asked
 MAX_EVENTS = 20_000  # operations logged in one case: far more than any check's, far fewer than a flood's
 MAX_VALUES = 2**20  # bytes of small messages' values logged in one case (a judge reads them)
 KEPT_VALUES = 4096  # a message up to this many bytes has its values logged
-MAX_LATE = 100_000  # held replies whose lateness one case records
+MAX_LATE = 100_000  # held replies whose lateness, and ranks' turnarounds after them, one case records
 _DTYPES = {str(t).removeprefix("torch."): t
           for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                     torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -341,6 +341,7 @@ class _Slot:
     incoming: bytearray = field(default_factory=bytearray)
     outgoing: bytearray = field(default_factory=bytearray)
     began: float = 0.0  # when the first byte still in `incoming` came: its frame's start on the link
+    answered: float = 0.0  # when the link's last held reply to it went out, until its next frame came
 
 
 class Relay:
@@ -375,6 +376,7 @@ class Relay:
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
         self.free: dict[int, float] = {}  # rank -> when its link has sent all it was given
         self.late: list[float] = []  # seconds each held reply went out after it was due (a busy grader)
+        self.turnaround: list[float] = []  # seconds from a held reply out to that rank's next frame in
 
     def close_rank_ends(self) -> None:
         """Close the ends that the ranks' tree inherited (once it has started)."""
@@ -404,15 +406,19 @@ class Relay:
         for slot in self.slots:
             slot.incoming.clear()
             slot.outgoing.clear()
+            slot.answered = 0.0
         self.ranks = {slot: rank for rank, slot in enumerate(slots)}
 
     def log(self) -> dict:
         """The case's wire so far: every rank's operations in order, what the relay refused, why it
-        stopped logging, if it did (more than a case's share of operations or values), and how late
-        the link's held replies went out, in the median (seconds: a busy grader's share of a delay)."""
+        stopped logging, if it did (more than a case's share of operations or values), how late the
+        link's held replies went out, in the median (seconds: a busy grader's share of a delay), and
+        how long a rank took, in the median, from a held reply going out to its next frame coming in
+        (`turnaround`, seconds: on a busy machine, mostly the wait for its turn to run)."""
         self.drain()
         return {"events": list(self.events), "problems": list(self.problems), "overflow": self.overflow,
-                "late": statistics.median(self.late) if self.late else 0.0}
+                "late": statistics.median(self.late) if self.late else 0.0,
+                "turnaround": statistics.median(self.turnaround) if self.turnaround else 0.0}
 
     def mark(self) -> int:
         """Where the case's log stands now (its operations so far): the grader cuts it there when a
@@ -441,6 +447,9 @@ class Relay:
             now = time.monotonic()
             if not slot.incoming:
                 slot.began = now
+                if slot.answered and len(self.turnaround) < MAX_LATE:
+                    self.turnaround.append(now - slot.answered)
+                slot.answered = 0.0
             slot.incoming += chunk
             at = 0  # the frames taken so far: cut from the buffer once per read, not once per frame
             while len(slot.incoming) - at >= HEAD.size:
@@ -498,6 +507,7 @@ class Relay:
         while self.later and self.later[0][0] <= now:
             due, _, index, data = heapq.heappop(self.later)
             self.slots[index].outgoing += data
+            self.slots[index].answered = now
             if len(self.late) < MAX_LATE:
                 self.late.append(now - due)
         for slot in self.slots:
