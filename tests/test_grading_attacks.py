@@ -294,6 +294,26 @@ def test_an_interrupted_class_resumes_with_the_grades_of_an_uninterrupted_run(tm
     assert graded == ["abel"] and points == {"abel": 0, "zed": 0}, "a file changed since is graded again"
 
 
+def test_files_handed_in_alike_are_graded_once_each_under_its_own_name(tmp_path, monkeypatch):
+    """Two students hand in the same bytes (the untouched exercise, most often): one tree grades
+    them, at two at a time too, and each gets its rows under its own name and path; a file that
+    differs by one byte is graded on its own."""
+    from edulib.grading import grader
+
+    graded: list[str] = []
+    real = grader.grade_exercise
+    monkeypatch.setattr(grader, "grade_exercise", lambda student, *a, **k: graded.append(student) or real(
+        student, *a, **k))
+    plants = {"abel": STUB, "cain": STUB, "eve": STUB + "\n"}
+    _, rows, _ = _class(tmp_path, plants, jobs=2, seed=3)
+    assert sorted(graded) in (["abel", "eve"], ["cain", "eve"]), graded
+    twins = {student: [(r.check, r.points, r.feedback, r.seed) for r in rows if r.student == student]
+             for student in plants}
+    assert twins["abel"] == twins["cain"] and len(twins["abel"]) == 2 * len(grader.CHECKS[EXERCISE])
+    assert {r.submission for r in rows if r.student == "cain"} == {str(tmp_path / "course" / "cain" /
+                                                                       f"{EXERCISE}.py")}
+
+
 def test_an_interrupted_class_ends_every_tree_at_once(tmp_path):
     """Ctrl-C (here: raised when the first student is written) while a classmate's import sleeps for
     a minute: grading stops within seconds and no process of any tree is left."""

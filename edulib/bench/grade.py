@@ -102,8 +102,9 @@ def link_fidelity(students: int = 4, seed: int = 7, busy: int = 0) -> str:
 
 def bench_grade(students: int = 30) -> str:
     """Time `edulib grade` on the solutions and on a class of `students` (half of them hand in
-    the solutions, half the untouched exercises), one student at a time and one per core, against
-    starting Python with torch once; and the relay's cost per message against gloo's."""
+    the solutions, each a file of its own, half the untouched exercises, alike: graded once), one
+    student at a time and one per core, against starting Python with torch once; and the relay's
+    cost per message against gloo's."""
     root = Path(__file__).resolve().parents[2]  # the checkout: edulib/bench/grade.py
     measure = "from edulib.bench.grade import relay_cost; print(relay_cost())"
     probe = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, check=True)
@@ -123,6 +124,8 @@ def bench_grade(students: int = 30) -> str:
         for student in range(students):
             handed_in = root / ("solutions" if student % 2 == 0 else "exercises")
             shutil.copytree(handed_in, Path(folder) / f"s{student:02d}")
+            for file in (Path(folder) / f"s{student:02d}").glob("*.py") if student % 2 == 0 else ():
+                file.write_text(file.read_text() + f"# s{student:02d}'s own\n")  # no two solutions alike
         whole = {}
         for jobs in sorted({1, default_jobs()}):
             began = time.perf_counter()
@@ -137,7 +140,7 @@ def bench_grade(students: int = 30) -> str:
             ("  of which the checks themselves (after each tree's start)", f"{checking:.1f} s",
              f"{checking / baseline:.1f}x"),
             *[row for jobs, took in whole.items() for row in (
-                (f"a class of {students} (half solutions, half untouched exercises), sandboxed, "
+                (f"a class of {students} (half distinct solutions, half untouched exercises), sandboxed, "
                  f"--jobs {jobs}", f"{took / 60:.1f} min", f"{took / baseline:.0f}x"),
                 ("  per student", f"{took / students:.1f} s", f"{took / students / baseline:.1f}x"))],
             ("a message of 1 KiB between 2 ranks on gloo (baseline of the next row)",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import hashlib
 import itertools
 import json
 import os
@@ -32,7 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -790,7 +791,8 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     written as grading goes. With a `cache`, each exercise's rows are kept there once its student
     is graded (and the installed edulib found intact); `resume` takes from it the rows of every
     file, seed and run unchanged instead of grading them again, and, without a `seed`, the seed
-    this class was last graded with."""
+    this class was last graded with. Files handed in byte for byte alike (the untouched exercise,
+    most often) are graded once in a run: the others get its rows, under their own names."""
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
         raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
@@ -817,6 +819,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
         jail = _jail(Path(work), sandbox, min(jobs, sum(map(len, taken.values()))) - 1, warnings)
         stop, drawn = threading.Event(), threading.Lock()
         fresh: dict[tuple[str, str], str] = {}  # the cache's key of each exercise graded in this run
+        twins: dict[tuple[str, str], tuple[threading.Lock, list[list[Result]]]] = {}  # by exercise, digest
 
         def one(task: tuple[str, str]) -> list[Result]:
             """One exercise of one student."""
@@ -829,9 +832,16 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
                                       limits, before)
             rows = cache.rows(key) if resume and key else None
             if rows is None:
-                rows = grade_exercise(student, file, exercise, seed=seed, time_limit=time_limit,
-                                      limits=limits, jail=jail, warnings=warnings,
-                                      original=students[student][exercise], stop=stop)
+                original = students[student][exercise]
+                with drawn:
+                    lock, graded = twins.setdefault((exercise, hashlib.sha256(file.read_bytes()).hexdigest()),
+                                                    (threading.Lock(), []))
+                with lock:  # a twin handed in alike waits for the first one's rows
+                    if not graded:
+                        graded.append(grade_exercise(student, file, exercise, seed=seed,
+                                                     time_limit=time_limit, limits=limits, jail=jail,
+                                                     warnings=warnings, original=original, stop=stop))
+                rows = [replace(row, student=student, submission=str(original)) for row in graded[0]]
                 if key:
                     fresh[task] = key
             if bar is not None:
