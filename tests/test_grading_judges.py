@@ -485,3 +485,63 @@ def test_each_row_reports_the_cpu_its_own_part_took_to_judge():
     assert judged[0] < 0.1 and judged[1] >= 0.2
     rows = grader._rows("s", "e", check, feedback, 1.0, judged, "none", "", None)
     assert [row.judged for row in rows] == [round(judged[0], 3), round(judged[1], 3)]
+
+
+def test_the_dispatcher_follows_a_timed_cases_cpu_from_its_first_look():
+    """For a timed case the dispatcher's watcher looks at each process's CPU seconds (to the
+    nanosecond, from the scheduler) with the time of each look, the first before the block runs:
+    a child that spins 0.3 s and then sleeps is seen spending about 0.3 s, never going back."""
+    import subprocess
+    import sys
+
+    from edulib.grading import student
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ntime.sleep(5)"])
+    try:
+        time.sleep(0.05)  # the interpreter has started
+        with student._watching([child.pid], timed=True) as (peaks, trace):
+            assert len(trace[0]) == 1, "the first look is taken before the block runs"
+            time.sleep(0.6)
+        assert peaks == [0]
+        times, cpus = zip(*trace[0], strict=True)
+        assert len(times) > 100 and list(times) == sorted(times) and list(cpus) == sorted(cpus)
+        assert 0.2 < cpus[-1] - cpus[0] < 0.45, cpus[-1] - cpus[0]
+        assert abs(student.on_cpu(child.pid) - student.cpu_time(child.pid)) < 0.05
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_timed_bucket_watch_tells_a_launch_as_backward_begins_from_one_after_it():
+    """Lesson 01's timed case: the first all-reduce must reach the relay (its `at`) before the rank
+    has spent SHARE of the grader's own backward in step 1's backward, as the dispatcher's looks
+    say; one that comes after the whole backward's CPU is a named 0, and so is a case without looks."""
+    from edulib.grading.checks import Wrong
+    from edulib.grading.checks.lesson01_data_parallelism import SHARE, _timed_watch
+    from edulib.models import tied_lm
+
+    check = next(c for c in CHECKS["lesson01_data_parallelism"] if c.name == "gradient buckets")
+    case = next(c for c in cases_of("lesson01_data_parallelism", check) if c.inputs["timed"])
+    inputs = case.inputs
+    model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loss = torch.nn.functional.cross_entropy(model(inputs["tokens"][0][0]).flatten(0, -2),
+                                                 inputs["targets"][0][0].flatten())
+        began = time.thread_time()
+        loss.backward()
+        backward = time.thread_time() - began
+    finally:
+        torch.set_num_threads(threads)
+    looks = [(100.0 + k * 1e-3, 5.0 + k * 1e-3) for k in range(1000)]  # a rank computing all along
+
+    def wire(after: float) -> dict:
+        arrive = [{"rank": rank, "op": "all_reduce", "at": 100.0 + after} for rank in range(2)]
+        return {"events": arrive, "cuts": [0, 2, 2, 2, 2, 2], "cpu_trace": [[[], []], [looks, looks]]}
+    _timed_watch(case, wire(0.2 * SHARE * backward), model)
+    with pytest.raises(Wrong, match="its first all-reduce came after"):
+        _timed_watch(case, wire(1.5 * backward), model)
+    with pytest.raises(Wrong, match="could not follow the ranks' CPU time"):
+        _timed_watch(case, {**wire(0.0), "cpu_trace": None}, model)

@@ -581,7 +581,8 @@ class Relay:
 
     def _event(self, rank: int, op: str, **facts: Any) -> dict:
         """Log one operation of `rank`, in the order it asked; the entry (a collective's bytes are
-        filled in once every member has asked). Past MAX_EVENTS the log stops and says why."""
+        filled in once every member has asked, and `at` says when its frame's first byte came, in
+        time.monotonic()). Past MAX_EVENTS the log stops and says why."""
         event = {"rank": rank, "op": op, **facts}
         if len(self.events) >= MAX_EVENTS:
             self.overflow = self.overflow or f"more than {MAX_EVENTS:,} operations in one case"
@@ -668,7 +669,7 @@ class Relay:
         turn = self.counts.get((members, rank), 0)
         self.counts[(members, rank)] = turn + 1
         event = self._event(rank, header["op"], group=list(members), elements=sum(t.numel() for t in inputs),
-                            sent=0, received=0,
+                            sent=0, received=0, at=began,
                             values=self._values(inputs, sum(t.numel() * t.element_size() for t in inputs),
                                                 message=False))
         parts = self.collectives.setdefault((members, turn), {})

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
 from typing import Any
@@ -89,7 +90,8 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
                 pool.close()
             pool.start()
             _cpu.append([cpu_time(pid) for pid in pool.pids])
-        with _watching(pool.pids if case.get("weighed") else []) as peaks:
+        with _watching(pool.pids if case.get("weighed") or case.get("timed") else [],
+                       bool(case.get("timed"))) as (peaks, trace):
             answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank) if phase == 0
                                                  else None, phase) for rank in range(ranks)])
     except RankError as error:
@@ -99,6 +101,7 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
         return found
     _resident.append([resident(pid) for pid in pool.pids])
     _peaks.append(peaks)
+    _traces.append(trace)
     _cpu.append([cpu_time(pid) for pid in pool.pids])
     if worker in _FINISHES:
         answers = [_FINISHES[worker](case, answer) if answer is not None else None for answer in answers]
@@ -109,27 +112,36 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
 _resident: list[list[int]] = []  # each rank's resident bytes after each phase
 _peaks: list[list[int]] = []  # the most each held during each phase, for a case to be weighed
 _cpu: list[list[float]] = []  # each rank's CPU seconds so far, before the first phase and after each
-MEASURES = {"resident": _resident, "peaks": _peaks, "cpu_time": _cpu}  # as the watches read them
+_traces: list[list[list[tuple[float, float]]]] = []  # for a timed case: each rank's (time, CPU) in each phase
+MEASURES = {"resident": _resident, "peaks": _peaks, "cpu_time": _cpu, "cpu_trace": _traces}  # for the watches
 
 
 @contextlib.contextmanager
-def _watching(pids: list[int], every: float = 0.001) -> Iterator[list[int]]:
+def _watching(pids: list[int], timed: bool = False, every: float = 0.001
+              ) -> Iterator[tuple[list[int], list[list[tuple[float, float]]]]]:
     """While the block runs, a thread of the dispatcher reads these processes' resident memory every
-    `every` seconds; the most each held (nothing is read when there are no pids)."""
-    peaks, stop = [0] * len(pids), threading.Event()
+    `every` seconds, or, `timed`, their CPU seconds (`on_cpu`) with the time.monotonic() of each look (the
+    first look taken here, before the block starts them); the most each held, and each one's looks
+    (nothing is read when there are no pids)."""
+    peaks, trace, stop = [0] * len(pids), [[] for _ in pids], threading.Event()
+
+    def look() -> None:
+        for index, pid in enumerate(pids):
+            with contextlib.suppress(OSError, StopIteration, ValueError):
+                if timed:
+                    trace[index].append((time.monotonic(), on_cpu(pid)))
+                else:
+                    peaks[index] = max(peaks[index], resident(pid))
 
     def watch() -> None:
-        while True:
-            for index, pid in enumerate(pids):
-                with contextlib.suppress(OSError, StopIteration):
-                    peaks[index] = max(peaks[index], resident(pid))
-            if stop.wait(every):
-                return
+        while not stop.wait(every):
+            look()
     watcher = threading.Thread(target=watch, daemon=True)
     if pids:
+        look()
         watcher.start()
     try:
-        yield peaks
+        yield peaks, trace
     finally:
         stop.set()
         if pids:
@@ -152,6 +164,17 @@ def cpu_time(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def on_cpu(pid: int) -> float:
+    """The CPU seconds a process's main thread (a rank computes on it) has run so far, to the
+    nanosecond from the scheduler's own count, or, where the kernel keeps none, all its threads' to
+    the clock tick; read by the dispatcher, never by the process itself."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return cpu_time(pid)
 
 
 def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:

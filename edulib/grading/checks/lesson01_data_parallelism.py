@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Generator
 from types import ModuleType
 from typing import Any
@@ -56,24 +57,30 @@ def _buckets_of(model: torch.nn.Module, bucket_bytes: int) -> list[dict[str, int
     return buckets
 
 
+TIMED_BATCH = 4096  # sequences of 2 tokens in a rank's batch in a timed case: a backward of about 0.15 s
+SHARE = 0.6  # of that backward's CPU time, the most a rank may spend in it before its first all-reduce
 REACHED = {"backward reached": "mix"}  # the harness's question, asked once the mix layer's gradient flows
 BEFORE_MIX = ("head_bias", "norm.weight", "norm.bias")  # the parameters whose gradients are final by then
 
 
 def _bucket_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, vocab: int, hidden: int, bucket_bytes: int, overlap: bool, hide: bool) -> Case:
+    def case(ranks: int, vocab: int, hidden: int, bucket_bytes: int, overlap: bool, hide: bool,
+             batch: int = 0) -> Case:
         generator = torch.Generator().manual_seed(rng.randrange(2**31))
-        batch = rng.randint(1, 3)
+        batch = batch or rng.randint(1, 3)
         tokens, targets = (torch.randint(vocab, (2, ranks, batch, 2), generator=generator) for _ in range(2))
         return Case({"ranks": ranks, "vocab": vocab, "hidden": hidden, "seed": rng.randrange(2**62),
-                     "bucket_bytes": bucket_bytes, "overlap": overlap, "tokens": tokens, "targets": targets},
+                     "bucket_bytes": bucket_bytes, "overlap": overlap, "tokens": tokens, "targets": targets,
+                     "timed": batch == TIMED_BATCH},
                     f"{ranks} ranks, vocabulary {vocab}, hidden {hidden}, buckets of {bucket_bytes} bytes, "
-                    f"overlap={overlap}", hide)
+                    f"overlap={overlap}" + (f", batches of {batch}, timed" if batch == TIMED_BATCH else ""),
+                    hide)
     hidden = [case(rng.randint(3, 4), rng.randint(5, 13), rng.randint(2, 7), rng.randint(40, 400), overlap,
                    True) for overlap in (True, False)]
     return [case(2, 11, 6, 1 << 20, True, False), case(2, 11, 6, 400, True, False),  # 1 and 2 buckets
             case(2, 11, 6, 300, False, False), case(2, 11, 6, 100, True, False),  # 3 and 4 (the last
-            *hidden, case(3, 11, 6, 100, True, True)]  # full before the mix layer), then more
+            *hidden, case(3, 11, 6, 100, True, True),  # full before the mix layer), then more
+            *(case(2, 512, 384, 1 << 18, True, hide, TIMED_BATCH) for hide in (False, True))]  # timed
 
 
 def _rank_average(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
@@ -152,6 +159,44 @@ def _bucket_watch(case: Case, wire: dict, answer: Any = None) -> None:
             if not inputs["overlap"] and len(finish) < len(events):
                 raise Wrong(f"step {step + 1}, rank {rank}: without overlap nothing is launched before "
                             "finish", "launched during backward without overlap")
+    if inputs.get("timed"):
+        _timed_watch(case, wire, model)
+
+
+def _timed_watch(case: Case, wire: dict, model: torch.nn.Module) -> None:
+    """A timed case (a wide head, whose backward is most of the work): head_bias, a bucket of its own,
+    is final as backward starts, so its all-reduce reaches the relay before a rank has spent SHARE of
+    a backward's CPU time (timed here on one thread) in step 1's backward: the rank's CPU time as the
+    dispatcher looked at it, the last look before the relay saw the all-reduce's first byte (a
+    fresh rank's backward costs it 1.3 times the grader's, its launch a quarter of the grader's
+    backward; a launch from the last hook more than the whole)."""
+    inputs, trace = case.inputs, wire.get("cpu_trace")
+    if type(trace) is not list or len(trace) < 2 or type(trace[1]) is not list:
+        raise Wrong("the grader could not follow the ranks' CPU time", "no CPU time of the ranks")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.zero_grad()
+        logits = model(inputs["tokens"][0][0]).flatten(0, -2)
+        loss = torch.nn.functional.cross_entropy(logits, inputs["targets"][0][0].flatten())
+        began = time.thread_time()
+        loss.backward()
+        bound = SHARE * (time.thread_time() - began)
+    finally:
+        torch.set_num_threads(threads)
+    for rank in range(inputs["ranks"]):
+        looks = trace[1][rank] if rank < len(trace[1]) else []
+        first = next((e["at"] for e in phase_events(wire, rank)[1] if e["op"] == "all_reduce"), None)
+        if not looks or type(first) is not float:
+            raise Wrong(f"step 1, rank {rank}: no all-reduce during backward",
+                        "buckets not launched during backward")
+        spent = max((cpu for at, cpu in looks if at <= first), default=looks[0][1]) - looks[0][1]
+        if spent > bound:
+            raise Wrong(f"step 1, rank {rank}: its first all-reduce came after {spent * 1e3:.0f} ms of its "
+                        f"CPU time in backward, more than {SHARE:.0%} of the backward's "
+                        f"({bound / SHARE * 1e3:.0f} ms here), though head_bias's bucket was full as it "
+                        "began",
+                        "buckets launched after they filled")
 
 
 class _Reached(torch.autograd.Function):
@@ -260,7 +305,7 @@ exercise("lesson01_data_parallelism", [
               "other worker counts, 0 and 1 parameters"),
         Check("gradient buckets", 3, 3, "buckets", _bucket_cases, _bucket_judge,
               "gradients equal to one process's, buckets launched as they fill",
-              "3 and 4 ranks, other models and bucket sizes, with and without overlap", wire=True,
+              "2 to 4 ranks, other models and bucket sizes, with and without overlap, one timed", wire=True,
               watch=_bucket_watch, phases=7, oracle=_reached_oracle),
         Check("measure the link", 1, 2, "measure_link", _link_cases, _link_judge,
               f"alpha and beta each within {TOLERANCE:.0%} of the link's",
