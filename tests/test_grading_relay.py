@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edulib.grading.relay import Relay, WireError, collective, frame
+from edulib.comm.relay import Relay, WireError, collective, frame
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -203,7 +203,7 @@ def test_a_collectives_parts_are_logged_with_their_values_while_the_case_keeps_v
     """A judge reads what a collective carried (ZeRO-3's gathers must bring the real weights, not
     zeros of their size); past the case's budget of values a collective is still served, logged
     without them, and the case goes on (small messages past it are a flood, collectives are not)."""
-    from edulib.grading import relay as wire
+    from edulib.comm import relay as wire
 
     relay = Relay(2)
     relay.begin([0, 1])

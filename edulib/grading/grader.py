@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edulib.base.progress import progress_bar
+from edulib.comm.relay import Relay
 from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
 from edulib.grading.plain import MAX_TEXT, dumps, loads
-from edulib.grading.relay import Relay
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.grading.student import MEASURES, ON_RANKS, RANK_TIMEOUT, WARM
 

@@ -22,7 +22,10 @@ from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
 from typing import Any
 
-from edulib.grading import forbid, relay
+import torch
+
+from edulib.comm import relay
+from edulib.grading import forbid
 from edulib.grading.plain import NotPlain, decode, encode
 from edulib.launch import Pool, RankError, RankTimeout
 from edulib.launch.forkserver import ForkServer, zygote
@@ -177,13 +180,41 @@ def on_cpu(pid: int) -> float:
         return cpu_time(pid)
 
 
+def confined_join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int,
+                  confined: bool = True) -> Callable[[], None] | None:
+    """In a graded rank: give up every other way to reach a process (`confine.isolate`, unless not
+    `confined`), then join the default group through the relay (`relay.join`); what the rank calls
+    once its own threads run (no more threads)."""
+    from edulib.grading.confine import isolate
+
+    if confined:
+        isolate()
+    relay.join(rank, world_size, timeout, read_fd, write_fd)
+    if not confined:
+        return None
+    torch.set_num_threads(1)  # torch's pool would start threads, which a sealed rank cannot
+    return _seal
+
+
+def _seal() -> None:
+    """In a confined rank whose own threads run: no thread more (`confine.seal_threads`), and torch's
+    thread counts stay at one, told where they are asked for."""
+    from edulib.grading.confine import seal_threads
+
+    def one_thread(count: int) -> None:
+        if count != 1:
+            raise RuntimeError(f"a graded rank computes on one thread; set_num_threads({count}) is refused")
+    torch.set_num_threads = torch.set_num_interop_threads = one_thread
+    seal_threads()
+
+
 def _pool(ranks: int, wait: float = RANK_TIMEOUT) -> Pool:
     """The pool of `ranks` ranks, which reach each other only through the grader's relay; a rank
     that waits `wait` seconds in one operation is a deadlock."""
     if ranks not in _pools:
         if not _zygotes:
             _zygotes.append(zygote(tuple(fd for wires in WIRES.values() for wire in wires for fd in wire)))
-        join = functools.partial(relay.join, confined=CONFINED)
+        join = functools.partial(confined_join, confined=CONFINED)
         _pools[ranks] = Pool(ranks, timeout=wait, start="fork", join=join, wires=WIRES[ranks],
                              server=_zygotes[0])
     return _pools[ranks]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from edulib.grading import relay
+from edulib.comm import relay
 from edulib.grading.checks.base import (
     Case,
     Check,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from edulib.grading import relay
+from edulib.comm import relay
 from edulib.grading.checks.base import (
     Case,
     Check,

@@ -1,14 +1,15 @@
-"""The trusted wire: in a graded run, every message between a student's ranks passes through the
-grader's relay, which counts it.
+"""The relay: a wire between ranks that one process outside them owns, counts and can slow.
 
-A graded rank has no process group of its own and no network: it joins `torch.distributed` with the
-"relay" backend (`join`), a `ProcessGroup` written in Python whose every operation (send, recv and
-each collective) travels as one frame over two pipes that the grader made, to the `Relay` in the
-grader's own process, outside the student's process tree. The relay routes point-to-point messages
-(matched by order, never by tag, as NCCL does), computes the built-in collectives itself, and logs
-what each rank did: which operation, with which peer or group, how many elements and bytes. The
-judges score that log and the ranks' results, never a count made inside a student's process; a
-rank is known by the pipe it writes to, not by anything it says.
+In a graded run, every message between a student's ranks passes through the grader's relay, which
+counts it. A graded rank has no process group of its own and no network: it joins
+`torch.distributed` with the "relay" backend (`join`), a `ProcessGroup` written in Python whose
+every operation (send, recv and each collective) travels as one frame over two pipes that the
+grader made, to the `Relay` in the grader's own process, outside the student's process tree. The
+relay routes point-to-point messages (matched by order, never by tag, as NCCL does), computes the
+built-in collectives itself, and logs what each rank did: which operation, with which peer or
+group, how many elements and bytes. The judges score that log and the ranks' results, never a
+count made inside a student's process; a rank is known by the pipe it writes to, not by anything
+it says.
 
 A frame is two little-endian 32-bit lengths (the JSON header's, the payload's), the header, and the
 payload: the raw bytes of the tensors the header describes.
@@ -298,36 +299,15 @@ def ask(query: dict) -> float:
     return answer.item()
 
 
-def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int,
-         confined: bool = True) -> Callable[[], bool] | None:
-    """In a graded rank: give up every other way to reach a process (`confine.isolate`, unless not
-    `confined`), then join the default group through the relay on these two pipes (no store on the
-    network, no backend of its own); what the rank calls once its own threads run (no more threads)."""
-    from edulib.grading.confine import isolate
+def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int) -> None:
+    """In a rank: join the default group through the relay on these two pipes (no store on the
+    network, no backend of its own)."""
     from edulib.launch.rank import device
 
-    if confined:
-        isolate()
     _joined["wire"] = _Wire(read_fd, write_fd, timeout)
     if "relay" not in dist.Backend.backend_list:
         dist.Backend.register_backend("relay", _create, extended_api=True, devices=[device().type])
     dist.init_process_group("relay", store=dist.HashStore(), rank=rank, world_size=world_size)
-    if not confined:
-        return None
-    torch.set_num_threads(1)  # torch's pool would start threads, which a sealed rank cannot
-    return _seal
-
-
-def _seal() -> None:
-    """In a confined rank whose own threads run: no thread more (`confine.seal_threads`), and torch's
-    thread counts stay at one, told where they are asked for."""
-    from edulib.grading.confine import seal_threads
-
-    def one_thread(count: int) -> None:
-        if count != 1:
-            raise RuntimeError(f"a graded rank computes on one thread; set_num_threads({count}) is refused")
-    torch.set_num_threads = torch.set_num_interop_threads = one_thread
-    seal_threads()
 
 
 # -- the relay's side -----------------------------------------------------------------------------
