@@ -917,3 +917,40 @@ def holds(marker: str) -> bool:
     import gc
 
     return any(isinstance(found, dict) and marker in found for found in gc.get_objects())
+
+
+def network_probe(nbytes: int) -> dict:
+    """On an emulated network of 2 nodes of 2: rank 0 sends `nbytes` to rank 1 (its node) and to
+    rank 2 (the other node), then a small message after a large one to rank 2; an isend's call
+    returns at once; then a ring all-reduce through edulib.comm, whose every round crosses a slow
+    link. Each rank's clock readings (time.monotonic is the machine's) and what arrived."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from edulib import comm
+
+    rank, found = dist.get_rank(), {}
+    big, small = torch.full((nbytes // 4,), float(rank)), torch.full((1,), 7.0)
+    dist.barrier()
+    if rank == 0:
+        found["sent"] = time.monotonic()
+        for peer in (1, 2):
+            dist.send(big, peer)
+        began = time.monotonic()
+        work = dist.isend(small, 2)
+        found["isend"] = time.monotonic() - began
+        work.wait()
+    elif rank in (1, 2):
+        dist.recv(big, 0)
+        found["arrived"] = time.monotonic()
+        if rank == 2:
+            dist.recv(small, 0)
+            found["then"] = small.item()
+    dist.barrier()
+    began = time.monotonic()
+    total = comm.all_reduce(torch.full((nbytes // 4,), float(rank)), algorithm="ring")
+    found["ring"] = time.monotonic() - began
+    found["sum"] = total.unique().tolist()
+    return found

@@ -341,7 +341,8 @@ class Relay:
             os.set_blocking(from_rank[0], False)
         self.ranks: dict[int, int] = {}
         self.oracle: Callable[[dict], float] | None = None
-        self.link: tuple[float, float] | None = None
+        self.link: Callable[[int, int], tuple[float, float]] | None = None
+        self.logging = True
         self._reset()
 
     def _reset(self) -> None:
@@ -354,7 +355,7 @@ class Relay:
         self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
         self.later: list[tuple[float, int, int, bytes]] = []  # held replies: (when, order, slot, frame)
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
-        self.free: dict[int, float] = {}  # rank -> when its link has sent all it was given
+        self.free: dict[tuple[int, tuple[float, float]], float] = {}  # (rank, link) -> when it has sent all
         self.late: list[float] = []  # seconds each held reply went out after it was due (a busy grader)
         self.turnaround: list[float] = []  # seconds from a held reply out to that rank's next frame in
 
@@ -372,17 +373,22 @@ class Relay:
         self.slots = []
 
     def begin(self, slots: list[int], oracle: Callable[[dict], float] | None = None,
-              link: tuple[float, float] | None = None) -> None:
+              link: tuple[float, float] | Callable[[int, int], tuple[float, float]] | None = None,
+              logging: bool = True) -> None:
         """A new case: these slots are its ranks 0, 1, ...; whatever an earlier case left is dropped.
         `oracle` answers the case's questions (`ask`); it raises ValueError to refuse one. With a
-        `link` (alpha seconds, beta seconds per byte), every message of n bytes reaches its receiver
+        `link` (alpha seconds, beta seconds per byte; or, for a cluster, a function of the sending
+        and the receiving rank that gives it), every message of n bytes reaches its receiver
         alpha + beta * n after it was sent (in order, on each pair of ranks), and every collective
         answers alpha + beta * n after its last member asked, n being the most bytes a member sends
-        or receives; each rank's link carries one message at a time, so what it sends back to back
-        queues (`_after`): a wire only the grader knows, for a student to measure."""
+        or receives and the link its members' slowest; each rank's link carries one message at a
+        time, so what it sends back to back queues (`_after`): a wire only the grader knows, for a
+        student to measure. Without `logging` nothing is kept of the operations (an emulated
+        network's long runs): no log, no budget of operations or values."""
         self.drain()
         self._reset()
-        self.oracle, self.link = oracle, link
+        pair = None if link is None or callable(link) else (float(link[0]), float(link[1]))
+        self.oracle, self.link, self.logging = oracle, (lambda src, dst: pair) if pair else link, logging
         for slot in self.slots:
             slot.incoming.clear()
             slot.outgoing.clear()
@@ -510,17 +516,23 @@ class Relay:
             self.slots[index].outgoing += data
         self.flush()
 
-    def _after(self, nbytes: int, began: float, senders: tuple[int, ...]) -> float:
-        """When something of `nbytes` that `senders` put on their links (its first byte came at
-        `began`) is through (0: no link, at once). As on a wire, each sender's link carries one message
-        at a time: its bytes leave once the message before them has left, beta * n later, and arrive
-        alpha after that. The link's time runs from the first byte: the time the bytes took through the
-        pipe (longer on a busy machine) is part of it, not added to it."""
+    def _after(self, nbytes: int, began: float, senders: tuple[int, ...],
+               receivers: tuple[int, ...]) -> float:
+        """When something of `nbytes` that `senders` put on their links to `receivers` (its first byte
+        came at `began`) is through (0: no link, at once), on the slowest of those links. As on a
+        wire, each sender's link carries one message at a time: its bytes leave once the message
+        before them on that link has left, beta * n later, and arrive alpha after that. The link's
+        time runs from the first byte: the time the bytes took through the pipe (longer on a busy
+        machine) is part of it, not added to it."""
         if self.link is None:
             return 0.0
-        alpha, beta = self.link
-        leaves = max([began, *(self.free.get(sender, 0.0) for sender in senders)]) + beta * nbytes
-        self.free.update(dict.fromkeys(senders, leaves))
+        pairs = [(src, dst) for src in senders for dst in receivers if src != dst]
+        pairs = pairs or [(sender, sender) for sender in senders]  # a group of one still crosses its link
+        alpha, beta = link = max((self.link(src, dst) for src, dst in pairs),
+                                 key=lambda found: found[0] + found[1] * nbytes)
+        queues = [(sender, link) for sender in senders]
+        leaves = max([began, *(self.free.get(queue, 0.0) for queue in queues)]) + beta * nbytes
+        self.free.update(dict.fromkeys(queues, leaves))
         return leaves + alpha
 
     def _refuse(self, index: int, problem: str) -> None:
@@ -564,6 +576,8 @@ class Relay:
         filled in once every member has asked, and `at` says when its frame's first byte came, in
         time.monotonic()). Past MAX_EVENTS the log stops and says why."""
         event = {"rank": rank, "op": op, **facts}
+        if not self.logging:
+            return event
         if len(self.events) >= MAX_EVENTS:
             self.overflow = self.overflow or f"more than {MAX_EVENTS:,} operations in one case"
         else:
@@ -589,7 +603,7 @@ class Relay:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
-        arrives = max(self._after(len(payload), began, (rank,)), self.arrive.get((rank, peer), 0.0))
+        arrives = max(self._after(len(payload), began, (rank,), (peer,)), self.arrive.get((rank, peer), 0.0))
         self.arrive[(rank, peer)] = arrives
         mail = (next(self.arrivals), inputs, len(payload), arrives)
         self.mail.setdefault((rank, peer), deque()).append(mail)
@@ -599,7 +613,7 @@ class Relay:
         """The values a message or a member's part of a collective carries, to log: a small one's
         (KEPT_VALUES bytes at most), while the case has logged less than MAX_VALUES; None otherwise.
         Small messages past that flood the wire (the case stops); collectives only stop being logged."""
-        small = nbytes <= KEPT_VALUES
+        small = nbytes <= KEPT_VALUES and self.logging
         if small and self.values + nbytes > MAX_VALUES:
             if not message:
                 return None
@@ -670,7 +684,7 @@ class Relay:
         for member, (_, sent, received) in zip(members, results, strict=True):
             parts[member][2].update(sent=sent, received=received)
         at = self._after(max(max(sent, received) for _, sent, received in results),
-                         max(part[3] for part in parts.values()), members)
+                         max(part[3] for part in parts.values()), members, members)
         for member, (outputs, _, _) in zip(members, results, strict=True):
             self._reply(member, parts[member][0], outputs, at=at)
 

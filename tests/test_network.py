@@ -1,0 +1,44 @@
+"""The emulated cluster: real ranks whose messages cross the alpha-beta links of a network of
+nodes, never sooner than the lecture's formula says, in order on each pair, asynchronously."""
+
+from __future__ import annotations
+
+import pytest
+
+from edulib.comm import Network, run_on
+from tests import ranks
+
+INTRA, INTER = (0.02, 1e-8), (0.1, 1e-7)  # seconds, seconds per byte: slow enough to see
+
+
+def test_messages_cross_their_links_no_sooner_than_alpha_plus_beta_n_in_order_and_in_the_background():
+    """A message inside a node takes at least the intra link's alpha + beta n from when it was sent,
+    one across nodes the inter link's; a small message sent after a large one arrives after it; an
+    isend returns before its link's time; a ring all-reduce through edulib.comm carries each chunk
+    over 2(N - 1) hops, half of them across nodes, each paying its link's alpha (no round waits for
+    the whole ring: the rounds pipeline). Only lower bounds are timed (and a loose upper one)."""
+    nbytes = 1 << 16
+    found = run_on(Network(2, 2, INTRA, INTER), ranks.network_probe, nbytes, timeout=60)
+    sent = found[0]["sent"]
+    inside, across = (alpha + beta * nbytes for alpha, beta in (INTRA, INTER))
+    assert inside <= found[1]["arrived"] - sent < inside + 1.0, found
+    # rank 0's sends leave one after another on its links: the second is on the slow link
+    assert across <= found[2]["arrived"] - sent < inside + across + 1.0, found
+    assert found[2]["then"] == 7.0 and found[0]["isend"] < INTER[0] / 2, found
+    assert all(f["sum"] == [0.0 + 1.0 + 2.0 + 3.0] for f in found)
+    assert min(f["ring"] for f in found) >= (4 - 1) * (INTRA[0] + INTER[0]), found
+
+
+@pytest.mark.parametrize(("nodes", "per_node", "intra", "problem"), [
+    (0, 2, INTRA, "nodes must be a whole number"), (2, True, INTRA, "per_node must be a whole number"),
+    (2, 2, (0.1,), "intra must be"), (2, 2, (-1.0, 0.0), "intra must be")])
+def test_a_network_that_cannot_be_built_says_what_is_allowed(nodes, per_node, intra, problem):
+    with pytest.raises(ValueError, match=problem):
+        Network(nodes, per_node, intra, INTER)
+
+
+def test_ranks_know_their_links():
+    network = Network(2, 3, INTRA, INTER)
+    assert network.world_size == 6
+    assert [network.link(0, dst) for dst in range(6)] == [INTRA] * 3 + [INTER] * 3
+    assert network.link(4, 5) == INTRA and network.link(5, 2) == INTER
