@@ -954,3 +954,27 @@ def network_probe(nbytes: int) -> dict:
     found["ring"] = time.monotonic() - began
     found["sum"] = total.unique().tolist()
     return found
+
+
+def overlap_step(width: int, depth: int, rows: int, overlap: bool, steps: int = 3) -> float:
+    """Median seconds of a data-parallel step (forward, backward, the buckets' finish) of an MLP of
+    `depth` layers of `width`, one layer a bucket, with or without overlap."""
+    import statistics
+    import time
+
+    import torch
+
+    from edulib.dp.data_parallel import GradientBuckets
+    from edulib.models import mlp
+
+    torch.manual_seed(0)
+    model, x = mlp(width, depth), torch.randn(rows, width)
+    buckets = GradientBuckets(model, bucket_bytes=4 * (width * width + width), overlap=overlap)
+    taken = []
+    for _ in range(steps + 1):
+        began = time.perf_counter()
+        model(x).square().mean().backward()
+        buckets.finish()
+        taken.append(time.perf_counter() - began)
+        model.zero_grad()
+    return statistics.median(taken[1:])

@@ -791,8 +791,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     written as grading goes. With a `cache`, each exercise's rows are kept there once its student
     is graded (and the installed edulib found intact); `resume` takes from it the rows of every
     file, seed and run unchanged instead of grading them again, and, without a `seed`, the seed
-    this class was last graded with. Files handed in byte for byte alike (the untouched exercise,
-    most often) are graded once in a run: the others get its rows, under their own names."""
+    this class was last graded with. Files alike byte for byte are graded once a run (`_once`)."""
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
         raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
@@ -832,16 +831,11 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
                                       limits, before)
             rows = cache.rows(key) if resume and key else None
             if rows is None:
-                original = students[student][exercise]
-                with drawn:
-                    lock, graded = twins.setdefault((exercise, hashlib.sha256(file.read_bytes()).hexdigest()),
-                                                    (threading.Lock(), []))
-                with lock:  # a twin handed in alike waits for the first one's rows
-                    if not graded:
-                        graded.append(grade_exercise(student, file, exercise, seed=seed,
-                                                     time_limit=time_limit, limits=limits, jail=jail,
-                                                     warnings=warnings, original=original, stop=stop))
-                rows = [replace(row, student=student, submission=str(original)) for row in graded[0]]
+                original, digest = students[student][exercise], hashlib.sha256(file.read_bytes()).hexdigest()
+                rows = [replace(row, student=student, submission=str(original)) for row in _once(
+                    twins, drawn, (exercise, digest), lambda: grade_exercise(
+                        student, file, exercise, seed=seed, time_limit=time_limit, limits=limits, jail=jail,
+                        warnings=warnings, original=original, stop=stop))]
                 if key:
                     fresh[task] = key
             if bar is not None:
@@ -862,6 +856,18 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     if bar is not None:
         bar.close()
     return [row for task in tasks for row in done[task]]
+
+
+def _once(twins: dict[tuple[str, str], tuple[threading.Lock, list[list[Result]]]], drawn: threading.Lock,
+          key: tuple[str, str], rows: Callable[[], list[Result]]) -> list[Result]:
+    """The rows of the first file graded under `key` (its exercise and a digest of its bytes): a twin
+    handed in alike waits for them instead of being graded again."""
+    with drawn:
+        lock, graded = twins.setdefault(key, (threading.Lock(), []))
+    with lock:
+        if not graded:
+            graded.append(rows())
+    return graded[0]
 
 
 def _in_parallel(one: Callable[[tuple[str, str]], list[Result]], tasks: list[tuple[str, str]], jobs: int,
