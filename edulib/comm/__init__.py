@@ -32,12 +32,12 @@ from edulib.comm.collectives import (
 from edulib.comm.cost import Cost, bytes_sent, cost, formula, message_time, two_level_link
 from edulib.comm.groups import Grid, members_group, subgroup, twin
 from edulib.comm.ledger import Transfer, count_communication, labelled
-from edulib.comm.network import Cluster, Network, run_on
+from edulib.comm.network import Network, NetworkPool, run_on
 from edulib.comm.schedule import COLLECTIVES, CollectiveSchedule, Message, chunk_bounds
 from edulib.comm.simulate import expected, simulate_collective
 
 __all__ = ["ALGORITHMS", "ALL_REDUCES", "COLLECTIVES", "COLLECTIVE_SCHEDULES", "FOR_COLLECTIVE", "FURTHER",
-           "Cluster", "CollectiveSchedule", "Cost", "Grid", "Message", "Network", "Transfer",
+           "NetworkPool", "CollectiveSchedule", "Cost", "Grid", "Message", "Network", "Transfer",
            "algorithm_for", "all_gather", "all_gather_chunks", "all_reduce", "all_to_all", "barrier",
            "broadcast", "build_collective", "bytes_sent", "chunk_bounds", "cost", "count_communication",
            "expected", "formula", "hierarchical", "irecv", "isend", "labelled", "members_group",

@@ -2,12 +2,12 @@
 alpha-beta model, fast inside a node and slow between nodes.
 
 The ranks join `torch.distributed` through the relay (`edulib.comm.relay`), the same wire the grader
-slows for lesson 01, served here by a thread of the launching process: a message of n bytes reaches
-its receiver alpha + beta * n after its first byte was sent, in order on each pair, each rank's link
-carrying one message at a time; a built-in collective answers alpha + beta * n after its last member
-called it, on its members' slowest link. Compute is not slowed, so computation and communication
-overlap exactly as far as the code lets them, and asynchronous operations (`isend`,
-`async_op=True`) complete in the background.
+slows for the exercise that measures a link, served here by a thread of the launching process: a
+message of n bytes reaches its receiver alpha + beta * n after its first byte was sent, in order on
+each pair, each rank's link carrying one message at a time; a built-in collective answers
+alpha + beta * n after its last member called it, on its members' slowest link. Compute is not
+slowed, so computation and communication overlap exactly as far as the code lets them, and
+asynchronous operations (`isend`, `async_op=True`) complete in the background.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Network:
         return two_level_link(self.per_node, self.intra, self.inter)(src, dst)
 
 
-class Cluster:
+class NetworkPool:
     """A `Pool` of `network.world_size` ranks on the emulated network: `run(fn, *args, **kwargs)` on
     every rank, their return values in rank order. Use it as a context manager."""
 
@@ -99,7 +99,7 @@ class Cluster:
             self.relay.close_rank_ends()
             self.relay.close()
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> NetworkPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -109,5 +109,5 @@ class Cluster:
 def run_on(network: Network, fn: Callable, *args: Any, timeout: float = DEFAULT_TIMEOUT,
            **kwargs: Any) -> list[Any]:
     """Run fn(*args, **kwargs) on new ranks on the emulated `network`; each rank's return value."""
-    with Cluster(network, timeout) as cluster:
+    with NetworkPool(network, timeout) as cluster:
         return cluster.run(fn, *args, **kwargs)
