@@ -42,3 +42,41 @@ def test_ranks_know_their_links():
     assert network.world_size == 6
     assert [network.link(0, dst) for dst in range(6)] == [INTRA] * 3 + [INTER] * 3
     assert network.link(4, 5) == INTRA and network.link(5, 2) == INTER
+
+
+def test_a_network_relay_keeps_no_log_and_times_a_collective_on_its_slowest_link(monkeypatch):
+    """An emulated network's long runs would pass any case's budget of logged operations: unlogged,
+    the relay keeps nothing of them (and no values), and an all-reduce between ranks of two nodes
+    answers no sooner than the slow link's alpha + beta n after its last member called it."""
+    import os
+    import time
+
+    import torch
+
+    from edulib.comm import relay as wire
+    from edulib.comm.relay import Relay, frame
+
+    monkeypatch.setattr(wire, "MAX_EVENTS", 40)  # a case's budget, made small
+    relay = Relay(2)
+    relay.begin([0, 1], link=Network(2, 1, INTRA, INTER).link, logging=False)
+    meta = [["float32", [4]]]
+    for _ in range(wire.MAX_EVENTS):
+        for slot in (0, 1):
+            os.write(relay.rank_ends[slot][1], frame({"op": "all_reduce", "group": [0, 1], "meta": meta,
+                                                      "out": meta, "id": 0}, bytes(16)))
+            relay.readable(slot)
+        relay.later.clear()  # the replies' times are not this part's business
+        for slot in relay.slots:
+            slot.outgoing.clear()
+    log = relay.log()
+    assert log["events"] == [] and not log["overflow"] and relay.values == 0
+    relay.close()
+    network, relay = Network(2, 2, INTRA, INTER), Relay(4)  # the group's links: fast and slow ones
+    relay.begin([0, 1, 2, 3], link=network.link, logging=False)
+    began = time.monotonic()
+    for slot in range(4):
+        os.write(relay.rank_ends[slot][1], frame({"op": "all_reduce", "group": [0, 1, 2, 3], "meta": meta,
+                                                  "out": meta, "id": 1}, torch.ones(4).numpy().tobytes()))
+        relay.readable(slot)
+    assert len(relay.later) == 4 and all(due >= began + INTER[0] for due, *_ in relay.later), relay.later
+    relay.close()
