@@ -17,6 +17,7 @@ from edulib.comm import (
     simulate_collective,
     two_level_link,
 )
+from edulib.comm.cost import dataflow_time
 
 WORLD_SIZES = range(1, 17)
 M = 720720  # divisible by every world size from 1 to 16, so every chunk is the same size
@@ -216,3 +217,53 @@ def test_every_all_reduce_is_one_record_that_every_list_derives_from():
 def test_an_all_reduce_without_a_closed_form_is_refused_by_name_never_priced_as_another(name):
     with pytest.raises(ValueError, match=f"unknown all_reduce algorithm with a closed form '{name}'"):
         formula(name, 4, 1000, alpha=1.0, beta=0.01)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_the_naive_all_reduce_sends_no_rank_two_messages_at_once(n):
+    """Rank r sends to r + 1, then r + 2, ...: in each of the N - 1 steps every rank sends one
+    message and is sent one, so on a wire nobody's link takes in two at a time."""
+    (messages,) = build_collective("naive", n).rounds
+    steps = [messages[k * n:(k + 1) * n] for k in range(n - 1)]
+    assert all(sorted(m.src for m in step) == sorted(m.dst for m in step) == list(range(n)) for step in steps)
+
+
+@pytest.mark.parametrize("per_node", [1, 2, 3, 4])
+@pytest.mark.parametrize(("a_in", "a_out", "b_in", "b_out", "chunk"), [
+    (1e-3, 5e-3, 1e-9, 4e-8, 64), (1e-4, 2e-3, 1e-9, 1e-6, 1), (5e-3, 5e-3, 3e-9, 3e-9, 7),
+    (1e-4, 1e-1, 1e-7, 1e-6, 33)])
+def test_dataflow_time_of_a_ring_on_two_nodes_is_its_slowest_chain_of_hops(per_node, a_in, a_out, b_in, b_out,
+                                                                          chunk):
+    """Without lockstep, a ring's time is its longest chain of 2(N - 1) hops around the ring, each
+    paying its own link: started just before a node boundary, the chain crosses ceil((4p - 2) / p)
+    links between nodes, the slower ones (p ranks a node), and the others are fast ones. Lockstep
+    `cost` pays the slow link in every round; on links of one speed the two agree."""
+    n = 2 * per_node
+    nbytes = chunk * n * 4
+    link = two_level_link(per_node, (a_in, b_in), (a_out, b_out))
+    slow = -(-(2 * n - 2) // per_node)
+    closed = slow * (a_out + b_out * nbytes / n) + (2 * n - 2 - slow) * (a_in + b_in * nbytes / n)
+    schedule = build_collective("ring", n)
+    flowing = dataflow_time(schedule, nbytes, link, itemsize=4)  # a chain may also wait a send's time
+    assert closed * (1 - 1e-9) <= flowing <= closed + (2 * n - 2) * b_in * nbytes / n  # for a rank's own link
+    assert closed <= cost(schedule, nbytes, itemsize=4, link=link).time * (1 + 1e-9)
+    uniform = two_level_link(per_node, (a_out, b_out), (a_out, b_out))
+    assert dataflow_time(schedule, nbytes, uniform, itemsize=4) == pytest.approx(
+        cost(schedule, nbytes, itemsize=4, link=uniform).time, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", [name for name in ALGORITHMS if name != "naive"])
+def test_dataflow_time_never_exceeds_lockstep_nor_beats_the_longest_message(name):
+    """Ranks that need not wait for the whole round finish no later than in lockstep (LogGP's o = 0,
+    as the dataflow counts a rank's further messages), and never before the costliest message. (Not
+    the naive all-reduce: a rank sent several messages over links of two speeds in one round takes
+    them in as they were sent, so a fast one can queue behind a slow one, which lockstep ignores.)"""
+    link = two_level_link(2, (1e-3, 1e-8), (5e-3, 1e-7))
+    for world_size in (2, 3, 4, 6, 8):
+        schedule = build_collective(name, world_size)
+        nbytes = 4 * 2**12 * world_size
+        bounds = chunk_bounds(nbytes // 4, schedule.chunks)
+        longest = max(link(m.src, m.dst)[0] + link(m.src, m.dst)[1] * 4 * (bounds[m.hi] - bounds[m.lo])
+                      for messages in schedule.rounds for m in messages)
+        lockstep = cost(schedule, nbytes, itemsize=4, link=link, overhead=0.0).time
+        assert longest <= dataflow_time(schedule, nbytes, link, itemsize=4) <= lockstep * (1 + 1e-9)

@@ -80,3 +80,60 @@ def test_a_network_relay_keeps_no_log_and_times_a_collective_on_its_slowest_link
         relay.readable(slot)
     assert len(relay.later) == 4 and all(due >= began + INTER[0] for due, *_ in relay.later), relay.later
     relay.close()
+
+
+def test_a_ranks_link_takes_in_what_many_send_it_one_message_after_another():
+    """A server that three workers send n bytes at once takes them in one after another, as the
+    cost model counts it: the k-th is through alpha + k beta n after they began; a message whose
+    frame came last but whose bytes left first is taken in the first free stretch, not after the
+    last one booked (the relay books frames in the order they came)."""
+    from edulib.comm.relay import Relay
+
+    alpha, beta, nbytes = 0.5, 1e-3, 100
+    relay = Relay(4)
+    relay.begin([0, 1, 2, 3], link=(alpha, beta), logging=False)
+    due = [relay._after(nbytes, 10.0, (worker,), (0,)) for worker in (1, 2, 3)]
+    assert due == pytest.approx([10.0 + alpha + k * beta * nbytes for k in (1, 2, 3)])
+    assert relay._after(nbytes, 20.0, (1,), (2,)) == pytest.approx(20.0 + alpha + beta * nbytes)
+    assert relay._after(nbytes, 30.0, (3,), (2,)) == pytest.approx(30.0 + alpha + beta * nbytes)
+    assert relay._after(nbytes, 29.0, (1,), (2,)) == pytest.approx(29.0 + alpha + beta * nbytes)  # its gap
+    assert relay._after(nbytes, 29.95, (2,), (3,)) == pytest.approx(29.95 + alpha + beta * nbytes)
+    assert relay._after(nbytes, 29.95, (0,), (2,)) == pytest.approx(30.1 + alpha + beta * nbytes)  # no gap
+    relay.close()
+
+
+def test_a_large_frame_read_in_pieces_arrives_whole_and_unaligned_tensors_keep_their_values():
+    """A frame larger than the relay gathers piece by piece is read into a buffer of its own, across
+    reads, and routed whole; tensors of a payload become views of it, and one whose start is not
+    aligned to its dtype (after an odd number of float16s) is copied out with its values."""
+    import os
+
+    import torch
+
+    from edulib.comm.relay import HEAD, SMALL_FRAME, Relay, _tensors, frame
+
+    values = torch.arange(3 * SMALL_FRAME // 4, dtype=torch.float32)
+    relay = Relay(2)
+    relay.begin([0, 1])
+    meta = [["float32", list(values.shape)]]
+    sent = frame({"op": "send", "group": [0, 1], "peer": 1, "meta": meta, "id": 7}, values.numpy().tobytes())
+    for piece in (sent[:100], sent[100:SMALL_FRAME + 5], sent[SMALL_FRAME + 5:]):
+        os.write(relay.rank_ends[0][1], piece)
+        relay.readable(0)
+    os.write(relay.rank_ends[1][1], frame({"op": "recv", "group": [0, 1], "peer": 0, "out": meta, "id": 8}))
+    relay.readable(1)
+    reply = bytearray()
+    while len(reply) < HEAD.size or len(reply) < HEAD.size + sum(HEAD.unpack_from(reply)):
+        relay.flush()
+        reply += os.read(relay.rank_ends[1][0], 1 << 20)
+    text, size = HEAD.unpack_from(reply)
+    assert size == values.numel() * 4 and relay.log()["problems"] == []
+    got = _tensors(meta, reply[HEAD.size + text:])[0]
+    assert torch.equal(got, values)
+    relay.close()
+    halves, floats = torch.arange(3, dtype=torch.float16), torch.tensor([1.5, -2.0, 3.25])
+    payload = bytearray(halves.numpy().tobytes() + floats.numpy().tobytes())
+    first, second = _tensors([["float16", [3]], ["float32", [3]]], payload)
+    assert torch.equal(first, halves) and torch.equal(second, floats)
+    payload[0] = 0xFF  # the aligned tensor is a view of the payload, the unaligned one a copy
+    assert first[0].item() != 0.0 and torch.equal(second, floats)

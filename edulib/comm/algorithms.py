@@ -27,8 +27,9 @@ def _ceil_log2(n: int) -> int:
 
 
 def naive_allreduce(n: int) -> CollectiveSchedule:
-    """Everyone sends its whole tensor to everyone else, in one round: N(N-1)M in total."""
-    rounds = [tuple(Message(s, d, 0, 1, "reduce") for s in range(n) for d in range(n) if s != d)]
+    """Everyone sends its whole tensor to everyone else, in one round: N(N-1)M in total. Rank r
+    sends to r + 1 first, then r + 2, ..., so that no rank is sent two messages at the same time."""
+    rounds = [tuple(Message(s, (s + k) % n, 0, 1, "reduce") for k in range(1, n) for s in range(n))]
     return CollectiveSchedule("naive", "all_reduce", n, 1, tuple(r for r in rounds if r))
 
 

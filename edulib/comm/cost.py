@@ -99,6 +99,32 @@ def cost(schedule: CollectiveSchedule, nbytes: int, alpha: float = 0.0, beta: fl
     return Cost(len(schedule.rounds), max(per_rank), sum(per_rank), time)
 
 
+def dataflow_time(schedule: CollectiveSchedule, nbytes: int, link: Link, itemsize: int = 1) -> float:
+    """Seconds a schedule takes when each rank starts its next round as soon as its own round is
+    done (its messages in, its sends gone), not once every rank's is: the alpha-beta model without
+    the lockstep of `cost`, as real ranks run a schedule. Each rank's link carries one message at a
+    time each way: a message's bytes leave after the sender's earlier ones, are taken in after
+    what the receiver's link took in before them (beta per byte each), and arrive alpha later.
+    Across links of one speed the two models agree; on a cluster's two, a ring's chunk crosses the
+    fast hops quickly and the rounds overlap, which lockstep misses."""
+    bounds = chunk_bounds(nbytes // itemsize, schedule.chunks)
+    ready = [0.0] * schedule.world_size  # when each rank begins its next round
+    out_free, in_free = [0.0] * schedule.world_size, [0.0] * schedule.world_size
+    for messages in schedule.rounds:
+        done = list(ready)
+        for m in messages:
+            size = (bounds[m.hi] - bounds[m.lo]) * itemsize
+            if not size:
+                continue
+            alpha, beta = link(m.src, m.dst)
+            leaves = max(ready[m.src], out_free[m.src]) + beta * size
+            taken = max(leaves, in_free[m.dst] + beta * size)
+            out_free[m.src], in_free[m.dst] = leaves, taken
+            done[m.src], done[m.dst] = max(done[m.src], leaves), max(done[m.dst], taken + alpha)
+        ready = done
+    return max(ready)
+
+
 def two_level_link(per_node: int, intra: tuple[float, float], inter: tuple[float, float]) -> Link:
     """Links of a cluster: (alpha, beta) `intra` between ranks of one node, `inter` across nodes."""
     if per_node < 1:

@@ -17,6 +17,7 @@ payload: the raw bytes of the tensors the header describes.
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import itertools
 import json
@@ -39,6 +40,7 @@ MAX_FRAME = 64 * 2**20  # bytes of one frame's payload: far more than any graded
 MAX_HELD = 32 * 2**20  # bytes the relay holds for receivers that have not asked yet
 MAX_EVENTS = 20_000  # operations logged in one case: far more than any check's, far fewer than a flood's
 MAX_VALUES = 2**20  # bytes of small messages' values logged in one case (a judge reads them)
+SMALL_FRAME = 1 << 16  # a frame this small is copied into one buffer and written at once
 KEPT_VALUES = 4096  # a message up to this many bytes has its values logged
 MAX_LATE = 100_000  # held replies whose lateness, and ranks' turnarounds after them, one case records
 _DTYPES = {str(t).removeprefix("torch."): t
@@ -47,6 +49,15 @@ _DTYPES = {str(t).removeprefix("torch."): t
 REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "SUM": lambda t: t.sum(0), "AVG": lambda t: t.sum(0) / t.shape[0], "PRODUCT": lambda t: t.prod(0),
     "MIN": lambda t: t.amin(0), "MAX": lambda t: t.amax(0)}
+
+
+def _widen(fd: int) -> None:
+    """Let the pipe hold 1 MiB (Linux's F_SETPIPE_SZ), not 64 KiB: a large frame crosses in fewer
+    turns of the two processes (the default stays where the system refuses)."""
+    try:
+        fcntl.fcntl(fd, 1031, 1 << 20)
+    except OSError:
+        pass
 
 
 class WireError(RuntimeError):
@@ -59,28 +70,35 @@ def _meta(tensors: list[torch.Tensor]) -> list[list]:
     return [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
 
 
-def _raw(tensors: list[torch.Tensor]) -> bytes:
-    """The tensors' bytes, one after another (bf16 as its 16-bit pattern)."""
-    parts = []
+def _pieces(tensors: list[torch.Tensor]) -> list[memoryview]:
+    """The tensors' bytes, one view each, without a copy of a contiguous CPU tensor (bf16 as its
+    16-bit pattern): what a frame carries is written from the tensors themselves."""
+    pieces = []
     for tensor in tensors:
         flat = tensor.detach().cpu().contiguous().reshape(-1)
-        parts.append((flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy().tobytes())
-    return b"".join(parts)
+        pieces.append(memoryview((flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy()
+                                 ).cast("B"))
+    return pieces
 
 
-def _tensors(meta: list[list], payload: bytes) -> list[torch.Tensor]:
-    """Fresh tensors from a header's dtypes and shapes and the payload; WireError if they disagree."""
+def _tensors(meta: list[list], payload: bytearray | memoryview) -> list[torch.Tensor]:
+    """Tensors of a header's dtypes and shapes over the payload's own bytes (a writable buffer that
+    this frame alone holds; a tensor whose start is not aligned to its dtype is copied out); WireError
+    if they disagree."""
     found, at = [], 0
     for dtype_name, shape in meta:
         dtype = _DTYPES.get(dtype_name)
         if dtype is None or type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
             raise WireError(f"a tensor of dtype {dtype_name!r} and shape {shape!r}")
-        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        size = torch.Size(shape).numel() * itemsize
         if at + size > len(payload):
             raise WireError(f"a message of {len(payload)} bytes for tensors of {at + size}")
-        raw = bytearray(payload[at:at + size])
-        found.append(torch.frombuffer(raw, dtype=dtype).reshape(shape).clone() if size
-                     else torch.empty(shape, dtype=dtype))
+        if not size:
+            found.append(torch.empty(shape, dtype=dtype))
+        else:
+            tensor = torch.frombuffer(payload, dtype=dtype, count=size // itemsize, offset=at).reshape(shape)
+            found.append(tensor if tensor.data_ptr() % itemsize == 0 else tensor.clone())
         at += size
     if at != len(payload):
         raise WireError(f"a message of {len(payload)} bytes for tensors of {at}")
@@ -102,8 +120,25 @@ def _read_exactly(fd: int, size: int) -> bytearray:
 
 def frame(header: dict, payload: bytes = b"") -> bytes:
     """One frame: the lengths, the JSON header, the payload."""
+    return b"".join(framed(header, [memoryview(payload)]))
+
+
+def framed(header: dict, pieces: list[memoryview]) -> list[memoryview]:
+    """One frame as the pieces to write one after another: the lengths and the JSON header, then
+    the payload's pieces as they are (a small frame is joined into one, one write for it)."""
     text = json.dumps(header).encode()
-    return HEAD.pack(len(text), len(payload)) + text + payload
+    size = sum(len(piece) for piece in pieces)
+    head = HEAD.pack(len(text), size) + text
+    if size <= SMALL_FRAME:
+        return [memoryview(b"".join([head, *pieces]))]
+    return [memoryview(head), *pieces]
+
+
+def write_all(fd: int, pieces: list[memoryview]) -> None:
+    """Write every piece to the blocking `fd`, in order."""
+    for view in pieces:
+        while view:
+            view = view[os.write(fd, view):]
 
 
 class _Pending(dist._Work):
@@ -180,13 +215,11 @@ class _Wire:
         """Send one operation; the Work that completes when the relay answers (at once if none is due)."""
         pending = _Pending(outputs, self.timeout)
         header = {**header, "id": next(self.ids), "meta": _meta(inputs), "out": _meta(outputs)}
-        data = frame(header, _raw(inputs))
+        pieces = framed(header, _pieces(inputs))
         if reply:
             self.waiting[header["id"]] = pending
         with self.lock:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.write_fd, view):]
+            write_all(self.write_fd, pieces)
         if not reply:
             pending.settle()
         return pending
@@ -313,13 +346,41 @@ def join(rank: int, world_size: int, timeout: float, read_fd: int, write_fd: int
 # -- the relay's side -----------------------------------------------------------------------------
 
 @dataclass
+class _Large:
+    """A frame too large to gather piece by piece: read into one buffer of its size, its payload
+    starting at an offset aligned for any dtype (so the relay's tensors are views of it)."""
+
+    buffer: bytearray
+    start: int  # where the frame begins in `buffer`
+    text: int  # the JSON header's length
+    filled: int = 0  # bytes of the frame read so far
+
+    @classmethod
+    def of(cls, text: int, payload: int) -> _Large:
+        start = -(HEAD.size + text) % 16
+        return cls(bytearray(start + HEAD.size + text + payload), start, text)
+
+    def rest(self) -> memoryview:
+        return memoryview(self.buffer)[self.start + self.filled:]
+
+    def done(self) -> bool:
+        return self.start + self.filled == len(self.buffer)
+
+    def parts(self) -> tuple[bytes, memoryview]:
+        """The header's bytes and the payload's view."""
+        at = self.start + HEAD.size
+        return bytes(self.buffer[at:at + self.text]), memoryview(self.buffer)[at + self.text:]
+
+
+@dataclass
 class _Slot:
     """One rank's two pipes, as the relay holds them: what came in so far, what waits to go out."""
 
     read_fd: int
     write_fd: int
-    incoming: bytearray = field(default_factory=bytearray)
-    outgoing: bytearray = field(default_factory=bytearray)
+    incoming: bytearray = field(default_factory=bytearray)  # small frames' bytes as they come
+    large: _Large | None = None  # the large frame being read straight into its own buffer
+    outgoing: deque = field(default_factory=deque)  # memoryviews, written in order
     began: float = 0.0  # when the first byte still in `incoming` came: its frame's start on the link
     answered: float = 0.0  # when the link's last held reply to it went out, until its next frame came
 
@@ -335,6 +396,8 @@ class Relay:
         self.slots: list[_Slot] = []
         for _ in range(slots):
             to_rank, from_rank = os.pipe(), os.pipe()
+            for end in (to_rank[1], from_rank[1]):
+                _widen(end)
             self.rank_ends.append((to_rank[0], from_rank[1]))
             self.slots.append(_Slot(from_rank[0], to_rank[1]))
             os.set_blocking(to_rank[1], False)
@@ -355,7 +418,8 @@ class Relay:
         self.held, self.arrivals, self.values, self.overflow = 0, itertools.count(), 0, ""
         self.later: list[tuple[float, int, int, bytes]] = []  # held replies: (when, order, slot, frame)
         self.arrive: dict[tuple[int, int], float] = {}  # (sender, receiver) -> when its last message arrives
-        self.free: dict[tuple[int, tuple[float, float]], float] = {}  # (rank, link) -> when it has sent all
+        self.free: dict[int, float] = {}  # rank -> when its link has sent all it was given
+        self.taking: dict[int, list[tuple[float, float]]] = {}  # rank -> when its link takes bytes in
         self.late: list[float] = []  # seconds each held reply went out after it was due (a busy grader)
         self.turnaround: list[float] = []  # seconds from a held reply out to that rank's next frame in
 
@@ -384,7 +448,7 @@ class Relay:
         or receives and the link its members' slowest; each rank's link carries one message at a
         time, so what it sends back to back queues (`_after`): a wire only the grader knows, for a
         student to measure. Without `logging` nothing is kept of the operations (an emulated
-        network's long runs): no log, no budget of operations or values."""
+        network's long runs): no log, no budget of operations, values or bytes held."""
         self.drain()
         self._reset()
         pair = None if link is None or callable(link) else (float(link[0]), float(link[1]))
@@ -392,7 +456,7 @@ class Relay:
         for slot in self.slots:
             slot.incoming.clear()
             slot.outgoing.clear()
-            slot.answered = 0.0
+            slot.large, slot.answered = None, 0.0
         self.ranks = {slot: rank for rank, slot in enumerate(slots)}
 
     def log(self) -> dict:
@@ -424,54 +488,71 @@ class Relay:
         """Read what slot `index` wrote and handle every whole frame in it."""
         slot = self.slots[index]
         while True:
+            large = slot.large
             try:
-                chunk = os.read(slot.read_fd, 1 << 20)
+                got = os.readv(slot.read_fd, [large.rest()]) if large else os.read(slot.read_fd, 1 << 20)
             except BlockingIOError:
                 break
-            if not chunk:
+            if not got:
                 break
             now = time.monotonic()
-            if not slot.incoming:
+            if not slot.incoming and not large:
                 slot.began = now
                 if slot.answered and len(self.turnaround) < MAX_LATE:
                     self.turnaround.append(now - slot.answered)
                 slot.answered = 0.0
-            slot.incoming += chunk
-            at = 0  # the frames taken so far: cut from the buffer once per read, not once per frame
-            while len(slot.incoming) - at >= HEAD.size:
-                sizes = HEAD.unpack_from(slot.incoming, at)
-                if sizes[0] > 1 << 16 or sizes[1] > MAX_FRAME:
-                    self._refuse(index, f"a frame of {sizes[1]} bytes, more than the wire carries")
-                    at = len(slot.incoming)
-                    break
-                end = at + HEAD.size + sizes[0] + sizes[1]
-                if len(slot.incoming) < end:
-                    break
-                head = bytes(slot.incoming[at + HEAD.size:at + HEAD.size + sizes[0]])
-                payload = bytes(slot.incoming[end - sizes[1]:end])
-                at, began, slot.began = end, slot.began, now  # a later frame began in this read
-                try:
-                    header = json.loads(head)
-                except ValueError:
-                    self._refuse(index, "a frame whose header is not JSON")
-                    continue
-                if index in self.ranks and type(header) is dict:
-                    self._handle(self.ranks[index], header, payload, began)
-            del slot.incoming[:at]
+            if large:
+                large.filled += got
+                if large.done():
+                    slot.large = None
+                    self._take(index, *large.parts(), slot.began)
+                continue
+            slot.incoming += got
+            self._frames(index, now)
+
+    def _frames(self, index: int, now: float) -> None:
+        """Handle the whole frames in slot `index`'s incoming bytes (the next one's first byte came at
+        `now`, if it came in this read); a large frame left incomplete goes on in a buffer of its own."""
+        slot = self.slots[index]
+        at = 0  # the frames taken so far: cut from the buffer once per read, not once per frame
+        while len(slot.incoming) - at >= HEAD.size:
+            sizes = HEAD.unpack_from(slot.incoming, at)
+            if sizes[0] > 1 << 16 or sizes[1] > MAX_FRAME:
+                self._refuse(index, f"a frame of {sizes[1]} bytes, more than the wire carries")
+                at = len(slot.incoming)
+                break
+            end = at + HEAD.size + sizes[0] + sizes[1]
+            if len(slot.incoming) < end:
+                if end - at > SMALL_FRAME:
+                    slot.large = _Large.of(*sizes)
+                    slot.large.rest()[:len(slot.incoming) - at] = slot.incoming[at:]
+                    slot.large.filled, at = len(slot.incoming) - at, len(slot.incoming)
+                break
+            head = bytes(slot.incoming[at + HEAD.size:at + HEAD.size + sizes[0]])
+            payload = slot.incoming[end - sizes[1]:end]
+            at, began, slot.began = end, slot.began, now  # a later frame began in this read
+            self._take(index, head, payload, began)
+        del slot.incoming[:at]
+
+    def _take(self, index: int, head: bytes, payload: bytearray | memoryview, began: float) -> None:
+        """One whole frame from slot `index`, its first byte come at `began`."""
+        try:
+            header = json.loads(head)
+        except ValueError:
+            self._refuse(index, "a frame whose header is not JSON")
+            return
+        if index in self.ranks and type(header) is dict:
+            self._handle(self.ranks[index], header, payload, began)
 
     def pump(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the ranks, and serve what came (for a relay run on its own,
         as in tests; the grader serves it from its own loop)."""
-        import selectors
+        import select
 
-        with selectors.DefaultSelector() as selector:
-            for fd, index in self.read_fds().items():
-                selector.register(fd, selectors.EVENT_READ, index)
-            for fd in self.pending_writes():
-                selector.register(fd, selectors.EVENT_WRITE)
-            for key, _ in selector.select(self.wait(timeout)):
-                if key.data is not None:
-                    self.readable(key.data)
+        wire = self.read_fds()  # select(), not epoll: its timeout is to the microsecond, not the millisecond
+        readable, _, _ = select.select(list(wire), self.pending_writes(), [], self.wait(timeout))
+        for fd in readable:
+            self.readable(wire[fd])
         self.flush()
 
     def pending_writes(self) -> list[int]:
@@ -491,49 +572,55 @@ class Relay:
         goes out once its time has come)."""
         now = time.monotonic()
         while self.later and self.later[0][0] <= now:
-            due, _, index, data = heapq.heappop(self.later)
-            self.slots[index].outgoing += data
+            due, _, index, pieces = heapq.heappop(self.later)
+            self.slots[index].outgoing.extend(pieces)
             self.slots[index].answered = now
             if len(self.late) < MAX_LATE:
                 self.late.append(now - due)
         for slot in self.slots:
             while slot.outgoing:
                 try:
-                    written = os.write(slot.write_fd, slot.outgoing[:1 << 20])
+                    written = os.write(slot.write_fd, slot.outgoing[0])
                 except (BlockingIOError, BrokenPipeError):
                     break
-                del slot.outgoing[:written]
+                if written == len(slot.outgoing[0]):
+                    slot.outgoing.popleft()
+                else:
+                    slot.outgoing[0] = slot.outgoing[0][written:]
 
     def _reply(self, rank: int, header: dict, outputs: list[torch.Tensor] | None = None,
                error: str = "", at: float = 0.0) -> None:
         """Answer one operation of `rank`, now or, held by the link, at time `at` (time.monotonic)."""
         index = next(index for index, r in self.ranks.items() if r == rank)
         outputs = outputs or []
-        data = frame({"id": header.get("id"), "meta": _meta(outputs), "error": error}, _raw(outputs))
+        pieces = framed({"id": header.get("id"), "meta": _meta(outputs), "error": error}, _pieces(outputs))
         if at > time.monotonic():
-            heapq.heappush(self.later, (at, next(self.arrivals), index, data))
+            heapq.heappush(self.later, (at, next(self.arrivals), index, pieces))
         else:
-            self.slots[index].outgoing += data
+            self.slots[index].outgoing.extend(pieces)
         self.flush()
 
     def _after(self, nbytes: int, began: float, senders: tuple[int, ...],
                receivers: tuple[int, ...]) -> float:
         """When something of `nbytes` that `senders` put on their links to `receivers` (its first byte
         came at `began`) is through (0: no link, at once), on the slowest of those links. As on a
-        wire, each sender's link carries one message at a time: its bytes leave once the message
-        before them on that link has left, beta * n later, and arrive alpha after that. The link's
-        time runs from the first byte: the time the bytes took through the pipe (longer on a busy
-        machine) is part of it, not added to it."""
+        wire, each rank's link (whichever its peer) carries one message at a time each way: a
+        message's bytes leave once the one before them on the sender's link has left, beta * n
+        later; the receiver's link takes them in as fast, in its first free stretch from when they
+        began to leave (`_gap`), and they arrive alpha after that (so a server that N - 1 workers
+        send to at once takes in their messages one after another, as the cost model counts it).
+        The link's time runs from the first byte: the time the bytes took through the pipe (longer
+        on a busy machine) is part of it, not added to it."""
         if self.link is None:
             return 0.0
         pairs = [(src, dst) for src in senders for dst in receivers if src != dst]
         pairs = pairs or [(sender, sender) for sender in senders]  # a group of one still crosses its link
-        alpha, beta = link = max((self.link(src, dst) for src, dst in pairs),
-                                 key=lambda found: found[0] + found[1] * nbytes)
-        queues = [(sender, link) for sender in senders]
-        leaves = max([began, *(self.free.get(queue, 0.0) for queue in queues)]) + beta * nbytes
-        self.free.update(dict.fromkeys(queues, leaves))
-        return leaves + alpha
+        alpha, beta = max((self.link(src, dst) for src, dst in pairs),
+                          key=lambda found: found[0] + found[1] * nbytes)
+        leaves = max([began, *(self.free.get(sender, 0.0) for sender in senders)]) + beta * nbytes
+        self.free.update(dict.fromkeys(senders, leaves))
+        taken = _gap(self.taking, receivers, leaves - beta * nbytes, beta * nbytes)
+        return taken + alpha
 
     def _refuse(self, index: int, problem: str) -> None:
         self._problem(f"rank {self.ranks.get(index, '?')}: {problem}")
@@ -543,7 +630,7 @@ class Relay:
         if len(self.problems) < 100:
             self.problems.append(text)
 
-    def _handle(self, rank: int, header: dict, payload: bytes, began: float) -> None:
+    def _handle(self, rank: int, header: dict, payload: bytearray | memoryview, began: float) -> None:
         """One rank's operation (its frame's first byte came at `began`): log it, then route, hold
         or compute it. Once the case has flooded the wire (`overflow`), nothing more is done for it:
         an operation that waits for a reply is told so, and the case scores 0 whatever comes after."""
@@ -592,14 +679,14 @@ class Relay:
             raise WireError("this check asks no questions")
         self._reply(rank, header, [torch.tensor([float(self.oracle(query))], dtype=torch.float64)])
 
-    def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytes,
+    def _send(self, rank: int, header: dict, inputs: list[torch.Tensor], payload: bytearray | memoryview,
               began: float) -> None:
         peer = header["peer"]
         if type(peer) is not int or peer == rank or peer not in self.ranks.values():
             raise WireError(f"a send to rank {peer!r}")
         self._event(rank, "send", peer=peer, elements=sum(t.numel() for t in inputs), bytes=len(payload),
                     values=self._values(inputs, len(payload)))
-        if self.held + len(payload) > MAX_HELD:
+        if self.logging and self.held + len(payload) > MAX_HELD:
             self.overflow = self.overflow or f"more than {MAX_HELD >> 20} MiB sent that no rank received"
             raise WireError(f"more than {MAX_HELD >> 20} MiB sent that no rank has received")
         self.held += len(payload)
@@ -687,6 +774,25 @@ class Relay:
                          max(part[3] for part in parts.values()), members, members)
         for member, (outputs, _, _) in zip(members, results, strict=True):
             self._reply(member, parts[member][0], outputs, at=at)
+
+
+def _gap(taking: dict[int, list[tuple[float, float]]], receivers: tuple[int, ...], ready: float,
+         seconds: float) -> float:
+    """When `receivers`' links, each busy in the (start, end) stretches of `taking`, are through
+    taking in a message that needs `seconds` of each, from `ready` on, in the first stretch that all
+    have free; the stretch is booked. The first free stretch, not the end of the last booked one:
+    the relay books messages in the order their frames came, which is not the order their bytes
+    left, and a link is idle only while nothing waits for it."""
+    busy = sorted(stretch for receiver in receivers for stretch in taking.setdefault(receiver, []))
+    start = ready
+    for begin, end in busy:
+        if begin >= start + seconds:
+            break
+        start = max(start, end)
+    for receiver in receivers:
+        kept = [stretch for stretch in taking[receiver] if stretch[1] > ready - 1.0]  # a second back
+        taking[receiver] = [*kept, (start, start + seconds)] if seconds else kept
+    return start + seconds
 
 
 def collective(op: str, headers: list[dict], inputs: list[list[torch.Tensor]]) -> list[tuple[list, int, int]]:
