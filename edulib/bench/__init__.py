@@ -33,6 +33,7 @@ _HOMES = {
     "ep": ("bench_moe",),
     "grade": ("bench_grade",),
     "launch": ("bench_launch",),
+    "network": ("bench_network",),
     "pipedream": ("bench_pipedream",),
     "pp": ("MEMORY_SCHEDULES", "bench_pipeline", "bench_split_backward", "measure_pipeline", "pipeline_link",
            "pipeline_memory", "write_traces"),

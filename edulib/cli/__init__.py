@@ -141,6 +141,7 @@ BENCHES: dict[str, Callable[[Any, argparse.Namespace], list[str]]] = {
     "energy": lambda bench, o: [bench.bench_energy()],
     "grade": lambda bench, o: [bench.bench_grade(o.students)],
     "memory": lambda bench, o: [bench.bench_memory(tuple(o.world_sizes), backend=o.backend)],
+    "network": lambda bench, o: [bench.bench_network(tuple(o.world_sizes), o.max_mib * 2**20)],
     "moe": lambda bench, o: [bench.bench_moe(tuple(o.world_sizes), backend=o.backend)],
     "pipedream": lambda bench, o: [bench.bench_pipedream(tuple(o.world_sizes))],
     "pipeline": lambda bench, o: [bench.bench_split_backward(backend=o.backend),
@@ -363,8 +364,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--world-size", type=_ranks, default=4, help="launch, pipeline, compression: ranks")
     bench.add_argument("--repeats", type=_whole, default=3, help="launch: cold starts to time")
     bench.add_argument("--world-sizes", type=_ranks, nargs="+", default=[2, 4],
-                       help="allreduce, dp, memory, pipedream: rank counts to measure")
-    bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce: largest tensor, MiB")
+                       help="allreduce, dp, memory, network, pipedream: rank counts to measure")
+    bench.add_argument("--max-mib", type=_whole, default=64, help="allreduce, network: largest tensor, MiB")
     bench.add_argument("--students", type=_whole, default=30, help="grade: students in the class")
     bench.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     bench.add_argument("--trace", type=Path, default=None,

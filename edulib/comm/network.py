@@ -4,8 +4,9 @@ alpha-beta model, fast inside a node and slow between nodes.
 The ranks join `torch.distributed` through the relay (`edulib.comm.relay`), the same wire the grader
 slows for the exercise that measures a link, served here by a thread of the launching process: a
 message of n bytes reaches its receiver alpha + beta * n after its first byte was sent, in order on
-each pair, each rank's link carrying one message at a time; a built-in collective answers
-alpha + beta * n after its last member called it, on its members' slowest link. Compute is not
+each pair, each rank's link carrying one message at a time each way (out, and in); a built-in
+collective answers alpha + beta * n after its last member called it, on its members' slowest link.
+`edulib.comm.cost.dataflow_time` is the model to set a measured time beside. Compute is not
 slowed, so computation and communication overlap exactly as far as the code lets them, and
 asynchronous operations (`isend`, `async_op=True`) complete in the background.
 """

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from edulib.comm.algorithms import build_collective
-from edulib.comm.collectives import all_reduce, all_to_all, barrier, irecv, isend
+from edulib.comm.collectives import all_gather, all_reduce, all_to_all, barrier, irecv, isend
 from edulib.comm.runtime import run_schedule
 from edulib.launch.rank import device
 
@@ -57,16 +57,24 @@ def run_many(names: list[str], lengths: list[int], dtypes: list[str],
             for name in names for length in lengths for dtype in dtypes]
 
 
-def timed(call: Callable[[Any], object], repeats: int, setup: Callable[[], Any] = lambda: None
-          ) -> list[float]:
+def timed(call: Callable[[Any], object], repeats: int, setup: Callable[[], Any] = lambda: None,
+          lead: float | None = None) -> list[float]:
     """Seconds `call(setup())` took on this rank, `repeats` times, `setup` left out of the clock.
     Every call starts right after a barrier, so the slowest rank's time is the step's time; a GPU
-    is synchronized before the clock stops."""
+    is synchronized before the clock stops. With a `lead` (seconds), the ranks instead agree on a
+    moment that far ahead of the latest of them, start together then, and count from it (one clock,
+    time.monotonic, for every process of the machine): on a slow link, a barrier lets its ranks go
+    a latency apart."""
     samples = []
     for _ in range(repeats):
         argument = setup()
-        barrier()
-        began = time.perf_counter()
+        if lead is None:
+            barrier()
+            began = time.perf_counter()
+        else:
+            start = all_gather(torch.tensor([time.monotonic() + lead], dtype=torch.float64)).max().item()
+            time.sleep(max(0.0, start - time.monotonic()))
+            began = time.perf_counter() - (time.monotonic() - start)
         call(argument)
         if torch.cuda.is_available() and device().type == "cuda":
             torch.cuda.synchronize()
@@ -74,14 +82,15 @@ def timed(call: Callable[[Any], object], repeats: int, setup: Callable[[], Any] 
     return samples
 
 
-def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int) -> dict:
-    """Seconds each all-reduce took on this rank, per (algorithm, bytes), "builtin" included."""
+def time_allreduce(algorithms: list[str], sizes: list[int], repeats: int, lead: float | None = None) -> dict:
+    """Seconds each all-reduce took on this rank, per (algorithm, bytes), "builtin" included (`lead`:
+    as `timed` starts the ranks)."""
     times: dict = {}
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4, device=device())
         for name in ["builtin", *algorithms]:
             times[name, nbytes] = timed(lambda work, name=name: all_reduce(work, name), repeats,
-                                        tensor.clone)
+                                        tensor.clone, lead)
     return times
 
 
@@ -130,6 +139,26 @@ def ping_pong(sizes: list[int], repeats: int) -> dict[int, float]:
             samples.append(time.perf_counter() - began)
         swap[nbytes] = statistics.median(samples)
     return swap
+
+
+def one_way(sizes: list[int], repeats: int, src: int, dst: int) -> dict[str, dict[int, list[float]]]:
+    """When rank `src` sent each message of each size to rank `dst` ("sent", on `src`) and when
+    `dst` had it ("arrived", on `dst`), `repeats` of each, in time.monotonic() (one clock for
+    every process of a machine, so the two subtract); {} on the other ranks."""
+    rank, found = dist.get_rank(), {}
+    if rank in (src, dst):
+        found = {"sent" if rank == src else "arrived": {nbytes: [] for nbytes in sizes}}
+    for nbytes in sizes:
+        buffer = torch.zeros(nbytes // 4, device=device())
+        for _ in range(repeats):
+            barrier()
+            if rank == src:
+                found["sent"][nbytes].append(time.monotonic())
+                isend(buffer, dst).wait()
+            elif rank == dst:
+                irecv(buffer, src).wait()
+                found["arrived"][nbytes].append(time.monotonic())
+    return found
 
 
 def message_stream(nbytes: int, counts: list[int], repeats: int) -> dict[int, float]:
