@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -629,25 +629,28 @@ def _unjudged(text: str, seconds: float = 0.0) -> tuple[tuple[str, str], float, 
     return (text, text), seconds, (0.0, 0.0)
 
 
-def exercise_budget(exercise: str, time_limit: float | None = None) -> float:
+def exercise_budget(exercise: str, time_limit: float | None = None,
+                    checks: list[Check] | None = None) -> float:
     """The wall seconds one student's exercise may take in all, whatever its code does (sleeps,
-    hangs, crashes that start fresh trees): the import's CPU allowance and every check's limit.
-    A class takes at most its students times the sum of these over the exercises."""
-    return STARTUP_CPU + sum(time_limit or check.time_limit for check in CHECKS[exercise])
+    hangs, crashes that start fresh trees): the import's CPU allowance and the limit of every check
+    graded (`checks`, all of the exercise's by default). A class takes at most its students times
+    the sum of these over the exercises."""
+    checks = CHECKS[exercise] if checks is None else checks
+    return STARTUP_CPU + sum(time_limit or check.time_limit for check in checks)
 
 
 def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int = 0,
                    time_limit: float | None = None, limits: Limits = Limits(), jail: _Jail,
                    warnings: list[str], original: Path | None = None,
-                   stop: threading.Event | None = None) -> list[Result]:
+                   stop: threading.Event | None = None, checks: list[Check] | None = None) -> list[Result]:
     """Grade one exercise file (the grader's copy; `original` is where it was handed in): run its
-    checks in process trees, then judge every answer here. Once `stop` is set, the tree running is
-    ended and `Stopped` raised."""
-    checks, stop = CHECKS[exercise], stop or threading.Event()
+    `checks` (all of the exercise's by default) in process trees, then judge every answer here.
+    Once `stop` is set, the tree running is ended and `Stopped` raised."""
+    checks, stop = CHECKS[exercise] if checks is None else checks, stop or threading.Event()
     with _SERIAL:
         cases = {check.name: cases_of(exercise, check, seed) for check in checks}
     limit = {check.name: time_limit or check.time_limit for check in checks}
-    budget, spent = exercise_budget(exercise, time_limit), 0.0
+    budget, spent = exercise_budget(exercise, time_limit, checks), 0.0
     pending, verdicts = list(checks), {}
     while pending:
         if spent >= budget:
@@ -709,10 +712,20 @@ def _verdict(check: Check, cases: list[Case], outcomes: list[Reply], tree: _Tree
                          "the instructor has the details")
 
 
-def _not_graded(student: str, exercise: str, why: str, seed: int | None) -> list[Result]:
+def _not_graded(student: str, exercise: str, why: str, seed: int | None, checks: list[Check]) -> list[Result]:
     """The rows of an exercise a student did not hand in, or handed in as something refused."""
-    return [row for check in CHECKS[exercise]
-            for row in _rows(student, exercise, check, *_unjudged(why), "", "", seed)]
+    return [row for check in checks for row in _rows(student, exercise, check, *_unjudged(why), "", "", seed)]
+
+
+def _picked(exercise: str, names: Collection[str] | None) -> list[Check]:
+    """The exercise's checks named (in its order; all of them for None); ValueError on a name it lacks."""
+    if names is None:
+        return CHECKS[exercise]
+    known = [check.name for check in CHECKS[exercise]]
+    unknown = [names] if isinstance(names, str) else sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"only= picks {unknown} of {exercise}: it picks a collection of its checks, {known}")
+    return [check for check in CHECKS[exercise] if check.name in names]
 
 
 def _jail(work: Path, sandbox: bool, beside: int, warnings: list[str]) -> _Jail:
@@ -779,7 +792,8 @@ def _switching_often(interval: float = 5e-4) -> Iterator[None]:
 def grade(path: Path, time_limit: float | None = None, progress: bool = True, *, seed: int | None = None,
           sandbox: bool = True, limits: Limits = Limits(), warnings: list[str] | None = None,
           on_student: Callable[[list[Result]], None] | None = None, jobs: int | None = None,
-          cache: GradeCache | None = None, resume: bool = False) -> list[Result]:
+          cache: GradeCache | None = None, resume: bool = False,
+          only: Callable[[str, str], Collection[str]] | None = None) -> list[Result]:
     """Grade one exercise file, one student's folder, or a class folder of student folders.
 
     `sandbox` (the default) runs each tree in bubblewrap: an error if it is missing. Without it,
@@ -791,10 +805,15 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     written as grading goes. With a `cache`, each exercise's rows are kept there once its student
     is graded (and the installed edulib found intact); `resume` takes from it the rows of every
     file, seed and run unchanged instead of grading them again, and, without a `seed`, the seed
-    this class was last graded with. Files alike byte for byte are graded once a run (`_once`)."""
+    this class was last graded with. Files alike byte for byte are graded once a run (`_once`).
+    `only(student, exercise)` names the checks to grade, rows of those only (none: the exercise is not
+    graded, nor its row of missing written): every check by default."""
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
         raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
+    if only is not None and cache is not None:
+        raise ValueError("only= with a cache: the rows of some checks are not a grade to keep; grade every "
+                         "check to keep them, or pass no cache")
     students, found = find_submissions(Path(path))
     warnings = [] if warnings is None else warnings
     warnings += found
@@ -807,9 +826,11 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
                         "user and could write them")
         cache, resume = None, False
     seed = _the_seed(Path(path), seed, cache, resume)
+    picked = {(student, exercise): _picked(exercise, only and only(student, exercise))
+              for student, exercises in students.items() for exercise in exercises}
     integrity.preload()
     before = integrity.fingerprint()
-    total = sum(len(CHECKS[name]) for exercises in students.values()
+    total = sum(len(picked[student, name]) for student, exercises in students.items()
                 for name, file in exercises.items() if file)
     bar = progress_bar("grading", total) if progress else None
     with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
@@ -818,7 +839,7 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
         jail = _jail(Path(work), sandbox, min(jobs, sum(map(len, taken.values()))) - 1, warnings)
         stop, drawn = threading.Event(), threading.Lock()
         fresh: dict[tuple[str, str], str] = {}  # the cache's key of each exercise graded in this run
-        twins: dict[tuple[str, str], tuple[threading.Lock, list[list[Result]]]] = {}  # by exercise, digest
+        twins: dict[tuple[str, ...], tuple[threading.Lock, list[list[Result]]]] = {}  # by exercise, digest
 
         def one(task: tuple[str, str]) -> list[Result]:
             """One exercise of one student."""
@@ -826,25 +847,27 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             file = taken[student][exercise]
             if file is None or isinstance(file, Refused):
                 why = file or f"missing: {exercise}.py was not handed in"
-                return _not_graded(student, exercise, why, seed)
+                return _not_graded(student, exercise, why, seed, picked[task])
             key = cache and cache.key(student, exercise, file.read_bytes(), seed, time_limit, sandbox,
                                       limits, before)
             rows = cache.rows(key) if resume and key else None
             if rows is None:
                 original, digest = students[student][exercise], hashlib.sha256(file.read_bytes()).hexdigest()
+                checks, twin = picked[task], (exercise, digest, *(check.name for check in picked[task]))
                 rows = [replace(row, student=student, submission=str(original)) for row in _once(
-                    twins, drawn, (exercise, digest), lambda: grade_exercise(
+                    twins, drawn, twin, lambda: grade_exercise(
                         student, file, exercise, seed=seed, time_limit=time_limit, limits=limits, jail=jail,
-                        warnings=warnings, original=original, stop=stop))]
+                        warnings=warnings, original=original, stop=stop, checks=checks))]
                 if key:
                     fresh[task] = key
             if bar is not None:
                 with drawn:
                     bar.set_postfix_str(f"{student}: {exercise}", refresh=False)
-                    bar.update(len(CHECKS[exercise]))
+                    bar.update(len(picked[task]))
             return rows
 
-        tasks = [(student, exercise) for student, exercises in taken.items() for exercise in exercises]
+        tasks = [(student, exercise) for student, exercises in taken.items() for exercise in exercises
+                 if picked[student, exercise]]
 
         def intact(student: str, done: dict[tuple[str, str], list[Result]]) -> None:
             """Keep a student's freshly graded exercises, now that the installed edulib is found intact."""
@@ -858,9 +881,9 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     return [row for task in tasks for row in done[task]]
 
 
-def _once(twins: dict[tuple[str, str], tuple[threading.Lock, list[list[Result]]]], drawn: threading.Lock,
-          key: tuple[str, str], rows: Callable[[], list[Result]]) -> list[Result]:
-    """The rows of the first file graded under `key` (its exercise and a digest of its bytes): a twin
+def _once(twins: dict[tuple[str, ...], tuple[threading.Lock, list[list[Result]]]], drawn: threading.Lock,
+          key: tuple[str, ...], rows: Callable[[], list[Result]]) -> list[Result]:
+    """The rows of the first file graded under `key` (its exercise, a digest of its bytes, the checks): a twin
     handed in alike waits for them instead of being graded again."""
     with drawn:
         lock, graded = twins.setdefault(key, (threading.Lock(), []))
