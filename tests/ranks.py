@@ -978,3 +978,10 @@ def overlap_step(width: int, depth: int, rows: int, overlap: bool, steps: int = 
         taken.append(time.perf_counter() - began)
         model.zero_grad()
     return statistics.median(taken[1:])
+
+
+def collect_garbage() -> int:
+    """Collect this rank's cyclic garbage; how many objects it found."""
+    import gc
+
+    return gc.collect()

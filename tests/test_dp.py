@@ -65,6 +65,12 @@ def test_data_parallel_trains_on_every_all_reduce_and_counts_its_bytes(ranks_, p
             if report["bytes_sent"] != counted or not counted:
                 problems.append(f"{algorithm}: rank {rank} sent {report['bytes_sent']} bytes, "
                                 f"its buckets' schedules count {counted}")
+            spans = report["timeline"]["reduces"]  # what the timeline figure and the model read
+            if sorted(spans) != list(range(len(report["bucket_sizes"]))) or any(
+                    len(span) != 2 or span[0] > span[1] for span in spans.values()):
+                problems.append(f"{algorithm}: rank {rank}'s timeline lacks an all-reduce's start or end")
+            if sum(report["gradient_sizes"]) != sum(report["bucket_sizes"]):
+                problems.append(f"{algorithm}: rank {rank}'s gradients do not fill its buckets")
         assert len(reports[0]["bucket_sizes"]) > 1  # several buckets, uneven ones
     assert not problems, "\n".join(problems)
 

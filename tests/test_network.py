@@ -3,6 +3,9 @@ nodes, never sooner than the lecture's formula says, in order on each pair, asyn
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 
 from edulib.comm import Network, run_on
@@ -137,3 +140,34 @@ def test_a_large_frame_read_in_pieces_arrives_whole_and_unaligned_tensors_keep_t
     assert torch.equal(first, halves) and torch.equal(second, floats)
     payload[0] = 0xFF  # the aligned tensor is a view of the payload, the unaligned one a copy
     assert first[0].item() != 0.0 and torch.equal(second, floats)
+
+
+class _Font:
+    """Garbage as a figure leaves it: a cycle holding an open file, closed when collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.cycle, self.closed = fd, self, []
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+            _CLOSED.append("here")
+        except OSError:
+            print("closing a file the rank never had")
+
+
+_CLOSED: list[str] = []
+
+
+def test_garbage_of_the_launcher_dies_in_it_not_in_a_rank(capfd):
+    """A rank on an emulated network is a copy of the launcher (a notebook that drew figures): its
+    cyclic garbage, fonts holding files, was collected in the rank, where those files are closed,
+    and printed errors into the lesson. It dies in the launcher now, before the copy."""
+    gc.disable()
+    try:
+        _Font(os.open(os.devnull, os.O_RDONLY))
+        run_on(Network(1, 2, INTRA, INTER), ranks.collect_garbage, timeout=60)
+    finally:
+        gc.enable()
+    assert _CLOSED == ["here"]
+    assert "never had" not in capfd.readouterr().out

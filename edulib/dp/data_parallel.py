@@ -31,6 +31,7 @@ from torch.nn.utils import parameters_to_vector
 
 from edulib import comm
 from edulib.base.hooks import weakly
+from edulib.dp.overlap import fill_buckets
 
 
 def replicas(module: nn.Module, ignored_params: Iterable[nn.Parameter] = ()) -> list[nn.Parameter]:
@@ -70,15 +71,10 @@ class GradientBuckets:
         self.names = {id(p): name for name, p in model.named_parameters()}
         self.timestamps: tuple[list[float], dict[int, list[float]]] = ([], {})  # the last finish()'s
         self.bytes_sent = 0  # by this rank, over every step so far
-        self.buckets: list[list[nn.Parameter]] = [[]]
-        size = 0
-        for parameter in reversed([p for p in replicas(model, ignored_params) if p.requires_grad]):
-            nbytes = parameter.numel() * parameter.element_size()
-            if self.buckets[-1] and size + nbytes > bucket_bytes:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(parameter)
-            size += nbytes
+        trained = list(reversed([p for p in replicas(model, ignored_params) if p.requires_grad]))
+        self.buckets: list[list[nn.Parameter]] = [
+            [trained[i] for i in bucket]
+            for bucket in fill_buckets([p.numel() * p.element_size() for p in trained], bucket_bytes)]
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         for bucket in self.buckets:
             for parameter in bucket:
@@ -143,7 +139,7 @@ class GradientBuckets:
         times = self.reduce_times[index] = [time.perf_counter()]
         with comm.labelled("gradients"), comm.count_communication() as sent:
             done = comm.all_reduce(flat, self.algorithm, self.group, async_op=True)
-        done.add_done_callback(lambda _: times.append(time.perf_counter()))
+        done.add_done_callback(lambda _: len(times) == 1 and times.append(time.perf_counter()))
         self._launched[index] = (flat, done, sent)
         self._next = index + 1
 
@@ -155,8 +151,10 @@ class GradientBuckets:
         """
         while self._next < len(self.buckets):
             self._launch(self._next)
-        for _, done, sent in self._launched.values():
+        for index, (_, done, sent) in self._launched.items():
             done.result()
+            if len(self.reduce_times[index]) == 1:  # done, its callback not yet run: finished by now
+                self.reduce_times[index].append(time.perf_counter())
             self.bytes_sent += sum(transfer.nbytes for transfer in sent)
         used = self._used() if self.find_unused else None  # after the buckets: one order on every rank
         ranks = dist.get_world_size(self.group)

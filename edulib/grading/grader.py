@@ -806,14 +806,9 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     is graded (and the installed edulib found intact); `resume` takes from it the rows of every
     file, seed and run unchanged instead of grading them again, and, without a `seed`, the seed
     this class was last graded with. Files alike byte for byte are graded once a run (`_once`).
-    `only(student, exercise)` names the checks to grade, rows of those only (none: the exercise is not
-    graded, nor its row of missing written): every check by default."""
+    `only(student, exercise)` names the checks graded (none: no rows of that exercise); all by default."""
     jobs = default_jobs() if jobs is None else jobs
-    if type(jobs) is not int or jobs < 1:
-        raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
-    if only is not None and cache is not None:
-        raise ValueError("only= with a cache: the rows of some checks are not a grade to keep; grade every "
-                         "check to keep them, or pass no cache")
+    _refuse_options(jobs, only, cache)
     students, found = find_submissions(Path(path))
     warnings = [] if warnings is None else warnings
     warnings += found
@@ -821,17 +816,12 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
         raise ValueError(f"no exercise files in {path}; they are named "
                          f"{', '.join(name + '.py' for name in CHECKS)}")
     _refuse(sandbox)
-    if cache is not None and not sandbox and not bubblewrap.drops_privileges():
-        warnings.append("grades are not kept for --resume: without the sandbox, student code runs as this "
-                        "user and could write them")
-        cache, resume = None, False
+    cache, resume = _kept(cache, resume, sandbox, warnings)
     seed = _the_seed(Path(path), seed, cache, resume)
     picked = {(student, exercise): _picked(exercise, only and only(student, exercise))
               for student, exercises in students.items() for exercise in exercises}
     integrity.preload()
-    before = integrity.fingerprint()
-    total = sum(len(picked[student, name]) for student, exercises in students.items()
-                for name, file in exercises.items() if file)
+    before, total = integrity.fingerprint(), sum(len(picked[task]) for task, file in _files(students) if file)
     bar = progress_bar("grading", total) if progress else None
     with tempfile.TemporaryDirectory(prefix="edulib-grade-") as work:
         os.chmod(work, 0o711)
@@ -853,9 +843,9 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
             rows = cache.rows(key) if resume and key else None
             if rows is None:
                 original, digest = students[student][exercise], hashlib.sha256(file.read_bytes()).hexdigest()
-                checks, twin = picked[task], (exercise, digest, *(check.name for check in picked[task]))
+                checks = picked[task]
                 rows = [replace(row, student=student, submission=str(original)) for row in _once(
-                    twins, drawn, twin, lambda: grade_exercise(
+                    twins, drawn, (exercise, digest, *(c.name for c in checks)), lambda: grade_exercise(
                         student, file, exercise, seed=seed, time_limit=time_limit, limits=limits, jail=jail,
                         warnings=warnings, original=original, stop=stop, checks=checks))]
                 if key:
@@ -879,6 +869,32 @@ def grade(path: Path, time_limit: float | None = None, progress: bool = True, *,
     if bar is not None:
         bar.close()
     return [row for task in tasks for row in done[task]]
+
+
+def _refuse_options(jobs: object, only: object, cache: object) -> None:
+    """ValueError for a count of jobs that is no whole number, or `only=` with a cache."""
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"jobs={jobs!r}: the exercises graded at once is a whole number, 1 or more")
+    if only is not None and cache is not None:
+        raise ValueError("only= with a cache: the rows of some checks are not a grade to keep; grade every "
+                         "check to keep them, or pass no cache")
+
+
+def _kept(cache: GradeCache | None, resume: bool, sandbox: bool,
+          warnings: list[str]) -> tuple[GradeCache | None, bool]:
+    """The cache and resume to use: none without the sandbox where student code runs as this user."""
+    if cache is not None and not sandbox and not bubblewrap.drops_privileges():
+        warnings.append("grades are not kept for --resume: without the sandbox, student code runs as this "
+                        "user and could write them")
+        return None, False
+    return cache, resume
+
+
+def _files(students: dict) -> Iterator[tuple[tuple[str, str], object]]:
+    """Each (student, exercise) and the file handed in for it (None where missing)."""
+    for student, exercises in students.items():
+        for exercise, file in exercises.items():
+            yield (student, exercise), file
 
 
 def _once(twins: dict[tuple[str, ...], tuple[threading.Lock, list[list[Result]]]], drawn: threading.Lock,

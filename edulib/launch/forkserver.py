@@ -14,6 +14,7 @@ the same name; the launcher's own pipes and rank protocol are kept, so this modu
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import pickle
 import select
@@ -84,9 +85,11 @@ class ForkServer:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(_path())})
         else:
+            gc.collect()  # garbage dies here, where its files are open (a figure's fonts), not in a rank
             copy = os.fork()
             if copy == 0:
                 try:
+                    gc.freeze()  # and what lives on is never collected where its files are closed
                     ours.close()
                     close_all_but({0, 1, 2, theirs.fileno(), *inherited})
                     _serve(theirs.fileno())  # nothing more to import: it is a copy of this process

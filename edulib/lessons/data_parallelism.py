@@ -2,7 +2,8 @@
 for many steps on every rank of a pool, `<what>_reference` is the one-process run it must equal.
 
 - `data_parallel_train`: bucketed, overlapped all-reduces (GradientBuckets), any algorithm;
-  `torch_ddp_train`, the same with PyTorch's DistributedDataParallel; `data_parallel_reference`.
+  `torch_ddp_train`, the same with PyTorch's DistributedDataParallel; `data_parallel_reference`;
+  `predicted_step`, the alpha-beta model's step time for a bucket size, from a run's own compute.
 - `parameter_server_train`: servers and workers, sharded, with a staleness bound.
 - `zero_train`: ZeRO stages 0-3 in mixed precision; `zero_reference` (one process's AdamW).
 - `sharded_optimizer_train`: ZeRO-1 after DistributedDataParallel, shared out by whole parameters
@@ -13,8 +14,10 @@ for many steps on every rank of a pool, `<what>_reference` is the one-process ru
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,6 +29,7 @@ from edulib.base.arguments import check_choice
 from edulib.comm.schedule import chunk_bounds
 from edulib.dp.compression import PowerSGD, compressed_average, compressor, descend, local_gradient
 from edulib.dp.ddp import DistributedDataParallel
+from edulib.dp.overlap import bucketed_step
 from edulib.dp.server import check_setup, worker_batch
 from edulib.dp.sharded_optimizer import ShardedOptimizer
 from edulib.dp.zero import PRECISION_DTYPES, ZeroDataParallel, optimizer_state
@@ -59,7 +63,26 @@ def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20
     return {"parameters": parameters_to_vector(model.parameters()).detach(), "losses": losses,
             "durations": durations, "buckets": len(buckets.buckets), "bytes_sent": buckets.bytes_sent,
             "bucket_sizes": [sum(p.numel() for p in bucket) for bucket in buckets.buckets],
+            "gradient_sizes": [p.numel() for bucket in buckets.buckets for p in bucket],  # backward's order
             "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
+
+
+def predicted_step(alone: list[dict], bucket_bytes: int, overlap: bool,
+                   seconds: Callable[[int], float]) -> float:
+    """The alpha-beta model's step time for `bucket_bytes` (`edulib.dp.overlap.bucketed_step`), from
+    every rank's report of `data_parallel_train` run without a network (float32): the compute of
+    the rank the others waited for (its median step after the first, less what its last step waited
+    for all-reduces after the backward), when each of its gradients was ready in that step, and a
+    bucket's all-reduce of n bytes taking `seconds(n)`."""
+    def waited(report: dict) -> float:
+        timeline = report["timeline"]
+        return max(times[-1] for times in timeline["reduces"].values()) - timeline["ready"][-1]
+
+    last = min(alone, key=waited)
+    ready = [moment - last["timeline"]["backward_began"] for moment in last["timeline"]["ready"]]
+    compute = statistics.median(last["durations"][1:]) - waited(last)
+    nbytes = [4 * count for count in last["gradient_sizes"]]
+    return bucketed_step(compute, ready, nbytes, bucket_bytes, seconds, overlap)
 
 
 def torch_ddp_train(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,

@@ -74,3 +74,27 @@ def bandwidth_figure(workers: int, model_mb: float, step_seconds: float, link_gb
     axes.set_title(f"{model_mb:g} MB model, a gradient every {step_seconds:g} s", fontsize=10)
     figure.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.9)
     return figure
+
+
+def bucket_figure(sizes: list[int], predicted: dict[tuple[int, bool], float],
+                  measured: dict[tuple[int, bool], float] | None = None, title: str = "") -> Figure:
+    """Step time against bucket size, with overlap and without: the model's lines and, where given,
+    the measured points beside them (keys: bucket bytes, overlap)."""
+    figure = Figure(figsize=(7, 3.4))
+    axes = figure.subplots()
+    for overlap, colour in ((True, "#4c72b0"), (False, "#dd8452")):
+        label = "overlap" if overlap else "after backward"
+        axes.plot(sizes, [predicted[size, overlap] * 1e3 for size in sizes], color=colour,
+                  label=f"{label}: model")
+        if measured:
+            axes.plot(sizes, [measured[size, overlap] * 1e3 for size in sizes], "o", color=colour,
+                      label=f"{label}: measured")
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sizes, [f"{size / 2**10:,.0f} KiB" for size in sizes])
+    axes.set_xlabel("bucket size")
+    axes.set_ylabel("step (ms)")
+    axes.set_ylim(bottom=0)
+    axes.legend(fontsize=8)
+    axes.set_title(title, fontsize=10)
+    figure.tight_layout()
+    return figure
