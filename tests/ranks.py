@@ -913,9 +913,11 @@ def uneven_group_history(partition: list[list[int]], probe: list[list[int]]) -> 
 
 
 def holds(marker: str) -> bool:
-    """Whether any dict in this rank's memory (the garbage collector's objects) has the key `marker`."""
+    """Whether any dict in this rank's memory (the garbage collector's objects, those its zygote froze
+    included) has the key `marker`."""
     import gc
 
+    gc.unfreeze()
     return any(isinstance(found, dict) and marker in found for found in gc.get_objects())
 
 

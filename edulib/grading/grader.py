@@ -42,6 +42,7 @@ from edulib.comm.relay import Relay
 from edulib.grading import integrity, snapshot
 from edulib.grading import sandbox as bubblewrap
 from edulib.grading.checks import CHECKS, FORBIDDEN, Case, Check, Unanswered, Wrong, answer_of
+from edulib.grading.clock import LEAST_SHARE, FairClock
 from edulib.grading.plain import MAX_TEXT, dumps, loads
 from edulib.grading.snapshot import Refused, exercise_of, find_submissions
 from edulib.grading.student import MEASURES, ON_RANKS, RANK_TIMEOUT, WARM
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 WARDEN = Path(__file__).with_name("warden.py")
 STARTUP_CPU = 15.0  # CPU seconds a tree may spend before its first check: Python, torch, the import
-STARTUP_WALL = 30.0  # wall seconds the same may take, on a machine busy with the rest of the class
+STARTUP_WALL = 30.0  # fair seconds (edulib.grading.clock) the same may take
 OUTPUT_KEPT = 4096  # bytes kept of what a submission prints (the rest is read and dropped)
 JUDGE_MEMORY = 4 * 2**30  # bytes of address space a judge may add to the grader's
 JUDGE_CPU = 10.0  # CPU seconds the grader may spend judging one case (the solutions: 0.8 s a part at most)
@@ -141,6 +142,7 @@ class _Tree:
     open_ranks: bool = False  # the tree said its ranks could not give up sockets, files, shared memory
     status: dict = field(default_factory=dict)
     output: bytes = b""
+    fair: float = 0.0  # the fair seconds it ran (edulib.grading.clock)
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,8 @@ def _start(submission: Path, exercise: str, limits: Limits, cpu: float, jail: _J
                "solo_fd": solo_write, "call_fd": call_read, "wires": wires}
     config = {"argv": argv, "cwd": cwd, "env": env, "request": json.dumps(request),
               "answer_fd": answer_write, "solo_fd": solo_write, "call_fd": call_read,
-              "status_fd": status_write, "cpu_time": cpu, "wall": 2 * cpu + 30, "memory": limits.memory,
-              "processes": limits.processes,
+              "status_fd": status_write, "cpu_time": cpu, "wall": cpu / LEAST_SHARE + 30,
+              "memory": limits.memory, "processes": limits.processes,
               "file_size": limits.file_size, "wire_fds": wire_fds, "tree_memory": limits.tree_memory,
               "tree_tasks": limits.tree_tasks, "own_user": uid is not None,
               "beside": limits.processes * jail.beside}
@@ -230,8 +232,9 @@ class _Calls:
     forbidden call or a deadlock is not asked again: its outcome stands for the check's later cases."""
 
     def __init__(self, tree: _Tree, checks: list[Check], cases: dict[str, list[Case]],
-                 relay: Relay | None = None, slots: dict[int, list[int]] | None = None) -> None:
-        self.tree, self.cases, self.relay, self.slots = tree, cases, relay, slots or {}
+                 relay: Relay | None = None, slots: dict[int, list[int]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tree, self.cases, self.relay, self.slots, self.clock = tree, cases, relay, slots or {}, clock
         self.order = [(check, index, phase) for check in checks for index in range(len(cases[check.name]))
                       for phase in range(check.phases)]
         self.current, self.sent_at, self.outgoing, self.cuts = -1, 0.0, bytearray(), []
@@ -258,7 +261,7 @@ class _Calls:
             self.outgoing += (f'{{"call": {self.current}, "collect": {json.dumps(check.collect)}, '
                               f'"phase": {phase}, '
                               f'"case": {dumps(self.cases[check.name][index].inputs)}}}\n').encode()
-            self.sent_at = time.monotonic()
+            self.sent_at = self.clock()
 
     def answer(self, call: object, kind: object, raw: bytes, on_ranks: bool) -> None:
         """Record the outcome of the call in flight, from the process that runs it (the dispatcher
@@ -270,7 +273,7 @@ class _Calls:
         check, _, phase = self.order[call]
         if (check.collect in ON_RANKS) != on_ranks:
             return
-        took = time.monotonic() - self.sent_at
+        took = self.clock() - self.sent_at
         self.tree.seconds[check.name] = self.tree.seconds.get(check.name, 0.0) + took
         if phase < check.phases - 1 and kind == "answer":
             if check.wire and self.relay is not None:
@@ -353,14 +356,15 @@ class _Intake:
                 self.take(fd, chunk)
 
 
-def _overdue(calls: _Calls, began: float, walls: dict[str, float], budget: float) -> bool:
-    """Whether the tree has used up its wall time: its whole `budget`, the import's share of it, or
-    the wall seconds `walls` allows the check now being asked (all its cases together)."""
-    now = time.monotonic()
-    if now - began > budget:
+def _overdue(calls: _Calls, walls: dict[str, float], budget: float) -> bool:
+    """Whether the tree has used up its time, in the fair seconds of its calls' clock (which began
+    with the tree): its whole `budget`, the import's share of it, or the seconds `walls` allows the
+    check now being asked (all its cases together)."""
+    now = calls.clock()
+    if now > budget:
         return True
     if calls.current < 0:
-        return now - began > STARTUP_WALL
+        return now > STARTUP_WALL
     if calls.done:
         return False
     check = calls.order[calls.current][0]
@@ -385,7 +389,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
     check's wall seconds (`walls`), the tree's `budget`, or once `stop` is set, the warden ends it."""
     tree, slots = _Tree(), _slots(checks, cases)
     relay = Relay(sum(len(taken) for taken in slots.values()))
-    calls = _Calls(tree, checks, cases, relay, slots)
+    calls = _Calls(tree, checks, cases, relay, slots, FairClock())
     with (tempfile.TemporaryDirectory(prefix="edulib-scratch-") as scratch, contextlib.closing(relay),
           bubblewrap.user_of_its_own(jail.own_users) as uid):
         if jail.etc is None and bubblewrap.drops_privileges():
@@ -409,7 +413,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
                 os.close(writing.pop())
 
         while status_read in selector.get_map():
-            if not tree.status and (_overdue(calls, began, walls, budget) or stop.is_set()):
+            if not tree.status and (_overdue(calls, walls, budget) or stop.is_set()):
                 tree.status = {"limit": "deadline"}  # the warden ends the tree; its own status follows
                 warden.send_signal(signal.SIGTERM)
             if writing:
@@ -454,6 +458,7 @@ def _run_tree(submission: Path, exercise: str, checks: list[Check], cases: dict[
         tree.status["limit"] = "deadline"
     tree.output = bytes(received[output_fd])
     tree.status.setdefault("wall", time.monotonic() - began)
+    tree.fair = calls.clock()
     return tree
 
 
@@ -504,7 +509,8 @@ def _why(tree: _Tree, cpu: float) -> str:
     if status.get("limit") == "wall":
         return f"no answer within {status.get('wall', 0):.0f} s: a deadlock?"
     if status.get("limit") == "deadline" and tree.stage in ("starting", "importing"):
-        return f"no answer within {STARTUP_WALL:g} s of wall time while being imported: a sleep or a hang?"
+        return (f"no answer within {STARTUP_WALL:g} s of wall time (as an idle machine counts it) while "
+                "being imported: a sleep or a hang?")
     if status.get("limit") == "deadline":
         return f"no answer within the {cpu:g} s this check may take: an infinite loop, a sleep, a deadlock?"
     if status.get("limit") == "processes":
@@ -631,10 +637,11 @@ def _unjudged(text: str, seconds: float = 0.0) -> tuple[tuple[str, str], float, 
 
 def exercise_budget(exercise: str, time_limit: float | None = None,
                     checks: list[Check] | None = None) -> float:
-    """The wall seconds one student's exercise may take in all, whatever its code does (sleeps,
-    hangs, crashes that start fresh trees): the import's CPU allowance and the limit of every check
-    graded (`checks`, all of the exercise's by default). A class takes at most its students times
-    the sum of these over the exercises."""
+    """The fair seconds (edulib.grading.clock) one student's exercise may take in all, whatever its
+    code does (sleeps, hangs, crashes that start fresh trees): the import's CPU allowance and the
+    limit of every check graded (`checks`, all of the exercise's by default). A class takes at most
+    its students times the sum of these over the exercises, on a loaded machine up to 1 / LEAST_SHARE
+    times that."""
     checks = CHECKS[exercise] if checks is None else checks
     return STARTUP_CPU + sum(time_limit or check.time_limit for check in checks)
 
@@ -661,7 +668,7 @@ def grade_exercise(student: str, submission: Path, exercise: str, *, seed: int =
         tree = _run_tree(submission, exercise, pending, cases, limits, cpu, jail, limit, budget - spent, stop)
         if stop.is_set():
             raise Stopped(f"grading stopped during {student}'s {exercise}")
-        spent += tree.status.get("wall", 0.0)
+        spent += tree.fair
         with _SERIAL:
             _warn(tree, warnings)
             if tree.stage == "import failed":
