@@ -1,6 +1,7 @@
 """The grader's fair clock: a wall second counts as the share of a core a ready task gets."""
 
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -45,8 +46,8 @@ def test_the_load_is_read_at_most_once_a_sample_and_applies_until_the_next():
         clock()
     assert len(reads) == 1  # the first reading, of an idle machine, still holds
     assert clock.fair == pytest.approx(SAMPLE / 2)
-    machine.pass_(SAMPLE, 4)
-    assert clock() == pytest.approx(SAMPLE / 2 + SAMPLE / 4) and len(reads) == 2
+    machine.pass_(SAMPLE / 2, 4)
+    assert clock() == pytest.approx(SAMPLE / 2 + SAMPLE / 8) and len(reads) == 2  # a sample after the first
 
 
 def test_a_limit_stretches_at_most_eightfold():
@@ -76,7 +77,14 @@ def test_the_kernel_counts_busy_processes_as_ready():
             spinner.kill()
             spinner.join()
     clock = FairClock()
-    assert clock.cores >= 1 and 0 < clock.share() <= 1.0
+    assert clock.cores == len(os.sched_getaffinity(0)) and 0 < clock.share() <= 1.0
+
+
+def test_the_reader_is_not_counted_and_an_unreadable_load_is_no_load(tmp_path):
+    (tmp_path / "loadavg").write_text("0.50 0.40 0.30 3/120 4567\n")
+    assert ready_tasks(str(tmp_path / "loadavg")) == 2
+    (tmp_path / "garbled").write_text("0.50\n")
+    assert ready_tasks(str(tmp_path / "garbled")) == 0 and ready_tasks(str(tmp_path / "absent")) == 0
 
 
 def test_a_checks_deadline_is_read_on_the_fair_clock_of_its_tree():

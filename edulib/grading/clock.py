@@ -15,11 +15,11 @@ LEAST_SHARE = 1 / 8  # the least a wall second counts for: a limit stretches at 
 SAMPLE = 0.1  # wall seconds between two readings of the machine's load
 
 
-def ready_tasks() -> int:
-    """The tasks the kernel has running or ready to run now, the reader not counted (/proc/loadavg's
-    fourth field); 0 where the system does not say."""
+def ready_tasks(loadavg_file: str = "/proc/loadavg") -> int:
+    """The tasks the kernel has running or ready to run now, the reader not counted (the load
+    average file's fourth field); 0 where the system does not say."""
     try:
-        with open("/proc/loadavg") as loadavg:
+        with open(loadavg_file) as loadavg:
             return int(loadavg.read().split()[3].split("/")[0]) - 1
     except (OSError, IndexError, ValueError):
         return 0
