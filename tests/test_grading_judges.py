@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import random
 import re
 import time
@@ -507,7 +508,8 @@ def test_the_dispatcher_follows_a_timed_cases_cpu_from_its_first_look():
             assert before <= first <= entered, "the first look is taken before the block runs"
             time.sleep(0.6)
         assert peaks == [0]
-        times, cpus = zip(*trace[0], strict=True)
+        times, cpus, waiting = zip(*trace[0], strict=True)
+        assert set(waiting) == {0}  # no wires given
         assert len(times) > 100 and list(times) == sorted(times) and list(cpus) == sorted(cpus)
         assert 0.2 < cpus[-1] - cpus[0] < 0.45, cpus[-1] - cpus[0]
         assert abs(student.on_cpu(child.pid) - student.cpu_time(child.pid)) < 0.05
@@ -517,34 +519,73 @@ def test_the_dispatcher_follows_a_timed_cases_cpu_from_its_first_look():
 
 
 def test_the_timed_bucket_watch_tells_a_launch_as_backward_begins_from_one_after_it():
-    """Lesson 01's timed case: the first all-reduce must reach the relay (its `at`) before the rank
-    has spent SHARE of the grader's own backward in step 1's backward, as the dispatcher's looks
-    say; one that comes after the whole backward's CPU is a named 0, and so is a case without looks."""
+    """Lesson 01's timed case: step 2's first all-reduce must be written whole to the relay (its
+    `done`) before the rank has spent SHARE of the grader's own backward in that backward, as the
+    dispatcher's looks say; one that comes after the whole backward's CPU is a named 0, and so are a
+    case without looks and one whose ranks wrote frames the relay refused."""
     from edulib.grading.checks import Wrong
-    from edulib.grading.checks.lesson01_data_parallelism import SHARE, _timed_watch
+    from edulib.grading.checks.lesson01_data_parallelism import SHARE, TIMED_STEP, _timed_watch
     from edulib.models import tied_lm
 
     check = next(c for c in CHECKS["lesson01_data_parallelism"] if c.name == "gradient buckets")
     case = next(c for c in cases_of("lesson01_data_parallelism", check) if c.inputs["timed"])
     inputs = case.inputs
     model = tied_lm(inputs["vocab"], inputs["hidden"], inputs["seed"])
+    tokens, targets = inputs["tokens"][TIMED_STEP][0], inputs["targets"][TIMED_STEP][0].flatten()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        loss = torch.nn.functional.cross_entropy(model(inputs["tokens"][0][0]).flatten(0, -2),
-                                                 inputs["targets"][0][0].flatten())
-        began = time.thread_time()
-        loss.backward()
-        backward = time.thread_time() - began
+        for _ in range(2):  # the second warm, as the judge's is
+            model.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, -2), targets)
+            began = time.thread_time()
+            loss.backward()
+            backward = time.thread_time() - began
     finally:
         torch.set_num_threads(threads)
-    looks = [(100.0 + k * 1e-3, 5.0 + k * 1e-3) for k in range(1000)]  # a rank computing all along
+    looks = [(100.0 + k * 1e-3, 5.0 + k * 1e-3, 0) for k in range(1000)]  # a rank computing all along
+    phase = 3 * TIMED_STEP + 1
 
     def wire(after: float) -> dict:
-        arrive = [{"rank": rank, "op": "all_reduce", "at": 100.0 + after} for rank in range(2)]
-        return {"events": arrive, "cuts": [0, 2, 2, 2, 2, 2], "cpu_trace": [[[], []], [looks, looks]]}
+        arrive = [{"rank": rank, "op": "all_reduce", "at": 100.0 + after, "done": 100.0 + after, "frame": 600}
+                  for rank in range(2)]
+        return {"events": arrive, "cuts": [0] * phase + [2] * (6 - phase),
+                "cpu_trace": [[[], []]] * phase + [[looks, looks]]}
     _timed_watch(case, wire(0.2 * SHARE * backward), model)
-    with pytest.raises(Wrong, match="its first all-reduce came after"):
+    with pytest.raises(Wrong, match="step 2, rank 0: its first all-reduce came after"):
         _timed_watch(case, wire(1.5 * backward), model)
     with pytest.raises(Wrong, match="could not follow the ranks' CPU time"):
         _timed_watch(case, {**wire(0.0), "cpu_trace": None}, model)
+    with pytest.raises(Wrong, match="the relay refused what a rank wrote: rank 0: a frame whose"):
+        _timed_watch(case, {**wire(0.0), "problems": ["rank 0: a frame whose header is not JSON"]}, model)
+
+
+def test_a_frame_counts_as_written_when_a_look_found_it_whole_in_the_pipe_before_the_relay_read_it():
+    """`_written`: a busy grader reads a frame late; the dispatcher's looks at the bytes waiting in the
+    pipe say it was there whole earlier. A part of a frame written early, or bytes waiting since
+    before the pipe was last seen empty, move nothing."""
+    from edulib.grading.checks.lesson01_data_parallelism import _written
+
+    event = {"at": 0.010, "done": 0.011, "frame": 600}
+    assert _written([(0.0, 0.0, 0), (0.004, 0.1, 0), (0.006, 0.2, 600), (0.008, 0.3, 600)], event) == 0.006
+    assert _written([(0.0, 0.0, 0), (0.006, 0.2, 599), (0.008, 0.3, 600)], event) == 0.008
+    assert _written([(0.0, 0.0, 0), (0.006, 0.2, 599)], event) == 0.011  # a part only: when the relay had it
+    assert _written([(0.0, 0.0, 900), (0.006, 0.2, 900)], event) == 0.011  # left from before, never emptied
+    assert _written([(0.0, 0.0, 0), (0.012, 0.2, 600)], event) == 0.011  # after the relay began to read it
+
+
+def test_the_dispatcher_looks_at_the_bytes_a_rank_wrote_that_the_relay_has_not_read():
+    """`waiting` reads the bytes in a pipe from its write end, the end the dispatcher keeps of each
+    rank's wire: what a rank wrote and the relay has not yet read."""
+    from edulib.grading.student import waiting
+
+    read, write = os.pipe()
+    try:
+        assert waiting(write) == 0
+        os.write(write, b"x" * 1234)
+        assert waiting(write) == 1234
+        os.read(read, 1000)
+        assert waiting(write) == 234
+    finally:
+        os.close(read)
+        os.close(write)

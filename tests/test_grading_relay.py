@@ -215,3 +215,20 @@ def test_a_collectives_parts_are_logged_with_their_values_while_the_case_keeps_v
     log = relay.log()
     assert [e["values"] for e in log["events"][2:]] == [None, None] and not log["overflow"]
     relay.close()
+
+
+def test_a_collectives_entry_says_when_its_frame_began_and_ended_and_how_many_bytes_it_held():
+    """A timed judge asks when a rank had written a collective whole: its entry holds when the relay
+    read its frame's first byte (`at`) and its last (`done`), and the frame's bytes on the wire."""
+    relay = Relay(2)
+    relay.begin([0, 1])
+    part = frame({"op": "all_reduce", "group": [0, 1], "meta": [["float32", [3]]], "id": 0},
+                 torch.arange(3.0).numpy().tobytes())
+    os.write(relay.rank_ends[0][1], part[:10])
+    relay.readable(0)
+    time.sleep(0.2)
+    os.write(relay.rank_ends[0][1], part[10:])
+    relay.readable(0)
+    entry = relay.log()["events"][0]
+    assert entry["done"] - entry["at"] >= 0.2 and entry["frame"] == len(part)
+    relay.close()

@@ -535,14 +535,14 @@ class Relay:
         del slot.incoming[:at]
 
     def _take(self, index: int, head: bytes, payload: bytearray | memoryview, began: float) -> None:
-        """One whole frame from slot `index`, its first byte come at `began`."""
+        """One whole frame from slot `index`, its first byte come at `began`, its last just now."""
         try:
             header = json.loads(head)
         except ValueError:
             self._refuse(index, "a frame whose header is not JSON")
             return
         if index in self.ranks and type(header) is dict:
-            self._handle(self.ranks[index], header, payload, began)
+            self._handle(self.ranks[index], header, payload, (began, HEAD.size + len(head) + len(payload)))
 
     def pump(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the ranks, and serve what came (for a relay run on its own,
@@ -630,10 +630,12 @@ class Relay:
         if len(self.problems) < 100:
             self.problems.append(text)
 
-    def _handle(self, rank: int, header: dict, payload: bytearray | memoryview, began: float) -> None:
-        """One rank's operation (its frame's first byte came at `began`): log it, then route, hold
-        or compute it. Once the case has flooded the wire (`overflow`), nothing more is done for it:
-        an operation that waits for a reply is told so, and the case scores 0 whatever comes after."""
+    def _handle(self, rank: int, header: dict, payload: bytearray | memoryview,
+                wired: tuple[float, int]) -> None:
+        """One rank's operation (its frame's first byte came at `wired`'s time, its last just now,
+        `wired`'s bytes in all): log it, then route, hold or compute it. Once the case has flooded the
+        wire (`overflow`), nothing more is done for it: an operation that waits for a reply is told
+        so, and the case scores 0 whatever comes after."""
         op, members = header.get("op"), header.get("group")
         if self.overflow:
             if op != "send":
@@ -646,6 +648,7 @@ class Relay:
         try:
             inputs = _tensors(header.get("meta", []), payload)
             outs = header.get("out", [])
+            began = wired[0]
             if op == "send":
                 self._send(rank, header, inputs, payload, began)
             elif op == "recv":
@@ -653,7 +656,7 @@ class Relay:
             elif op == "ask":
                 self._ask(rank, header)
             else:
-                self._collective(rank, header, inputs, began)
+                self._collective(rank, header, inputs, wired)
         except (WireError, KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
             self._problem(f"rank {rank}: {op}: {error}")
             self._reply(rank, header, error=f"the relay refused {op}: {error}")
@@ -743,14 +746,16 @@ class Relay:
                 continue
             self._reply(rank, header, tensors, at=arrives)
 
-    def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor], began: float) -> None:
+    def _collective(self, rank: int, header: dict, inputs: list[torch.Tensor],
+                    wired: tuple[float, int]) -> None:
         """Hold one rank's part of a collective; once every member's is in, compute and answer all
-        (held by the link from the last member's call)."""
-        members = tuple(header["group"])
+        (held by the link from the last member's call). Its entry says when its frame's first byte
+        came (`at`) and its last (`done`), and the frame's bytes (`frame`)."""
+        members, began = tuple(header["group"]), wired[0]
         turn = self.counts.get((members, rank), 0)
         self.counts[(members, rank)] = turn + 1
         event = self._event(rank, header["op"], group=list(members), elements=sum(t.numel() for t in inputs),
-                            sent=0, received=0, at=began,
+                            sent=0, received=0, at=began, done=time.monotonic(), frame=wired[1],
                             values=self._values(inputs, sum(t.numel() * t.element_size() for t in inputs),
                                                 message=False))
         parts = self.collectives.setdefault((members, turn), {})

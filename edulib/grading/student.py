@@ -11,11 +11,14 @@ with `solo` and `ranked`, beside its checks.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import importlib
 import importlib.util
 import os
+import struct
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -93,8 +96,9 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
                 pool.close()
             pool.start()
             _cpu.append([cpu_time(pid) for pid in pool.pids])
-        with _watching(pool.pids if case.get("weighed") or case.get("timed") else [],
-                       bool(case.get("timed"))) as (peaks, trace):
+        timed = bool(case.get("timed"))
+        with _watching(pool.pids if case.get("weighed") or timed else [], timed,
+                       [write for _, write in pool.wires] if timed else None) as (peaks, trace):
             answers = pool.run_each(rank_call, [(module, worker, forbidden, split(case, rank) if phase == 0
                                                  else None, phase) for rank in range(ranks)])
     except RankError as error:
@@ -115,24 +119,27 @@ def on_ranks(module: str, worker: str, case: dict, forbidden: list, phase: int =
 _resident: list[list[int]] = []  # each rank's resident bytes after each phase
 _peaks: list[list[int]] = []  # the most each held during each phase, for a case to be weighed
 _cpu: list[list[float]] = []  # each rank's CPU seconds so far, before the first phase and after each
-_traces: list[list[list[tuple[float, float]]]] = []  # for a timed case: each rank's (time, CPU) in each phase
+_traces: list[list[list[tuple[float, float, int]]]] = []  # for a timed case: each rank's looks in each phase
 MEASURES = {"resident": _resident, "peaks": _peaks, "cpu_time": _cpu, "cpu_trace": _traces}  # for the watches
 
 
 @contextlib.contextmanager
-def _watching(pids: list[int], timed: bool = False, every: float = 0.001
-              ) -> Iterator[tuple[list[int], list[list[tuple[float, float]]]]]:
+def _watching(pids: list[int], timed: bool = False, wires: list[int] | None = None, every: float = 0.001
+              ) -> Iterator[tuple[list[int], list[list[tuple[float, float, int]]]]]:
     """While the block runs, a thread of the dispatcher reads these processes' resident memory every
-    `every` seconds, or, `timed`, their CPU seconds (`on_cpu`) with the time.monotonic() of each look (the
-    first look taken here, before the block starts them); the most each held, and each one's looks
-    (nothing is read when there are no pids)."""
+    `every` seconds, or, `timed`, each one's (time.monotonic(), CPU seconds (`on_cpu`), bytes in its
+    wire to the relay that the relay has not read yet (`wires`: each one's write end; 0 without),
+    the first look taken here, before the block starts them); the most each held, and each one's
+    looks (nothing is read when there are no pids). The bytes waiting tell when a rank wrote a frame
+    where the relay, on a busy machine, read it late."""
     peaks, trace, stop = [0] * len(pids), [[] for _ in pids], threading.Event()
 
     def look() -> None:
         for index, pid in enumerate(pids):
             with contextlib.suppress(OSError, StopIteration, ValueError):
                 if timed:
-                    trace[index].append((time.monotonic(), on_cpu(pid)))
+                    pending = waiting(wires[index]) if wires else 0
+                    trace[index].append((time.monotonic(), on_cpu(pid), pending))
                 else:
                     peaks[index] = max(peaks[index], resident(pid))
 
@@ -159,6 +166,11 @@ def resident(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return sum(int(line.split()[1]) * 1024 for line in status
                    if line.startswith(("RssAnon:", "RssShmem:")))
+
+
+def waiting(fd: int) -> int:
+    """The bytes in the pipe that `fd` is an end of that its reader has not read yet (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
 
 
 def cpu_time(pid: int) -> float:
