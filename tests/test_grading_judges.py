@@ -553,7 +553,10 @@ def test_the_timed_bucket_watch_tells_a_launch_as_backward_begins_from_one_after
                 "cpu_trace": [[[], []]] * phase + [[looks, looks]]}
     _timed_watch(case, wire(0.2 * SHARE * backward), model)
     with pytest.raises(Wrong, match="step 2, rank 0: its first all-reduce came after"):
-        _timed_watch(case, wire(1.5 * backward), model)
+        _timed_watch(case, wire(1.0 * backward), model)  # after a backward as costly as the grader's
+    early = round(0.2 * SHARE * backward * 1e3)  # the frame whole in the pipe then, read by the relay late
+    looks[early:] = [(at, cpu, 600) for at, cpu, _ in looks[early:]]
+    _timed_watch(case, wire(1.5 * backward), model)
     with pytest.raises(Wrong, match="could not follow the ranks' CPU time"):
         _timed_watch(case, {**wire(0.0), "cpu_trace": None}, model)
     with pytest.raises(Wrong, match="the relay refused what a rank wrote: rank 0: a frame whose"):
