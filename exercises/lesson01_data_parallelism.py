@@ -9,7 +9,7 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   Visible cases: 2 ranks, vocabulary 11, hidden 6, buckets of 1048576 bytes, overlap=True; 2 ranks,
   vocabulary 11, hidden 6, buckets of 400 bytes, overlap=True; 2 ranks, vocabulary 11, hidden 6,
   buckets of 300 bytes, overlap=False; 2 ranks, vocabulary 11, hidden 6, buckets of 100 bytes,
-  overlap=True; 2 ranks, vocabulary 512, hidden 384, buckets of 262144 bytes, overlap=True, batches
+  overlap=True; 2 ranks, vocabulary 128, hidden 512, buckets of 262144 bytes, overlap=True, batches
   of 4096, timed. Hidden cases: 2 to 4 ranks, other models and bucket sizes, with and without
   overlap, one timed.
 - measure the link, 1 + 2 points: alpha and beta each within 25% of the link's. Visible cases: a
