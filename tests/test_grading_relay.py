@@ -232,3 +232,22 @@ def test_a_collectives_entry_says_when_its_frame_began_and_ended_and_how_many_by
     entry = relay.log()["events"][0]
     assert entry["done"] - entry["at"] >= 0.2 and entry["frame"] == len(part)
     relay.close()
+
+
+def test_a_tensor_sent_through_the_relay_can_still_be_resized_and_a_copy_lives_as_long_as_its_bytes():
+    """A frame's bytes are the tensor's own, read without `Tensor.numpy()` (which would forbid ZeRO-3
+    from freeing a unit's weights by resizing their storage); a piece made from a temporary copy
+    (a strided tensor) keeps that copy alive."""
+    import gc
+
+    from edulib.comm.relay import _pieces
+
+    weights = torch.arange(10.0)
+    [piece] = _pieces([weights[2:6]])
+    assert bytes(piece) == torch.arange(2.0, 6.0).numpy().tobytes()
+    weights.untyped_storage().resize_(0)  # what ZeRO-3's free does
+    [strided] = _pieces([torch.arange(12.0).view(3, 4)[:, 1]])
+    gc.collect()
+    assert bytes(strided) == torch.tensor([1.0, 5.0, 9.0]).numpy().tobytes()
+    assert [bytes(p) for p in _pieces([torch.zeros(0), torch.tensor([1.5], dtype=torch.bfloat16)])] == [
+        b"", torch.tensor([1.5], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()]

@@ -17,6 +17,7 @@ payload: the raw bytes of the tensors the header describes.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import heapq
 import itertools
@@ -71,13 +72,19 @@ def _meta(tensors: list[torch.Tensor]) -> list[list]:
 
 
 def _pieces(tensors: list[torch.Tensor]) -> list[memoryview]:
-    """The tensors' bytes, one view each, without a copy of a contiguous CPU tensor (bf16 as its
-    16-bit pattern): what a frame carries is written from the tensors themselves."""
+    """The tensors' bytes, one view each, without a copy of a contiguous CPU tensor: what a frame
+    carries is written from the tensors themselves. Not through `Tensor.numpy()`, which marks the
+    storage as never to be resized again (ZeRO-3 frees a unit's gathered weights by resizing its
+    storage to nothing); each view holds its tensor, so the bytes live as long as the view."""
     pieces = []
     for tensor in tensors:
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        pieces.append(memoryview((flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy()
-                                 ).cast("B"))
+        flat = tensor.detach().cpu().contiguous()
+        if not flat.nbytes:
+            pieces.append(memoryview(b""))
+            continue
+        view = (ctypes.c_char * flat.nbytes).from_address(flat.data_ptr())
+        view.tensor = flat
+        pieces.append(memoryview(view).cast("B"))
     return pieces
 
 
