@@ -171,31 +171,35 @@ def zero_train(stage: int, steps: int, lr: float = 1e-3, algorithm: str = "built
                width: int = 16, depth: int = 2, batch: int = 16, seed: int = 0) -> dict:
     """Train `mlp(width, depth, seed)` with AdamW under ZeRO `stage` on this rank's share of each
     batch, in `microbatches` pieces; return the full parameters after training, the bytes this
-    rank holds between steps, its peak during a step, the bytes it sent, the losses and each
-    step's duration."""
+    rank holds between steps, its peak during a step, the bytes it sent, the losses, each step's
+    duration and the seconds of it spent in forward passes."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     model = mlp(width, depth, seed)
     zero = ZeroDataParallel(model, stage, lambda params: torch.optim.AdamW(params, lr=lr),
                             precision=precision, algorithm=algorithm, prefetch=prefetch)
     between = zero.held()
-    losses, peaks, durations = [], [], []
+    losses, peaks, durations, forwards = [], [], [], []
     with comm.count_communication() as ledger:
         for step in range(steps):
             began = time.perf_counter()
             inputs, targets = worker_batch(step, rank, ranks, batch, width, seed)
-            total = 0.0
+            total, forwards_took = 0.0, 0.0
             zero.peak = 0
             for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches), strict=True):
+                forward_began = time.perf_counter()
                 loss = _batch_loss(model, x.to(zero.dtype), y.to(zero.dtype), targets.numel())
+                forwards_took += time.perf_counter() - forward_began
                 zero.backward(loss)
                 total += loss.item()
             zero.step()
             durations.append(time.perf_counter() - began)
+            forwards.append(forwards_took)
             losses.append(total)
             peaks.append(zero.peak)
             between = zero.held()
     return {"parameters": zero.full_parameters(), "bytes_held": between, "peak": max(peaks),
             "bytes_sent": sum(t.nbytes for t in ledger), "losses": losses, "durations": durations,
+            "forward_seconds": forwards,
             "units": [unit.length for unit in zero.units]}
 
 

@@ -3,7 +3,8 @@ one-process reference it must equal: `tensor_layer_step` (a column, row, MLP or 
 `sequence_parallel_step` (a LayerNorm'd layer with or without sequence parallelism),
 `vocab_parallel_step` (a language model's ends with the vocabulary split),
 `cnn_step` (data-parallel convolutions, a tensor-parallel classifier),
-`data_parallel_linear_step` (the same layer data-parallel, for its bytes), `grid_step` (a
+`data_parallel_linear_step` (the same layer data-parallel, for its bytes), `time_tensor_parallel`
+(the MLP's steps timed over groups inside a node or across nodes), `grid_step` (a
 Linear on a grid of ranks, `edulib.tp.grid`; `time_grids` times it) and `auto_parallel_step` (a
 model built inside `auto_parallelize`).
 
@@ -287,6 +288,28 @@ def time_grids(shapes: list[GridShape], batch: int, in_features: int, out_featur
                 seconds.append(time.perf_counter() - began)
         found[shape] = {"seconds": seconds[1:], "bytes": sum(t.nbytes for t in transfers)}
     return found
+
+
+def time_tensor_parallel(partition: list[list[int]], batch: int, width: int, repeats: int = 5,
+                         algorithm: str = "ring") -> list[float]:
+    """The seconds of each of `repeats` forward and backward steps (after one to warm up) of the
+    transformer MLP split over this rank's group of `partition`: its two all-reduces of batch x width
+    floats (g forward, f backward of the input's gradient) cross that group's links. A rank in a
+    group of one takes no part (nothing of its own to time), so the groups of two own the cores."""
+    from edulib import comm
+
+    group = comm.subgroup(partition)
+    if group.size() == 1:
+        return []
+    layer = ParallelMLP(transformer_mlp(width), group, algorithm)
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    seconds = []
+    for _ in range(repeats + 1):
+        comm.barrier(group)
+        began = time.perf_counter()
+        layer(x).sum().backward()
+        seconds.append(time.perf_counter() - began)
+    return seconds[1:]
 
 
 def grid_reference(batch: int, in_features: int, out_features: int, bias: bool = True, seed: int = 0
