@@ -102,8 +102,10 @@ def test_the_bytes_each_rank_sends_are_the_closed_form(runs, name, method):
     assert numel == DEPTH * (WIDTH * WIDTH + WIDTH)
     # a payload is all-gathered (a ring: N - 1 pieces leave each rank); the identity is all-reduced
     expected = (ranks - 1) * method.payload_bytes(numel) if method else 2 * (ranks - 1) * 4 * numel // ranks
+    calls = len(method.encode(torch.randn(numel))) if method else 1  # an all-gather per payload tensor
     for report in runs[name]:
         assert report["bytes_sent"] == [expected] * STEPS
+        assert report["collectives"] == [calls] * STEPS
     assert runs["topk"][0]["bytes_sent"][0] * 20 < runs["identity"][0]["bytes_sent"][0]
 
 

@@ -42,6 +42,8 @@ def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ran
         for report in pool.run(zero_train, stage, STEPS, batch=BATCH, algorithm=algorithm):
             worst = (report["parameters"] - reference).abs().max().item()
             assert worst < 1e-6, (stage, worst)
+            steps = zip(report["forward_seconds"], report["durations"], strict=True)
+            assert all(0 < forward < step for forward, step in steps)
         accumulated = pool.run(zero_train, stage, STEPS, batch=BATCH, microbatches=3)
         assert (accumulated[0]["parameters"] - reference).abs().max().item() < 1e-6, stage
         if ranks in (2, 4):  # Ψ divides: every rank holds exactly the formula's bytes

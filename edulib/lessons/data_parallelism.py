@@ -267,13 +267,14 @@ def compressed_train(steps: int, method: str = "topk", ratio: float = 0.01,
                      batch: int = 16, seed: int = 0, factors: int = 1) -> dict:
     """Train `mlp(width, depth, seed)` data-parallel, averaging the gradient through `method`
     (top-k, int8 and 1-bit take it as one vector; PowerSGD, of rank `factors`, each parameter's, in the
-    reverse order DDP buckets them); the losses, final parameters and the bytes this rank sent each step."""
+    reverse order DDP buckets them); the losses, final parameters, and the bytes this rank sent, the
+    collectives it called and the seconds it took, each step."""
     model, chosen = mlp(width, depth, seed), compressor(method, ratio, factors, error_feedback)
     rank, ranks = dist.get_rank(), dist.get_world_size()
     powersgd = isinstance(chosen, PowerSGD)  # it keeps its own error, per parameter
     numel = sum(p.numel() for p in model.parameters())
     error = torch.zeros(numel) if error_feedback and not powersgd else None
-    losses, sent_per_step, durations = [], [], []
+    losses, sent_per_step, durations, calls = [], [], [], []
     for step in range(steps):
         began = time.perf_counter()
         loss, gradient = local_gradient(model, step, rank, ranks, batch, width, seed)
@@ -286,9 +287,11 @@ def compressed_train(steps: int, method: str = "topk", ratio: float = 0.01,
         descend(model, gradient, lr)
         losses.append(loss)
         sent_per_step.append(sum(transfer.nbytes for transfer in sent))
+        calls.append(len(sent))
         durations.append(time.perf_counter() - began)
     return {"losses": losses, "parameters": parameters_to_vector(model.parameters()).detach(),
-            "bytes_sent": sent_per_step, "durations": durations, "numel": gradient.numel()}
+            "bytes_sent": sent_per_step, "collectives": calls, "durations": durations,
+            "numel": gradient.numel()}
 
 
 def compressed_reference(ranks: int, steps: int, method: str = "topk", ratio: float = 0.01,
