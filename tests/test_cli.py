@@ -172,16 +172,24 @@ def test_the_allreduce_benchmark_compares_every_algorithm_with_the_builtin(tmp_p
             assert [round(s * 1e3, 3) for n, s in saved["times"][row[2]] if n == size] == [float(row[3])]
 
 
-def test_the_network_benchmark_sets_each_message_and_all_reduce_beside_its_model(monkeypatch):
+def test_the_network_benchmark_sets_each_message_and_all_reduce_beside_its_model(monkeypatch, tmp_path):
     """One and two nodes of 2 ranks, 1 KiB: a row for the message, the built-in and every all-reduce,
     its model the closed forms' (alpha + beta n for the message and the built-in on the slow link;
-    a ring's 2(N - 1) hops of its links), never a time measured."""
+    a ring's 2(N - 1) hops of its links), never a time measured; one node's runs kept for the cost
+    explorer, with the times the table prints."""
     from edulib.bench import bench_network
     from edulib.bench import network as bench
+    from edulib.bench.measured import load
     from edulib.comm import ALL_REDUCES, Network
 
     monkeypatch.setattr(bench, "MANY", 2)
-    report = bench_network(world_sizes=(2,), max_bytes=1024, repeats=1)
+    report = bench_network(world_sizes=(2,), max_bytes=1024, repeats=1, save_to=tmp_path / "m.json")
+    kept = load("network", tmp_path / "m.json")["2"]
+    assert set(kept["times"]) == set(ALL_REDUCES) and (kept["alpha"], kept["beta"]) == Network().intra
+    one_node = {row.split()[2]: float(row.split()[3]) for row in report.split("\n\n")[1].splitlines()
+                if row.startswith("1 KiB")}
+    assert {name: round(times[0][1] * 1e3, 2) for name, times in kept["times"].items()} == {
+        name: one_node[name] for name in ALL_REDUCES}
     tables = report.split("\n\n")[1:3]
     assert [table.splitlines()[0].split(":")[0] for table in tables] == ["2 ranks on 1 node of 2",
                                                                        "2 ranks on 2 nodes of 1"]
@@ -192,7 +200,7 @@ def test_the_network_benchmark_sets_each_message_and_all_reduce_beside_its_model
         assert float(rows["builtin"][4]) == pytest.approx((alpha + beta * 1024) * 1e3, abs=0.006)
         assert float(rows["ring"][4]) == pytest.approx(2 * (alpha + beta * 512) * 1e3, abs=0.006)
         assert all(row[-1] in ("yes", "NO") for row in rows.values())
-    assert re.search(r"configurations wholly within: \d of 2$", report)
+    assert re.search(r"configurations wholly within: \d of 2\n\nsaved for the cost explorer", report)
 
 
 def test_the_agreement_counts_close_predictions_and_wrong_winners_by_hand():

@@ -494,3 +494,30 @@ def test_the_serving_explorer_draws_the_solvers_plan_on_the_tiers():
     assert {"cameras", "edge", "cloud"} <= boxes and "detect 1\nsmall detector" in boxes
     assert "cost 9.42 per request" in figure.axes[0].get_title()
     assert _describe(0.05, 0.8).count("on the cloud") == 3 and _describe(5.0, 0.8).count("on the edge") == 2
+
+
+def test_the_cost_explorer_draws_the_emulated_clusters_runs_on_their_set_link(tmp_path, monkeypatch):
+    """`edulib bench network` keeps one node's all-reduce times (`for_the_explorer`, on the node's
+    link as set); `comm_cost_explorer(measured="network")` opens on that link and draws them, its
+    curves the plain alpha-beta model; an unknown bench is refused by name."""
+    from edulib.bench.measured import load, save
+    from edulib.bench.network import for_the_explorer
+    from edulib.comm import Network
+    from edulib.widgets.comm import _describe, _draw, _sliders
+
+    monkeypatch.setenv("EDULIB_MEASURED", str(tmp_path / "measured.json"))
+    network = Network(1, 4)
+    kept = for_the_explorer(network, {("ring", 1024): 0.01, ("ring", 4096): 0.02, ("tree", 1024): 0.03,
+                                      ("message", 1024): 0.005, ("builtin", 1024): 0.004})
+    save("network", {"4": kept})
+    saved = load("network")
+    assert saved["4"]["times"] == {"ring": [[1024, 0.01], [4096, 0.02]], "tree": [[1024, 0.03]]}
+    opening = {name: slider.value for name, slider in _sliders(saved).items()}
+    assert opening["ranks"] == 4 and opening["latency_us"] == round(network.intra[0] * 1e6, 1)
+    assert opening["bandwidth_gbs"] == round(1 / network.intra[1] / 1e9, 2)
+    case = {"ranks": 4, "message_bytes": 2**20, "latency_us": 2000, "bandwidth_gbs": 0.3}
+    assert sorted(_circles(_draw(saved, **case))) == [(1024, 0.01), (1024, 0.03), (4096, 0.02)]
+    assert "one node of the emulated cluster (edulib bench network)" in _describe(saved, **case)
+    assert _circles(comm_cost_explorer(static=True, measured="network")) == []
+    with pytest.raises(ValueError, match="unknown measured 'gloo'; choose one of allreduce, network"):
+        comm_cost_explorer(static=True, measured="gloo")

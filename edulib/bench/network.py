@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import statistics
+from pathlib import Path
 
 from edulib.base.table import format_bytes, format_table
+from edulib.bench.measured import save as save_measured
 from edulib.bench.timing import median_slowest
 from edulib.comm import ALL_REDUCES, Network, NetworkPool, build_collective, formula
 from edulib.comm.cost import dataflow_time
 from edulib.lessons.collectives import one_way, time_allreduce
 
+EMULATED = "emulated-network"  # the backend its runs are saved under for the cost explorer
 AGREEMENT = 0.10  # measured within 10 % of the model, plus what the emulator costs on links of no delay
 NO_DELAY = (0.0, 0.0)
 MANY, MANY_UP_TO = 11, 4 * 2**20  # runs of each size below this: they are quick, and noisy
@@ -64,17 +67,32 @@ def wake_cost(repeats: int = MANY) -> float:
                                                    strict=True)) - WAKE_ALPHA
 
 
+def for_the_explorer(network: Network, measured: dict[tuple[str, int], float]) -> dict:
+    """One node's all-reduce times as the cost explorer draws them beside its curves: each
+    algorithm's (bytes, seconds), on the node's one link (alpha, beta) as set, not fitted."""
+    alpha, beta = network.intra
+    times: dict[str, list] = {}
+    for (what, nbytes), seconds in measured.items():
+        if what in ALL_REDUCES:
+            times.setdefault(what, []).append([nbytes, seconds])
+    return {"backend": EMULATED, "alpha": alpha, "beta": beta, "gamma": 0.0, "duplex": True,
+            "times": times}
+
+
 def bench_network(world_sizes: tuple[int, ...] = (2, 4, 8), max_bytes: int = 64 * 2**20,
-                  repeats: int = 3) -> str:
+                  repeats: int = 3, save_to: Path | None = None) -> str:
     """One message and every all-reduce from 1 KiB to `max_bytes` on one node and on two, against
-    the model; each within AGREEMENT of it, plus the emulator's own time (its floor)?"""
+    the model; each within AGREEMENT of it, plus the emulator's own time (its floor)? With
+    `save_to`, one node's times are kept there for the cost explorer (`edulib.bench.measured`)."""
     sizes = [4**k * 1024 for k in range(12) if 4**k * 1024 <= max_bytes]
-    reports, held, wake = [], 0, wake_cost()
+    reports, held, wake, saved = [], 0, wake_cost(), {}
     for world_size in world_sizes:
         for nodes in (1, 2):
             per_node = world_size // nodes
             network = Network(nodes, per_node)
             measured = _measure(network, sizes, repeats)
+            if nodes == 1:
+                saved[str(world_size)] = for_the_explorer(network, measured)
             floor = _measure(Network(nodes, per_node, NO_DELAY, NO_DELAY), sizes, repeats)
             rows, inside = [], 0
             for (what, nbytes), seconds in measured.items():
@@ -104,4 +122,8 @@ def bench_network(world_sizes: tuple[int, ...] = (2, 4, 8), max_bytes: int = 64 
               f"ranks' own work take. A wake, {wake * 1e3:.2f} ms, is what the emulator adds to a small "
               f"message on a link of {WAKE_ALPHA * 1e3:g} ms beyond it (ranks that sleep while a message "
               f"travels take longer to answer it), measured in this run; a schedule pays one per round.")
-    return "\n\n".join([header, *reports, f"configurations wholly within: {held} of {len(reports)}"])
+    reports.append(f"configurations wholly within: {held} of {len(reports)}")
+    if save_to:
+        reports.append(f"saved for the cost explorer (measured=\"network\"): "
+                       f"{save_measured('network', saved, save_to)}")
+    return "\n\n".join([header, *reports])

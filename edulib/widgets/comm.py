@@ -1,12 +1,15 @@
-"""The communication-cost explorer: ranks, message size, latency and bandwidth, and
-the times `edulib bench allreduce` measured here, where it has run."""
+"""The communication-cost explorer: ranks, message size, latency and bandwidth, and the times
+`edulib bench allreduce` (gloo's ranks on this machine) or `edulib bench network` (ranks on one
+node of the emulated cluster) measured here, where it has run."""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
 
+from edulib.base.arguments import check_choice
 from edulib.bench.measured import load
+from edulib.bench.network import EMULATED
 from edulib.viz.comm import cost_figure, cost_table
 from edulib.widgets.explorer import Slider, drawn_once, explore
 
@@ -29,10 +32,13 @@ def _describe(saved: dict, **values: float) -> str:
     found = saved.get(str(case[0]))
     if not found:
         return cost_table(*case)
+    link = (f"alpha = {found['alpha'] * 1e6:.1f} us, {1 / found['beta'] / 1e9:.2f} GB/s per direction")
+    if found["backend"] == EMULATED:
+        return (cost_table(*case) + f"\n\ncircles: measured on {found['machine']} with {case[0]} ranks on "
+                f"one node of the emulated cluster (edulib bench network), whose link is set to {link}")
     return (cost_table(*case, found["gamma"], found["duplex"]) + f"\n\ncircles: measured on "
             f"{found['machine']} with {case[0]} {found['backend']} ranks (edulib bench allreduce), which "
-            f"fitted alpha = {found['alpha'] * 1e6:.1f} us, {1 / found['beta'] / 1e9:.2f} GB/s per "
-            f"direction and gamma = {found['gamma'] * 1e9:.3f} ns/B"
+            f"fitted {link} and gamma = {found['gamma'] * 1e9:.3f} ns/B"
             + ("" if found["duplex"] else "; the model charges those and half-duplex links"))
 
 
@@ -45,12 +51,17 @@ def _sliders(saved: dict) -> dict[str, Slider]:
         latency, bandwidth = round(found["alpha"] * 1e6, 1), round(1 / found["beta"] / 1e9, 2)
     return {"ranks": Slider(ranks, 1, 10, 1, log=True, base=2, integer=True),
             "message_bytes": Slider(2**20, 10, 30, 1, log=True, base=2, unit="bytes"),
-            "latency_us": Slider(latency, -1, 3, 0.1, log=True, unit="{} us"),
+            "latency_us": Slider(latency, -1, 4, 0.1, log=True, unit="{} us"),
             "bandwidth_gbs": Slider(bandwidth, -1, 3, 0.1, log=True, unit="{} GB/s")}
 
 
-def comm_cost_explorer(static: bool | None = None) -> Any:
+SAVED_BENCHES = ("allreduce", "network")  # whose saved runs the explorer can draw
+
+
+def comm_cost_explorer(static: bool | None = None, measured: str = "allreduce") -> Any:
     """Explore every all-reduce's alpha-beta time, rounds and traffic, and which one wins; after
-    `edulib bench allreduce`, it opens on the measured case, its times drawn beside the curves."""
-    saved = {} if drawn_once(static) else load("allreduce")
+    `edulib bench allreduce` (or, `measured="network"`, `edulib bench network`), it opens on the
+    measured case, its times drawn beside the curves."""
+    check_choice(measured, SAVED_BENCHES, "measured")
+    saved = {} if drawn_once(static) else load(measured)
     return explore(partial(_draw, saved), _sliders(saved), static, describe=partial(_describe, saved))
