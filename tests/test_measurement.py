@@ -87,6 +87,17 @@ def test_a_profiled_steps_compute_communication_and_idle_add_up_to_its_wall_time
     assert len(profile_figure(reports).axes[0].get_yticklabels()) == 2
 
 
+def test_a_hand_written_all_reduce_shows_in_the_profile_on_the_communication_thread(tmp_path, pools):
+    """edulib's schedules run on its communication thread, whose calls the profiler records as
+    "edulib:all_reduce", one span per bucket, each counted as communication."""
+    reports = pools(2).run(profile_step, width=128, depth=2, batch=16, bucket_bytes=70_000,
+                           trace=str(tmp_path / "step"), algorithm="ring")
+    for rank, report in enumerate(reports):
+        assert report["allreduces"] == report["buckets"] == 2 and report["communication"]
+        events = json.loads((tmp_path / f"step.rank{rank}.json").read_text())["traceEvents"]
+        assert sum(event.get("name") == "edulib:all_reduce" for event in events) == 2
+
+
 def test_the_breakdown_of_spans_made_by_hand():
     report = {"compute": [(0.0, 1.0), (2.0, 3.0), (0.5, 0.8)], "communication": [(0.5, 2.5)], "profiled": 4.0}
     assert union(report["compute"]) == [(0.0, 1.0), (2.0, 3.0)]

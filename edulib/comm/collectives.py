@@ -284,4 +284,11 @@ def submit(fn: Callable[..., object], *args: object, **kwargs: object) -> Future
     if _stream is None:
         _stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edulib-comm",
                                      initializer=_follow, initargs=(torch.get_default_device(),))
-    return _stream.submit(contextvars.copy_context().run, fn, *args, **kwargs)
+    return _stream.submit(contextvars.copy_context().run, _recorded, fn, *args, **kwargs)
+
+
+def _recorded(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    """`fn(...)` as one span of a profiler's trace, named "edulib:" and its name, on the
+    communication thread's row (as gloo's own threads show "gloo:all_reduce")."""
+    with torch.profiler.record_function(f"edulib:{getattr(fn, '__name__', 'communication')}"):
+        return fn(*args, **kwargs)

@@ -20,6 +20,7 @@ and what a freed unit keeps (`_free`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable
@@ -163,6 +164,7 @@ class Sharding:
 
     def _submit(self, kind: str, fn: Callable[..., torch.Tensor], *args: object, **kwargs: object) -> Future:
         """Start a collective on the communication thread, noting its span there in `spans`."""
+        @functools.wraps(fn)
         def timed() -> torch.Tensor:
             began = time.perf_counter()
             out = fn(*args, **kwargs)

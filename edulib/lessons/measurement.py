@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile, record_function
 
 from edulib import comm
 from edulib.dp.ddp import DistributedDataParallel
@@ -38,7 +38,8 @@ from edulib.train.data import text_batch
 from edulib.train.gpt import gpt, lm_loss
 
 FORMATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-COMMUNICATION = ("gloo", "nccl", "c10d")  # a profiler event whose name holds one of these communicates
+COMMUNICATION = ("gloo", "nccl", "c10d", "edulib:")  # a profiler event whose name holds one of these
+# communicates (edulib's communication thread records its calls as "edulib:all_reduce" and so on)
 Span = tuple[float, float]
 
 # Kineto prints a line with the time and the process id at every profiler start and stop, at the
@@ -134,13 +135,13 @@ def _spans(events: list, window: Span, keep: Callable[[object], bool]) -> list[S
 
 
 def profile_step(width: int = 512, depth: int = 4, batch: int = 64, bucket_bytes: int = 2 << 20,
-                 warmup: int = 3, trace: str | None = None) -> dict:
-    """Profile one data-parallel step (edulib's DistributedDataParallel, SGD, `mlp(width, depth)`)
-    after `warmup` steps: its wall time, the spans of compute (a CPU's operators on the main
-    thread, a GPU's kernels) and of communication, in seconds since the step began; the
-    Chrome/Perfetto trace is written to `trace` with the rank appended, if given."""
+                 warmup: int = 3, trace: str | None = None, algorithm: str = "builtin") -> dict:
+    """Profile one data-parallel step (edulib's DistributedDataParallel, SGD, `mlp(width, depth)`,
+    its buckets all-reduced by `algorithm`) after `warmup` steps: its wall time, the spans of compute
+    (a CPU's operators on the main thread, a GPU's kernels) and of communication, in seconds since
+    the step began; the Chrome/Perfetto trace is written to `trace` with the rank appended, if given."""
     rank, here = dist.get_rank(), rank_device()
-    model = DistributedDataParallel(mlp(width, depth), bucket_bytes)
+    model = DistributedDataParallel(mlp(width, depth), bucket_bytes, algorithm)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     inputs, targets = (t.to(here) for t in regression_batch(batch, width, seed=rank))
 
@@ -152,7 +153,8 @@ def profile_step(width: int = 512, depth: int = 4, batch: int = 64, bucket_bytes
         step()
     comm.barrier()
     gpu = here.type == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu) as profiler:
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * gpu,
+                 experimental_config=_every_thread()) as profiler:
         with record_function("step"):
             began = time.perf_counter()
             step()
@@ -181,6 +183,15 @@ def profile_step(width: int = 512, depth: int = 4, batch: int = 64, bucket_bytes
             "compute": _spans(events, window, computes),
             "communication": _spans(events, window, communicates),
             "allreduces": sum(e.name.endswith("all_reduce") and communicates(e) for e in events)}
+
+
+def _every_thread() -> _ExperimentalConfig | None:
+    """The profiler's option to record every thread's operators, edulib's communication thread's
+    among them (as a backend's own threads are); None where this torch has no such option."""
+    try:
+        return _ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        return None
 
 
 def union(spans: list[Span]) -> list[Span]:
