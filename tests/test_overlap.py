@@ -71,3 +71,23 @@ def test_a_runs_own_compute_and_ready_times_feed_the_model():
     for ranks in ([last, early], [early, last]):
         assert predicted_step(ranks, 200, False, lambda n: n * 1e-3) == pytest.approx(0.9 + 0.2)
         assert predicted_step(ranks, 100, True, lambda n: n * 1e-3) == pytest.approx(0.9 + 0.1)
+
+
+def test_the_bucket_explorers_case_is_the_runs_own_layers_link_and_compute():
+    """`bucket_explorer_case` gives the explorer the same run the model takes: each layer's bytes
+    and backward, the rest of the compute, the link; the explorer's model of a backward of equal
+    layers then matches `bucketed_step` on that run's uniform profile."""
+    from edulib.lessons.data_parallelism import bucket_explorer_case
+    from edulib.widgets.dp import bucket_case
+
+    run = {"durations": [9.0, 1.0, 1.2, 0.8], "gradient_sizes": [256, 256],
+           "timeline": {"backward_began": 10.0, "ready": [10.1, 10.2], "reduces": {0: [10.2, 10.3]}}}
+    case = bucket_explorer_case([run], 2, (5e-3, 1 / 25e6))
+    assert case == pytest.approx({"layers": 2, "layer_kib": 1.0, "backward_ms": 100.0, "other_ms": 700.0,
+                                  "latency_ms": 5.0, "bandwidth_mbs": 25.0})
+    sizes, model = bucket_case(**case)
+    assert sizes == [512, 1024, 2048]  # half a layer, one, both
+    ring = 2 * (5e-3 + 512 / 25e6)  # a layer's ring all-reduce on 2 ranks: 2 rounds of half of it
+    assert model[1024, False] == pytest.approx(0.9 + 2 * ring)  # both after the backward, one at a time
+    assert model[1024, True] == pytest.approx(0.9 + max(2 * ring - 0.1, ring))  # the first from 0.1 s on
+    assert model[512, True] == model[1024, True]  # a layer larger than the bucket has one alone

@@ -211,7 +211,7 @@ def test_every_explorer_can_send_its_drawing_to_a_render_process(monkeypatch):
     names = [name for name in edulib.widgets.__all__ if name.endswith("_explorer")]
     for name in names:
         getattr(edulib.widgets, name)(static=False)
-    assert len(sent) == len(names) == 10 and all(sent)
+    assert len(sent) == len(names) == 11 and all(sent)
 
 
 def test_a_render_process_that_dies_is_replaced_and_rendering_ahead_goes_on():
@@ -521,3 +521,21 @@ def test_the_cost_explorer_draws_the_emulated_clusters_runs_on_their_set_link(tm
     assert _circles(comm_cost_explorer(static=True, measured="network")) == []
     with pytest.raises(ValueError, match="unknown measured 'gloo'; choose one of allreduce, network"):
         comm_cost_explorer(static=True, measured="gloo")
+
+
+def test_the_bucket_explorer_draws_real_ranks_times_only_on_the_case_they_ran():
+    """`bucket_explorer(measured=...)` opens on the run's case and draws its points there; moved
+    off it (or drawn static, as nbval's figure is), the curves stand alone."""
+    from edulib.widgets import bucket_explorer
+    from edulib.widgets.dp import _bucket_draw
+
+    case = {"layers": 4, "layer_kib": 64.0, "backward_ms": 5.0, "other_ms": 20.0, "latency_ms": 5.0,
+            "bandwidth_mbs": 25.0}
+    measured = {"case": case, "times": {(65536, True): 0.05, (65536, False): 0.07, (123, True): 9.0}}
+
+    def points(figure: Figure) -> list[tuple[float, float]]:
+        return sorted((x, y) for line in figure.axes[0].lines if line.get_label().endswith("measured")
+                      for x, y in zip(*line.get_data(), strict=True))
+    assert points(_bucket_draw(measured, **case)) == [(65536, 50.0), (65536, 70.0)]  # (123 B is not drawn)
+    assert points(_bucket_draw(measured, **{**case, "latency_ms": 1.0})) == []
+    assert points(bucket_explorer(static=True, measured=measured)) == []

@@ -67,13 +67,11 @@ def data_parallel_train(steps: int, lr: float = 0.1, bucket_bytes: int = 1 << 20
             "timeline": {"backward_began": backward_began, "ready": ready, "reduces": reduces}}
 
 
-def predicted_step(alone: list[dict], bucket_bytes: int, overlap: bool,
-                   seconds: Callable[[int], float]) -> float:
-    """The alpha-beta model's step time for `bucket_bytes` (`edulib.dp.overlap.bucketed_step`), from
-    every rank's report of `data_parallel_train` run without a network (float32): the compute of
-    the rank the others waited for (its median step after the first, less what its last step waited
-    for all-reduces after the backward), when each of its gradients was ready in that step, and a
-    bucket's all-reduce of n bytes taking `seconds(n)`."""
+def _alone(alone: list[dict]) -> tuple[float, list[float], list[int]]:
+    """From every rank's report of `data_parallel_train` run without a network (float32): the
+    compute of the rank the others waited for (its median step after the first, less what its last
+    step waited for all-reduces after the backward), when each of its gradients was ready in that
+    step (from the backward's start) and each gradient's bytes."""
     def waited(report: dict) -> float:
         timeline = report["timeline"]
         return max(times[-1] for times in timeline["reduces"].values()) - timeline["ready"][-1]
@@ -81,8 +79,26 @@ def predicted_step(alone: list[dict], bucket_bytes: int, overlap: bool,
     last = min(alone, key=waited)
     ready = [moment - last["timeline"]["backward_began"] for moment in last["timeline"]["ready"]]
     compute = statistics.median(last["durations"][1:]) - waited(last)
-    nbytes = [4 * count for count in last["gradient_sizes"]]
+    return compute, ready, [4 * count for count in last["gradient_sizes"]]
+
+
+def predicted_step(alone: list[dict], bucket_bytes: int, overlap: bool,
+                   seconds: Callable[[int], float]) -> float:
+    """The alpha-beta model's step time for `bucket_bytes` (`edulib.dp.overlap.bucketed_step`), from
+    the ranks' own compute and ready times (`_alone`), a bucket's all-reduce of n bytes taking
+    `seconds(n)`."""
+    compute, ready, nbytes = _alone(alone)
     return bucketed_step(compute, ready, nbytes, bucket_bytes, seconds, overlap)
+
+
+def bucket_explorer_case(alone: list[dict], layers: int, link: tuple[float, float]) -> dict:
+    """The bucket explorer's sliders for a run of `layers` equal layers on a link (alpha, beta):
+    each layer's gradient bytes and backward, the rest of the compute, from the ranks' own
+    (`_alone`)."""
+    compute, ready, nbytes = _alone(alone)
+    return {"layers": layers, "layer_kib": sum(nbytes) / layers / 2**10,
+            "backward_ms": ready[-1] / layers * 1e3, "other_ms": (compute - ready[-1]) * 1e3,
+            "latency_ms": link[0] * 1e3, "bandwidth_mbs": 1 / link[1] / 1e6}
 
 
 def torch_ddp_train(steps: int, lr: float = 0.1, width: int = 16, depth: int = 2, batch: int = 16,

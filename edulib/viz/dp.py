@@ -79,15 +79,16 @@ def bandwidth_figure(workers: int, model_mb: float, step_seconds: float, link_gb
 def bucket_figure(sizes: list[int], predicted: dict[tuple[int, bool], float],
                   measured: dict[tuple[int, bool], float] | None = None, title: str = "") -> Figure:
     """Step time against bucket size, with overlap and without: the model's lines and, where given,
-    the measured points beside them (keys: bucket bytes, overlap)."""
+    the measured points beside them (keys: bucket bytes, overlap; sizes not measured have none)."""
     figure = Figure(figsize=(7, 3.4))
     axes = figure.subplots()
     for overlap, colour in ((True, "#4c72b0"), (False, "#dd8452")):
         label = "overlap" if overlap else "after backward"
         axes.plot(sizes, [predicted[size, overlap] * 1e3 for size in sizes], color=colour,
                   label=f"{label}: model")
-        if measured:
-            axes.plot(sizes, [measured[size, overlap] * 1e3 for size in sizes], "o", color=colour,
+        points = [size for size in sizes if (size, overlap) in (measured or {})]
+        if points:
+            axes.plot(points, [measured[size, overlap] * 1e3 for size in points], "o", color=colour,
                       label=f"{label}: measured")
     axes.set_xscale("log", base=2)
     axes.set_xticks(sizes, [f"{size / 2**10:,.0f} KiB" for size in sizes])

@@ -8,7 +8,8 @@ import importlib
 from typing import Any
 
 _HOMES = {"Choice": "explorer", "Slider": "explorer", "explore": "explorer",
-          "bandwidth_explorer": "dp", "bubble_explorer": "pp", "comm_cost_explorer": "comm",
+          "bandwidth_explorer": "dp", "bubble_explorer": "pp", "bucket_explorer": "dp",
+          "comm_cost_explorer": "comm",
           "footprint_explorer": "footprint", "frontier_explorer": "energy", "memory_explorer": "memory",
           "plan_explorer": "planner", "sequence_explorer": "cp", "serving_explorer": "serving",
           "traffic_explorer": "tp"}
