@@ -53,3 +53,13 @@ def test_one_time_per_unit_in_each_list_or_a_clear_error():
         sharded_step([1.0, 1.0], [1.0, 1.0], [1.0], [1.0, 1.0], prefetch=True)
     with pytest.raises(ValueError, match="got 0, 0, 0 and 0"):
         sharded_step([], [], [], [], prefetch=False)
+
+
+def test_units_of_different_costs_each_pay_their_own_and_reduce_scatters_wait_for_the_backward():
+    """Two units of different gathers and computes, prefetched: forward 0 -> 1 (gather 0), the
+    gather of unit 1 from 1 to 4 beside unit 0's forward, unit 1's forward 4 -> 7; backward: unit 1
+    gathered 7 -> 10 (unit 0's prefetched 10 -> 11), computed 10 -> 12, unit 0 computed 12 -> 12.5.
+    Reduce-scatters start only once their unit's backward is done, none hidden under the forward:
+    two units' 4 s each after backwards ending at 11 and 12 s end at 19 s."""
+    assert sharded_step([1.0, 3.0], [0.5, 2.0], [1.0, 3.0], [0.0, 0.0], prefetch=True) == 12.5
+    assert sharded_step([5.0, 5.0], [1.0, 1.0], [0.0, 0.0], [4.0, 4.0], prefetch=True) == 19.0

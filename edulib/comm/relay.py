@@ -79,9 +79,6 @@ def _pieces(tensors: list[torch.Tensor]) -> list[memoryview]:
     pieces = []
     for tensor in tensors:
         flat = tensor.detach().cpu().contiguous()
-        if not flat.nbytes:
-            pieces.append(memoryview(b""))
-            continue
         view = (ctypes.c_char * flat.nbytes).from_address(flat.data_ptr())
         view.tensor = flat
         pieces.append(memoryview(view).cast("B"))
