@@ -141,6 +141,7 @@ def _texts(path: Path) -> list[str]:
 def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_path):
     from edulib.cli import main
     from edulib.grading.release import COMPARE, score_cell
+    from edulib.grading.release import answers as predictions
 
     course = tmp_path / "course"
     assert main(["release", str(course), "--requirement", "edulib[lab] @ file:///srv/edulib"]) == 0
@@ -158,7 +159,7 @@ def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_pa
             leaked = [line for line in answers if line in said]
             assert leaked == [], f"{path.relative_to(course)} holds solution lines {leaked[:3]}"
     assert main(["release", str(tmp_path / "after"), "--after-deadline"]) == 0
-    cleared, compared = 0, 0
+    cleared, compared, predicted = 0, 0, 0
     for lesson in sorted((course / "notebooks").glob("*.ipynb")):
         before = json.loads(lesson.read_text())["cells"]
         cells = json.loads((tmp_path / "after" / "notebooks" / lesson.name).read_text())["cells"]
@@ -171,14 +172,22 @@ def test_the_release_holds_what_students_need_and_no_line_of_any_solution(tmp_pa
         assert all(COMPARE in "".join(c["source"]) or "getsource(" in "".join(c["source"]) for c in kept)
         assert [c["source"] for c in before] == [c["source"] for c in cells if c not in kept], lesson.name
         compared += bool(kept)
+        assert not any(before[answer].get("outputs") for answer in predictions(before)), lesson.name
+        asked = predictions(original)
+        assert not any(cells[answer].get("outputs") for answer in asked), (
+            f"{lesson.name} answers a prediction before the student runs the cell")
+        predicted += len(asked)
+        kept_as_is = [position for position in range(len(cells)) if position not in asked
+                      and (index is None or position <= index)]
+        assert all(cells[position] == original[position] for position in kept_as_is), (
+            f"{lesson.name}: the lesson up to its score is kept, but for its predictions' answers")
         if index is None:
-            assert cells == original, lesson.name
             continue
-        assert cells[:index + 1] == original[:index + 1], f"{lesson.name}: the lesson up to its score is kept"
         assert re.search(r": 0/\d+ points", "".join(cells[index]["outputs"][0]["text"])), lesson.name
         assert all(not c.get("outputs") for c in cells[index + 1:]), f"{lesson.name} shows answers"
         cleared += sum(bool(c.get("outputs")) for c in original[index + 1:])
     assert cleared >= 8, "the lessons' comparisons with edulib's version after their score cells"
+    assert predicted >= 30, "the lessons' predictions, each answered by the cell after it"
     assert compared >= 8, "the comparisons come back after the deadline"
 
 

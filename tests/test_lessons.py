@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from edulib.grading.release import ASKED
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 ANSWERS = {  # the lesson: what in edulib is the answer to its exercise
     "01_data_parallelism": ["GradientBuckets"],
@@ -45,7 +47,6 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
 ROOT = NOTEBOOKS.parent
 READING = {"00", "12", "13"}  # lessons without an exercise: motivation, energy, parallelism chosen for you
 LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a 90-minute lab holds, its exercise included
-ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict:", re.MULTILINE)  # "Predict ...", "... predict:"
 
 
 @pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))

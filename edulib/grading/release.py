@@ -1,5 +1,6 @@
 """What students receive (`edulib release DEST`): the lessons with nothing saved after their score
-cells and without their comparison with edulib's version, the exercises freshly generated as
+cells nor under a question that asks for a prediction (students run that cell once they have made
+it), and without their comparison with edulib's version, the exercises freshly generated as
 stubs, a README for students, and the wheel of this edulib with the requirement that installs it
 (the name `edulib` on the package index belongs to another project); never solutions/, tests/ or
 the instructors' notes. After the due date, `edulib release --after-deadline DEST` gives the same
@@ -20,6 +21,7 @@ from edulib.grading.generate import generate
 
 SCORE = re.compile(r'score\("(\w+)"')
 COMPARE = "## Compare with edulib's version"  # the heading of a lesson's section that shows edulib's answer
+ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict:", re.MULTILINE)  # "Predict ...", "... predict:"
 
 
 def course_root() -> Path:
@@ -53,15 +55,27 @@ def comparison(cells: list[dict]) -> list[int]:
     return found
 
 
+def answers(cells: list[dict]) -> list[int]:
+    """The indices of the code cells that answer a prediction: each the code cell right after a
+    markdown cell that asks for one (`ASKED`), the score cell aside (it shows the untouched 0)."""
+    score = score_cell(cells)
+    return [index + 1 for index, cell in enumerate(cells[:-1])
+            if cell["cell_type"] == "markdown" and ASKED.search("".join(cell["source"]))
+            and cells[index + 1]["cell_type"] == "code" and index + 1 != score]
+
+
 def student_notebook(notebook: dict, name: str, after_deadline: bool = False) -> dict:
-    """A lesson as students receive it: every saved output after the score cell cleared, and the
-    score cell's own output the untouched exercises' 0 points (else a ValueError naming the lesson);
-    before the deadline, without its comparison with edulib's version."""
+    """A lesson as students receive it: the saved output of every cell that answers a prediction and
+    of every cell after the score cell cleared, and the score cell's own output the untouched
+    exercises' 0 points (else a ValueError naming the lesson); before the deadline, without its
+    comparison with edulib's version."""
     notebook = copy.deepcopy(notebook)
     if not after_deadline:
         shown = set(comparison(notebook["cells"]))
         notebook["cells"] = [cell for index, cell in enumerate(notebook["cells"]) if index not in shown]
     cells = notebook["cells"]
+    for answer in answers(cells):
+        cells[answer]["outputs"], cells[answer]["execution_count"] = [], None
     index = score_cell(cells)
     if index is None:
         return notebook
