@@ -144,3 +144,15 @@ def test_the_instructors_table_of_points_is_the_checks():
 def test_a_lesson_is_titled_with_its_number(lesson):
     title = "".join(json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"][0]["source"])
     assert title.startswith(f"# {lesson[:2]} · "), f"{lesson} is titled {title.splitlines()[0]!r}"
+
+
+# a deck is named by its title: a student has no list of decks to count in
+UNNAMED = re.compile(r"\b(?:first|second|third|fourth) lecture\b|\bseed (?:lecture|deck)s?\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))
+def test_every_lecture_deck_is_named_by_its_title(lesson):
+    cells = json.loads((NOTEBOOKS / f"{lesson}.ipynb").read_text())["cells"]
+    found = [(index, match.group(0)) for index, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+             for match in UNNAMED.finditer("".join(cell["source"]))]
+    assert not found, f"{lesson} names a deck by its place, not its title: {found}"
