@@ -46,7 +46,7 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
 
 ROOT = NOTEBOOKS.parent
 READING = {"00", "12", "13"}  # lessons without an exercise: motivation, energy, parallelism chosen for you
-LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a 90-minute lab holds, its exercise included
+LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a two-hour lab holds, its exercise included
 
 
 @pytest.mark.parametrize("lesson", sorted(path.stem for path in NOTEBOOKS.glob("*.ipynb")))
