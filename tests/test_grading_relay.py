@@ -78,11 +78,12 @@ def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_byt
         assert 2 * one <= round_trip < 2 * one + 0.1, (size, round_trip, 2 * one)
         assert alpha + beta * (size // 4 * 4) <= all_reduce < alpha + beta * size + 0.05, (size, all_reduce)
     received = json.loads(done.stdout.splitlines()[-1])["results"][1]
-    first = alpha + beta * max(sizes)
-    assert first <= received["first"] and first <= received["second"] < first + 0.05, received
+    # the receiver times from its own start, after the barrier, which may let it go a few ms after the
+    # sender (never sooner is the round trips' job above: one rank's clock)
+    first, skew = alpha + beta * max(sizes), 0.01
+    assert first - skew <= received["first"] <= received["second"] < first + 0.05, received
     window = alpha + 8 * beta * max(sizes)  # one wire: each message waits for the one before it to leave
-    # the receiver times from its own start, which may come a few ms after the sender's first byte
-    assert window - 0.01 <= received["window"] < window + 0.1, (received["window"], window)
+    assert window - skew <= received["window"] < window + 0.1, (received["window"], window)
 
 
 def test_a_messages_time_on_the_link_runs_from_its_first_byte():
