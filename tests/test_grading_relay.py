@@ -86,6 +86,16 @@ def test_a_slowed_link_delays_each_message_and_collective_by_alpha_plus_beta_byt
     assert window - skew <= received["window"] < window + 0.1, (received["window"], window)
 
 
+def _in_two_parts(relay: Relay, whole: bytes, pause: float) -> None:
+    """Rank 0 writes a frame's first 10 bytes, then, `pause` seconds later, the rest, as a rank on a
+    busy machine may; the relay reads each part as it comes."""
+    os.write(relay.rank_ends[0][1], whole[:10])
+    relay.readable(0)
+    time.sleep(pause)
+    os.write(relay.rank_ends[0][1], whole[10:])
+    relay.readable(0)
+
+
 def test_a_messages_time_on_the_link_runs_from_its_first_byte():
     """A message whose bytes took long through the pipe (as on a busy machine, where the rank and the
     relay wait for their turns) is held for what is left of the link's time, not for all of it again
@@ -94,11 +104,7 @@ def test_a_messages_time_on_the_link_runs_from_its_first_byte():
     relay.begin([0, 1], link=(1.0, 0.0))
     send = frame({"op": "send", "group": [0, 1], "peer": 1, "meta": [["float32", [4]]], "id": 0},
                  torch.arange(4.0).numpy().tobytes())
-    os.write(relay.rank_ends[0][1], send[:10])
-    relay.readable(0)
-    time.sleep(0.5)
-    os.write(relay.rank_ends[0][1], send[10:])
-    relay.readable(0)
+    _in_two_parts(relay, send, 0.5)
     os.write(relay.rank_ends[1][1], frame({"op": "recv", "group": [0, 1], "peer": 0,
                                            "out": [["float32", [4]]], "id": 0}))
     relay.readable(1)
@@ -225,11 +231,7 @@ def test_a_collectives_entry_says_when_its_frame_began_and_ended_and_how_many_by
     relay.begin([0, 1])
     part = frame({"op": "all_reduce", "group": [0, 1], "meta": [["float32", [3]]], "id": 0},
                  torch.arange(3.0).numpy().tobytes())
-    os.write(relay.rank_ends[0][1], part[:10])
-    relay.readable(0)
-    time.sleep(0.2)
-    os.write(relay.rank_ends[0][1], part[10:])
-    relay.readable(0)
+    _in_two_parts(relay, part, 0.2)
     entry = relay.log()["events"][0]
     assert entry["done"] - entry["at"] >= 0.2 and entry["frame"] == len(part)
     relay.close()
