@@ -37,11 +37,12 @@ def choose_layout(model: Transformer, cluster: Cluster, memory: float, budget: i
     recomputation ("none", "selective" or "full"); `edulib.hybrid.layout.layouts` lists every one, and
     check_layout says why something is not one. `cluster` gives the machine's shape (nodes, devices
     per node, memory); its speeds are unknown (NaN when graded), so layout_time cannot time a layout.
-    `measure(layout)` can: it profiles the layout on the real machine and returns seconds per step,
-    at most `budget` times (it raises after that): the number of (dp, pp, tp, micro-batches)
-    groups that have a layout that fits, one measurement each (two where every fitting layout of the
-    group needs ZeRO-3 or full recomputation and both kinds fit), plus a quarter of that (at least
-    4) to spare: far fewer than the layouts. Memory needs no measuring: layout_memory is exact.
+    `measure(layout)` can: it returns the seconds per step that layout_time gives at the machine's
+    true speeds (this lesson's cost model: no overlap of communication with compute), at most
+    `budget` times (it raises after that). The budget allows one measurement of every fitting
+    layout that some speeds could make the fastest, layouts that take the same time at every
+    speed counted once, and a quarter more (at least 4) to spare: far fewer than the layouts.
+    Memory needs no measuring: layout_memory is exact.
     Return the fastest layout that fits, or None when no layout fits. Graded: within 5 % of the
     best layout's throughput, on models, clusters, speeds (any, not a few known ones) and memory
     limits you do not see, with at least one measurement where the layouts that fit differ in

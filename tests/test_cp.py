@@ -41,9 +41,23 @@ def test_ring_attention_equals_full_attention(ranks, pools):
 def test_the_blocks_closed_forms():
     for n in range(1, 9):
         assert blocks_per_rank(n, "contiguous") == [i + 1 for i in range(n)]
-        assert balance(n, "contiguous") == pytest.approx((n + 1) / (2 * n))
+        assert balance(n, "contiguous") == pytest.approx(n / (2 * n - 1))
         assert blocks_per_rank(n, "zigzag") == [2 * n + 1] * n and balance(n, "zigzag") == 1
-        assert balance(n, "contiguous", causal=False) == 1
+        assert balance(n, "contiguous", causal=False) == balance(n, "zigzag", causal=False) == 1
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_balance_is_the_share_of_query_key_pairs_each_rank_computes(layout, causal):
+    """Counted pair by pair on a long sequence, the balance tends to the closed form as 1/chunk."""
+    for n in range(1, 7):
+        length = 400 * 2 * n
+        pairs = []
+        for rank in range(n):
+            queries = torch.tensor([q for r in token_ranges(length, rank, n, layout) for q in r])
+            pairs.append(int((queries + 1).sum()) if causal else len(queries) * length)
+        counted = sum(pairs) / len(pairs) / max(pairs)
+        assert counted == pytest.approx(balance(n, layout, causal), abs=2 / 400)
 
 
 def test_shards_cover_the_sequence_once():

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from edulib.cp.layout import balance, blocks_per_rank, pieces
+from edulib.cp.layout import blocks_per_rank, pieces
 from edulib.launch import RankError
 from edulib.pp.schedules import SCHEDULES
 from edulib.train import TrainConfig, reference, text_batch, train
@@ -219,8 +219,6 @@ def test_zigzag_gives_every_context_parallel_rank_the_same_attention_work(layout
     chunk = config.tokens // pieces(config.cp, layout)  # blocks of chunk x chunk pairs, each call
     calls = config.layers * config.microbatches
     assert reports[0]["attention_work"] == [b * chunk ** 2 * calls for b in blocks_per_rank(4, layout)]
-    work = reports[0]["attention_work"]
-    assert sum(work) / len(work) / max(work) == pytest.approx(balance(4, layout))  # 5/8, then 1
     TrainConfig(cp=2, tokens=6, cp_layout="contiguous")  # (zigzag refuses it: 4 chunks of 6 tokens)
 
 

@@ -30,4 +30,5 @@ def bench_attention(world_sizes: tuple[int, ...] = (2, 4), tokens: int = 2048, h
                          f"{seconds / baseline:.2f}x", f"{seconds / contiguous:.2f}x"))
     return (f"causal attention of {tokens} tokens, {heads} heads of width {width}, forward and backward, "
             f"{backend} on {platform.node()} ({os.cpu_count()} cores); median of {repeats}, slowest rank\n\n"
-            + format_table(["ranks", "attention", "balance", "time (ms)", "vs full", "vs contiguous"], rows))
+            + format_table(["ranks", "attention", "FLOPs balance", "time (ms)", "vs full", "vs contiguous"],
+                           rows))

@@ -3,9 +3,10 @@
 The sequence is cut into chunks (N of them, or 2N for zigzag; their lengths differ by at most one,
 so any length works). "contiguous" gives rank i chunk i. Under a causal mask token q attends only
 to tokens up to q, so the last rank has the most work: counting blocks of (query chunk, key chunk)
-that are not wholly masked, rank i computes i + 1 and the balance (mean over max) is (N + 1)/(2N).
-"zigzag" gives rank i chunks i and 2N-1-i, an early one and a late one, and every rank the same
-2N + 1 half-size blocks.
+that are not wholly masked, rank i computes i + 1. A diagonal block is half masked, so in FLOPs
+rank i does i + 1/2 blocks' worth and the balance (mean over max) is N/(2N - 1). "zigzag" gives
+rank i chunks i and 2N-1-i, an early one and a late one, and every rank the same 2N + 1 half-size
+blocks, two of them diagonal: the same FLOPs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def blocks_per_rank(world_size: int, layout: str = "contiguous", causal: bool = 
 
 
 def balance(world_size: int, layout: str = "contiguous", causal: bool = True) -> float:
-    """Mean work over the busiest rank's: 1 is perfect; contiguous causal gives (N + 1)/(2N)."""
-    blocks = blocks_per_rank(world_size, layout, causal)
-    return sum(blocks) / len(blocks) / max(blocks)
+    """Mean attention FLOPs over the busiest rank's (a diagonal block is half); contiguous: N/(2N - 1)."""
+    n = check_count(world_size, "world_size", "ranks")
+    work = [sum(c + 0.5 if causal else pieces(n, layout) for c in chunks(rank, n, layout))
+            for rank in range(n)]
+    return sum(work) / len(work) / max(work)
