@@ -62,7 +62,8 @@ def manual_plan(graph: Graph, cluster: Cluster, dp: int, pp: int, tp: int,
             return None
         names = tuple(",".join(want) for want in loops)
         stages.append(Stage(first, last, submesh, mesh, names,
-                            sharding.time + boundary_seconds(graph, cluster, first, last, submesh), memory))
+                            sharding.time + boundary_seconds(graph, cluster, first, last, submesh, p * group),
+                            memory))
     return Plan(graph, cluster, microbatches, tuple(stages), latency([s.time for s in stages], microbatches),
                 0.0, {"grid (dp, pp, tp)": (dp, pp, tp)})
 

@@ -67,12 +67,17 @@ class Cluster:
         shapes = [(1, 2**i) for i in range(int(math.log2(self.devices)) + 1) if 2**i < self.devices]
         return shapes + [(n, self.devices) for n in range(1, self.nodes + 1)]
 
-    def boundary_link(self, submesh: tuple[int, int]) -> AlphaBeta:
-        """The link a stage on `submesh` talks to its neighbouring stages over: between nodes when
-        it fills whole nodes of a cluster of several, else inside its node. (The program does not
-        track where a stage lands, so a part-node stage whose neighbour is on the next node is
-        charged the faster link.)"""
-        return self.inter if self.nodes > 1 and submesh[1] == self.devices else self.intra
+    def link(self, a: int, b: int) -> AlphaBeta:
+        """The link between devices `a` and `b` (numbered node by node): inside a node or between."""
+        return two_level_link(self.devices, self.intra, self.inter)(a, b)
+
+    def fits_at(self, start: int, submesh: tuple[int, int]) -> bool:
+        """Whether `submesh` can sit on the devices from `start` on: a part of a node inside one
+        node, whole nodes from a node's first device."""
+        nodes, per_node = submesh
+        if per_node < self.devices:
+            return start % self.devices + per_node <= self.devices and start + per_node <= self.size
+        return start % self.devices == 0 and start + nodes * per_node <= self.size
 
     def logical_meshes(self, submesh: tuple[int, int]) -> list[Mesh]:
         """Every 2-D view (a, b) of a submesh whose axis 1 stays inside a node; links per axis."""

@@ -4,10 +4,12 @@ Alpa's dynamic program: F(s, k, d; t_max) is the least total latency of running 
 as s stages on d devices, every stage at most t_max:
 
     F(s, k, d; t_max) = min over i >= k and submeshes (n, m) with n m <= d, t <= t_max, of
-                        t_intra(clusters k..i, Mesh(n, m), s) + F(s - 1, i + 1, d - n m; t_max)
+                        t_intra(clusters k..i, Mesh(n, m), s, d) + F(s - 1, i + 1, d - n m; t_max)
 
 where t_intra is the intra-op pass's time for that stage; it depends on s because the stage
-s-th from the end keeps s micro-batches' activations (1F1B), which its memory must hold. The
+s-th from the end keeps s micro-batches' activations (1F1B), which its memory must hold, and on
+d because stages take the devices in order: with d of D left, the stage starts on device D - d,
+which decides whether its messages to its neighbours cross between nodes. The
 pipeline's latency is sum(t_i) + (B - 1) max(t_j); t_max runs over every candidate stage time
 from small to large and stops once B t_max exceeds the best latency found, since every later
 plan has a stage slower than t_max and so a latency above B t_max. Operators are first merged
@@ -71,14 +73,16 @@ def cluster_operators(graph: Graph, count: int) -> list[tuple[int, int]]:
 
 @dataclass
 class StageTable:
-    """t_intra and the fewest bytes per device for every (s, k, i, submesh): inf where none fits."""
+    """t_intra for every (s, k, i, submesh, devices left) and the fewest bytes per device for every
+    (s, k, i, submesh): inf where none fits. Stages take the devices in order, so a stage with d
+    devices left starts on device D - d, which sets the links its messages cross."""
 
     ranges: list[tuple[int, int]]  # operator range of each cluster
     submeshes: list[tuple[int, int]]
     meshes: list[list[Mesh]]  # logical meshes tried per submesh
-    time: np.ndarray  # [s - 1, k, i, submesh]
-    mesh: np.ndarray  # index of the best logical mesh, same shape
-    least: np.ndarray  # fewest bytes per device any strategy choice needs, same shape
+    time: np.ndarray  # [s - 1, k, i, submesh, d]: d devices left, this stage's included
+    mesh: np.ndarray  # index of the best logical mesh, [s - 1, k, i, submesh]
+    least: np.ndarray  # fewest bytes per device any strategy choice needs, as `mesh`
     tables: dict[tuple[int, int], Costs] = field(repr=False)  # (submesh, logical mesh) -> costs
 
     @property
@@ -94,15 +98,32 @@ class StageTable:
         return self.meshes[m][j], solve(table, memory, in_flight)
 
 
-def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int,
-                     submesh: tuple[int, int]) -> float:
-    """What the stage of operators first..last on `submesh` spends per micro-batch on messages
-    to its neighbours: the activations it hands on forward and the gradients of those it was
-    handed, sent back; each alpha + beta x bytes over the link between the submeshes."""
-    alpha, beta = cluster.boundary_link(submesh)
+def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int, submesh: tuple[int, int],
+                     start: int) -> float:
+    """What the stage of operators first..last on `submesh`, from device `start` on, spends per
+    micro-batch on messages to its neighbours: the activations it hands on forward over the link
+    from its last device to the next stage's first, and the gradients of those it was handed, sent
+    back over the link from its first device to the previous stage's last; alpha + beta x bytes each."""
+    end = start + submesh[0] * submesh[1]
     out = {u for u, v in graph.edges if first <= u <= last < v}
     back = {u for u, v in graph.edges if u < first <= v <= last}
-    return sum(message_time(graph.operators[u].output_bytes, alpha, beta) for u in out | back)
+    sizes = [(graph.operators[u].output_bytes, cluster.link(end - 1, end)) for u in out]
+    sizes += [(graph.operators[u].output_bytes, cluster.link(start - 1, start)) for u in back]
+    return sum(message_time(nbytes, *link) for nbytes, link in sizes)
+
+
+def _messages(graph: Graph, cluster: Cluster, ranges: list[tuple[int, int]],
+              submeshes: Sequence[tuple[int, int]]) -> np.ndarray:
+    """[k, i, submesh, d]: `boundary_seconds` of clusters k..i on the submesh with d devices left,
+    inf where the submesh cannot sit there (`Cluster.fits_at`)."""
+    count, size = len(ranges), cluster.size
+    found = np.full((count, count, len(submeshes), size + 1), np.inf)
+    for k, i, (m, submesh), d in itertools.product(range(count), range(count), enumerate(submeshes),
+                                                   range(1, size + 1)):
+        if k <= i and cluster.fits_at(size - d, submesh):
+            first, last = ranges[k][0], ranges[i][1]
+            found[k, i, m, d] = boundary_seconds(graph, cluster, first, last, submesh, size - d)
+    return found
 
 
 def _fastest_stages(table: Costs, firsts: list[int],
@@ -177,7 +198,7 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                 meshes: Callable[[tuple[int, int]], list[Mesh]] | None = None,
                 progress: Progress | None = None, prune: bool = False) -> StageTable:
     """t_intra for every stage candidate: cluster range k..i x submesh x stages after it (s),
-    with the stage's messages to its neighbours (`boundary_seconds`).
+    with the stage's messages to its neighbours where it lands (`boundary_seconds`).
 
     On a chain, one Viterbi sweep per logical mesh gives the fastest choice for every range k..i
     at once (`fastest_paths`); where that choice overflows memory (1F1B keeps s micro-batches),
@@ -227,8 +248,7 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
                         keep(where, fastest.time, j)
                     elif need[s, k, ends[v]] <= cluster.memory:
                         overflowing.append((fastest.time, where, j, firsts[k], v))
-    messages = np.array([[[boundary_seconds(graph, cluster, ranges[k][0], ranges[i][1], submesh)
-                           for submesh in submeshes] for i in range(count)] for k in range(count)])
+    messages = _messages(graph, cluster, ranges, submeshes)  # [k, i, submesh, d]
     fitting = best.copy()  # each stage's fastest choice among those that fit as they are
     for m, j in needs if graph.is_chain else ():
         seconds, fits = _chain_fastest(tables[(m, j)], microbatches, ranges, stages, cluster.memory)
@@ -237,8 +257,10 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
     room = np.full(shape, np.inf)
     if prune:
         sizes = [n * m for n, m in submeshes]
-        latest = _upper_bound(fitting + messages[None], sizes, cluster.size, microbatches)
-        room = np.broadcast_to(latest * (1 + 1e-9) / microbatches - messages[None], shape)
+        latest = _upper_bound(fitting[..., None] + messages[None], sizes, cluster.size, microbatches)
+        with np.errstate(invalid="ignore"):  # inf - inf: a stage that fits nowhere, left unpruned
+            spare = np.nan_to_num(latest * (1 + 1e-9) / microbatches - messages.min(axis=-1), nan=np.inf)
+        room = np.broadcast_to(spare[None], shape)
     for m in range(len(submeshes)) if graph.is_chain else ():
         bound = np.minimum(fitting[..., m], room[..., m])
         overflowing += _chain_meshes(tables, m, [needs[(m, j)] for j in range(len(tried[m]))], microbatches,
@@ -250,15 +272,16 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
         if seconds < best[where] and seconds <= room[where]:
             found = solve(tables[(where[3], j)].part(first, v), cluster.memory, int(in_flight[where[0]]))
             keep(where, found.time, j)
-    return StageTable(ranges, list(submeshes), tried, best + messages[None], which, least, tables)
+    return StageTable(ranges, list(submeshes), tried, best[..., None] + messages[None], which, least, tables)
 
 
 def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
              trace: bool = False) -> tuple[np.ndarray, list]:
-    """F[s, k, d] over a [s - 1, k, i, submesh] table: `combine` is + (latency) or max (memory)."""
+    """F[s, k, d] over a [s - 1, k, i, submesh, d] table (d of length 1: the same for every d):
+    `combine` is + (latency) or max (memory)."""
     stages, count = values.shape[0], values.shape[1]
     ordered = np.triu(np.ones((count, count), dtype=bool))  # a stage's clusters k..i need i >= k
-    values = np.where(ordered[None, :, :, None], values, np.inf)
+    values = np.where(ordered[None, :, :, None, None], values, np.inf)
     table = np.full((stages + 1, count + 1, devices + 1), np.inf)
     table[0, count, 0] = 0.0
     choices = []
@@ -270,7 +293,7 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
                 continue
             rest = np.full((count + 1, devices + 1), np.inf)  # rest[j, d] = F(s-1, j, d - size)
             rest[:, size:] = table[s - 1, :, :devices + 1 - size]
-            total = combine(values[s - 1, :, :, m, None], rest[None, 1:, :])  # [k, i, d]
+            total = combine(values[s - 1, :, :, m], rest[None, 1:, :])  # [k, i, d]
             best = total.min(axis=1)
             better = best < step[:count]
             step[:count][better] = best[better]
@@ -283,12 +306,13 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
 
 
 def _stages(table: np.ndarray, choices: list, sizes: list[int], devices: int) -> list[tuple]:
-    """Walk the program's choices back into (s, k, i, submesh) per stage, first stage first."""
+    """Walk the program's choices back into (s, k, i, submesh, devices left) per stage, first
+    stage first."""
     s = int(np.argmin(table[1:, 0, devices])) + 1
     k, d, found = 0, devices, []
     while s:
         i, m = choices[s - 1][k, d]
-        found.append((s, k, int(i), int(m)))
+        found.append((s, k, int(i), int(m), d))
         k, d, s = int(i) + 1, d - sizes[m], s - 1
     return found
 
@@ -326,13 +350,13 @@ def inter_op(table: StageTable, devices: int, microbatches: int,
         return np.inf, [], statistics
     program, choices = latency_table(table, best_tmax, devices, trace=True)
     stages = _stages(program, choices, table.sizes, devices)
-    times = [table.time[s - 1, k, i, m] for s, k, i, m in stages]
+    times = [table.time[s - 1, k, i, m, d] for s, k, i, m, d in stages]
     return latency(times, microbatches), stages, statistics
 
 
 def smallest_memory(table: StageTable, devices: int) -> float:
     """The least bytes per device with which some slicing of the model fits the cluster."""
-    program = _program(table.least, table.sizes, devices, combine=np.maximum)[0]
+    program = _program(table.least[..., None], table.sizes, devices, combine=np.maximum)[0]
     return float(program[1:, 0, devices].min())
 
 
@@ -345,7 +369,8 @@ def exhaustive_inter_op(table: StageTable, devices: int, microbatches: int) -> f
             for mesh in itertools.product(range(len(sizes)), repeat=stages):
                 if sum(sizes[m] for m in mesh) != devices:
                     continue
-                times = [table.time[stages - j - 1, bounds[j], bounds[j + 1] - 1, mesh[j]]
+                left = [devices - sum(sizes[m] for m in mesh[:j]) for j in range(stages)]
+                times = [table.time[stages - j - 1, bounds[j], bounds[j + 1] - 1, mesh[j], left[j]]
                          for j in range(stages)]
                 best = min(best, latency(times, microbatches))
     return best
@@ -386,14 +411,15 @@ def build_plan(graph: Graph, cluster: Cluster, microbatches: int, table: StageTa
                stages: list[tuple], started: float, statistics: dict) -> Plan:
     """Turn the program's stage choices into a Plan, re-solving each stage for its strategies."""
     found = []
-    for s, k, i, m in stages:
+    for s, k, i, m, d in stages:
         mesh, sharding = table.sharding(s, k, i, m, cluster.memory, min(s, microbatches))
         first, last = table.ranges[k][0], table.ranges[i][1]
         j = table.meshes[m].index(mesh)
         options = table.tables[(m, j)].options
         names = tuple(options[first + v][c].name for v, c in enumerate(sharding.choice))
         found.append(Stage(first, last, table.submeshes[m], mesh, names,
-                           sharding.time + boundary_seconds(graph, cluster, first, last, table.submeshes[m]),
+                           sharding.time + boundary_seconds(graph, cluster, first, last, table.submeshes[m],
+                                                            cluster.size - d),
                            sharding.memory(min(s, microbatches))))
     return Plan(graph, cluster, microbatches, tuple(found),
                 latency([stage.time for stage in found], microbatches),

@@ -34,7 +34,7 @@ def plan_figure(plan: Plan, width: float = 10) -> Figure:
     top.set_xlim(0, 1)
     top.set_axis_off()
     top.set_title(f"{plan.graph.name} on devices of {format_bytes(plan.cluster.memory)}: {len(plan.stages)} "
-                  f"stages, predicted {plan.latency * 1e3:.1f} ms per iteration "
+                  f"stage{'s' * (len(plan.stages) > 1)}, predicted {plan.latency * 1e3:.1f} ms per iteration "
                   f"({format_rate(plan.throughput, 'FLOP/s')})", fontsize=10)
     nodes, per_node = plan.cluster.nodes, plan.cluster.devices
     device = 0

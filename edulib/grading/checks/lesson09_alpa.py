@@ -64,11 +64,14 @@ def _inter_op_cases(rng: random.Random) -> list[Case]:
 def _inter_op_judge(case: Case, answer: Any) -> None:
     from types import SimpleNamespace
 
+    import numpy as np
+
     from edulib.planner.inter import exhaustive_inter_op, inter_op
 
     times, sizes = case.inputs["times"].numpy(), case.inputs["sizes"]
-    table = SimpleNamespace(time=times, sizes=sizes, ranges=[(k, k + 1) for k in range(times.shape[1])])
     devices, batches = case.inputs["devices"], case.inputs["microbatches"]
+    placed = np.broadcast_to(times[..., None], (*times.shape, devices + 1))  # the same wherever it lands
+    table = SimpleNamespace(time=placed, sizes=sizes, ranges=[(k, k + 1) for k in range(times.shape[1])])
     program, _, statistics = inter_op(table, devices, batches)
     best = exhaustive_inter_op(table, devices, batches) if times.shape[1] <= ENUMERATED else program
     tried = statistics["t_max tried"]
