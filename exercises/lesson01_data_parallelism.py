@@ -41,7 +41,8 @@ class GradientBuckets:
     followed by `finish()`. The buckets are the lesson's: the parameters that need a gradient taken
     in reverse order of model.parameters() (the order backward produces them in the lesson's
     models), each bucket as large as it can be without passing `bucket_bytes` (a parameter larger
-    than that has a bucket of its own); the first bucket filled is the first launched.
+    than that has a bucket of its own); the first bucket filled is the first launched. Every
+    parameter is float32 (the graded models' too), so a bucket's gradients share one dtype.
 
     Graded: after finish(), every .grad equals one process's gradient of the ranks' mean loss; the
     relay sees one all-reduce of one flat tensor per bucket, of each bucket's size. With `overlap`,

@@ -11,7 +11,7 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   and 4 ranks, other shapes.
 - tensor-parallel block, 4 + 4 points: output and every gradient equal to the full block's, with no
   more traffic than Megatron's. Visible cases: 2 ranks, 4 heads of width 6, 6 inner features, x of
-  shape (2, 1, 24); 3 ranks, 3 heads of width 6, 6 inner features, x of shape (1, 1, 18). Hidden
+  shape (2, 2, 24); 3 ranks, 3 heads of width 6, 6 inner features, x of shape (1, 2, 18). Hidden
   cases: 3 and 4 ranks, head counts, sequence lengths and widths you do not see.
 """
 
@@ -77,9 +77,11 @@ def parallel_block(x: torch.Tensor, attention: tuple[torch.Tensor, ...], mlp: tu
     rank holds (the block's heads divided by the ranks), not the block's. `attention` is this rank's
     (QKV rows, QKV bias entries, output-projection columns) as attention_shards gives them for those
     heads, and the output projection's bias, whole. `mlp` is (up, up_bias, down, down_bias):
-    MLP(h) = GELU(h up^T + up_bias) down^T + down_bias, this rank holding its block of up's rows
-    (its share of the inner features) and of up_bias, the matching columns of down, and down_bias
-    whole. attend(q, k, v, heads) is the attention of `heads` heads, given.
+    MLP(h) = GELU(h up^T + up_bias) down^T + down_bias, GELU's exact (erf) form, as
+    torch.nn.functional.gelu computes it by default; this rank holds its block of up's rows (its
+    share of the inner features) and of up_bias, the matching columns of down, and down_bias whole.
+    attend(q, k, v, heads) is the attention of `heads` heads, given: not causal, every token
+    attends to every token of its sequence.
 
     Graded: the output, and after backward every gradient (x's, each shard's, each bias's), equal to
     the full block's on 2 to 4 ranks; the relay holds each rank's bytes to those of Megatron's

@@ -30,7 +30,7 @@ def shard_bounds(length: int, ranks: int) -> list[int]:
     """The ranks + 1 offsets that cut a flat vector of `length` into the ranks' shards, from 0 to
     `length`: rank r's shard runs from the r-th offset up to the next. Shards differ in length by
     at most one element, the longer ones first (so some may be empty)."""
-    raise NotImplementedError("the lesson's shard figure: which ranks get one element more when the length does not divide?")
+    raise NotImplementedError('cut 10 elements over 4 ranks by hand: which ranks hold 3, which 2, and where does each start?')
 
 
 def gather_shards(shard: torch.Tensor, length: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ def shard_bounds(length: int, ranks: int) -> list[int]:
     `length`: rank r's shard runs from the r-th offset up to the next. Shards differ in length by
     at most one element, the longer ones first (so some may be empty)."""
     # BEGIN SOLUTION
-    # HINT: the lesson's shard figure: which ranks get one element more when the length does not divide?
+    # HINT: cut 10 elements over 4 ranks by hand: which ranks hold 3, which 2, and where does each start?
     base, extra = divmod(length, ranks)
     bounds = [0]
     for rank in range(ranks):

@@ -31,8 +31,9 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, le
     receives from the one before; the other way round is as good), point-to-point, one chunk's keys
     and values per message; a rank never gathers the other chunks (one arriving while it uses
     another is fine). Graded: the output against full attention on 2 to 5 ranks; the relay sees no
-    collective, every rank sending to the same neighbour, no message larger than a chunk's keys and
-    values, and no rank sending more than a ring passes on; on cases sized for it, each rank's
+    collective, every rank sending to the same neighbour, no message larger than the longest
+    chunk's keys and values together in float32 (4 bytes a value), and no rank sending more than a
+    ring passes on; on cases sized for it, each rank's
     memory (weighed from outside during the call) holds a few chunks' keys and values at once,
     never every chunk's.
     """

@@ -119,7 +119,8 @@ def _block_cases(rng: random.Random) -> list[Case]:
     def case(ranks: int, heads: int, hidden: bool) -> Case:
         # Sized so that a rank's weights outweigh the activations' all-reduces: gathering the
         # weights instead of passing activations (not Megatron's block) always sends more.
-        batch, tokens, width = rng.randint(1, 2), rng.randint(1, 3), rng.randint(4, 6)
+        # visible cases hold several tokens, so that attention over them is seen whole (not causal)
+        batch, tokens, width = rng.randint(1, 2), rng.randint(1 if hidden else 2, 3), rng.randint(4, 6)
         size, inner = heads * width, ranks * rng.randint(1, 3)
         names = (*BLOCK_GRADIENTS, "grad_y")
         tensors = seeded_tensors(rng, (batch, tokens, size), (3 * size, size), (3 * size,), (size, size),
