@@ -86,8 +86,8 @@ def parallel_block(x: torch.Tensor, attention: tuple[torch.Tensor, ...], mlp: tu
     rank holds (the block's heads divided by the ranks), not the block's. `attention` is this rank's
     (QKV rows, QKV bias entries, output-projection columns) as attention_shards gives them for those
     heads, and the output projection's bias, whole. `mlp` is (up, up_bias, down, down_bias):
-    MLP(h) = GELU(h up^T + up_bias) down^T + down_bias, GELU's exact (erf) form, as
-    torch.nn.functional.gelu computes it by default; this rank holds its block of up's rows (its
+    MLP(h) = GELU(h up^T + up_bias) down^T + down_bias, GELU's exact (erf) form, not its tanh
+    approximation; this rank holds its block of up's rows (its
     share of the inner features) and of up_bias, the matching columns of down, and down_bias whole.
     attend(q, k, v, heads) is the attention of `heads` heads, given: not causal, every token
     attends to every token of its sequence.
