@@ -535,6 +535,9 @@ def test_stages_pay_for_the_messages_between_them_by_hand():
     assert [cluster.fits_at(start, (1, 2)) for start in range(4)] == [True, False, True, False]
     assert [cluster.fits_at(start, (1, 1)) for start in range(4)] == [True] * 4
     assert [cluster.fits_at(start, (2, 2)) for start in range(4)] == [True, False, False, False]
+    wide = Cluster(2, 4)  # a pair of devices may start anywhere but on a node's last device
+    assert [wide.fits_at(start, (1, 2)) for start in range(8)] == [True, True, True, False] * 2
+    assert [wide.fits_at(start, (1, 4)) for start in range(8)] == [True, False, False, False] * 2
 
 
 def test_a_stage_whose_neighbour_is_on_the_next_node_is_priced_at_the_slow_link():
