@@ -18,7 +18,7 @@ def cheapest_tiers(compute: list[list[float]], inputs: list[list[int]], sent: li
     """The tier each operator of a workflow runs on, at the least total cost, data flowing only up.
 
     Tiers run from 0 (the devices that hold the data) to len(links) (the cloud); links[t] is the
-    price of one byte from tier t to tier t + 1, so a byte sent from tier a up to tier b costs the
+    price of one byte from tier t up to the next, so a byte sent from tier a up to tier b costs the
     links between them. Operators are numbered so that an operator's inputs come before it:
     inputs[o] lists them (a source has none). compute[o][t] is what running o on tier t costs, inf
     where it cannot run there. o outputs sent[o] bytes: a copy to every operator that reads it, or,

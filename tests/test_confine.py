@@ -137,3 +137,13 @@ def test_the_filter_fits_seccomp_and_names_only_known_calls(arch):
 def test_a_probe_that_cannot_run_is_told_from_a_refusal(tmp_path):
     """The probes' harness itself: a probe that fails otherwise than by a refusal exits 3, not 13."""
     assert _run("confined", {"a typo": "undefined_name"}, tmp_path) == {"a typo": 3}
+
+
+def test_hiding_no_file_leaves_every_file_readable(tmp_path):
+    """An exercise whose answers edulib does not hold (lesson 00's) hides nothing: its submission
+    must still be importable."""
+    (tmp_path / "kept.py").write_text("VALUE = 7\n")
+    code = (f"import sys; from edulib.grading import confine; assert confine.hide(set()); "
+            f"sys.path.insert(0, {str(tmp_path)!r}); import kept; print(kept.VALUE)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == "7", found.stderr

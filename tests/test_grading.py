@@ -564,7 +564,7 @@ def test_a_crash_at_import_is_named_as_such(tmp_path, body, feedback):
 
 
 def test_a_file_that_is_not_an_exercise_is_refused_clearly(tmp_path):
-    with pytest.raises(ValueError, match="is not an exercise file; exercises are named lesson01"):
+    with pytest.raises(ValueError, match="is not an exercise file; exercises are named lesson00"):
         grade(_submit(tmp_path, "homework", "x = 1"), progress=False)
 
 

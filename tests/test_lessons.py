@@ -45,7 +45,7 @@ def test_the_answer_is_shown_only_after_the_score_cell(lesson):
 
 
 ROOT = NOTEBOOKS.parent
-READING = {"00"}  # the lesson without an exercise: motivation
+READING: set[str] = set()  # lessons without an exercise (none now)
 LAB_CODE_CELLS, LAB_WORDS = 30, 2000  # what a two-hour lab holds, its exercise included
 
 

@@ -103,7 +103,10 @@ def _landlock(handled: int, allowed: dict[str, int]) -> bool:
 
 def hide(files: set[Path]) -> bool:
     """From now on neither this process nor any it starts can read `files`; all else stays as readable
-    as it was (every other entry beside the path to each file keeps its read rights)."""
+    as it was (every other entry beside the path to each file keeps its read rights). With no file
+    to hide nothing changes (a ruleset of no paths would hide everything)."""
+    if not files:
+        return True
     reading = _EXECUTE | _READ_FILE | _READ_DIR
     hidden = {str(path) for path in files}
     on_the_way = {str(parent) for path in files for parent in path.parents}
