@@ -98,18 +98,31 @@ class StageTable:
         return self.meshes[m][j], solve(table, memory, in_flight)
 
 
+def _handed(graph: Graph, first: int, last: int) -> tuple[list[float], list[float]]:
+    """The bytes of the stage first..last's messages per micro-batch: the activations it hands on
+    forward, and the gradients of those it was handed, sent back."""
+    out = {u for u, v in graph.edges if first <= u <= last < v}
+    back = {u for u, v in graph.edges if u < first <= v <= last}
+    return [graph.operators[u].output_bytes for u in out], [graph.operators[u].output_bytes for u in back]
+
+
+def _priced(handed: tuple[list[float], list[float]], cluster: Cluster, submesh: tuple[int, int],
+            start: int) -> float:
+    """Those messages' seconds from device `start` on: forward over the link from the stage's last
+    device to the next stage's first, back over the link from its first to the previous stage's last."""
+    end = start + submesh[0] * submesh[1]
+    out, back = handed
+    return (sum(message_time(n, *cluster.link(end - 1, end)) for n in out)
+            + sum(message_time(n, *cluster.link(start - 1, start)) for n in back))
+
+
 def boundary_seconds(graph: Graph, cluster: Cluster, first: int, last: int, submesh: tuple[int, int],
                      start: int) -> float:
     """What the stage of operators first..last on `submesh`, from device `start` on, spends per
     micro-batch on messages to its neighbours: the activations it hands on forward over the link
     from its last device to the next stage's first, and the gradients of those it was handed, sent
     back over the link from its first device to the previous stage's last; alpha + beta x bytes each."""
-    end = start + submesh[0] * submesh[1]
-    out = {u for u, v in graph.edges if first <= u <= last < v}
-    back = {u for u, v in graph.edges if u < first <= v <= last}
-    sizes = [(graph.operators[u].output_bytes, cluster.link(end - 1, end)) for u in out]
-    sizes += [(graph.operators[u].output_bytes, cluster.link(start - 1, start)) for u in back]
-    return sum(message_time(nbytes, *link) for nbytes, link in sizes)
+    return _priced(_handed(graph, first, last), cluster, submesh, start)
 
 
 def _messages(graph: Graph, cluster: Cluster, ranges: list[tuple[int, int]],
@@ -118,11 +131,12 @@ def _messages(graph: Graph, cluster: Cluster, ranges: list[tuple[int, int]],
     inf where the submesh cannot sit there (`Cluster.fits_at`)."""
     count, size = len(ranges), cluster.size
     found = np.full((count, count, len(submeshes), size + 1), np.inf)
-    for k, i, (m, submesh), d in itertools.product(range(count), range(count), enumerate(submeshes),
-                                                   range(1, size + 1)):
-        if k <= i and cluster.fits_at(size - d, submesh):
-            first, last = ranges[k][0], ranges[i][1]
-            found[k, i, m, d] = boundary_seconds(graph, cluster, first, last, submesh, size - d)
+    places = [(m, submesh, d) for m, submesh in enumerate(submeshes) for d in range(1, size + 1)
+              if cluster.fits_at(size - d, submesh)]
+    for k, i in itertools.combinations_with_replacement(range(count), 2):
+        handed = _handed(graph, ranges[k][0], ranges[i][1])  # the same wherever the stage lands
+        for m, submesh, d in places:
+            found[k, i, m, d] = _priced(handed, cluster, submesh, size - d)
     return found
 
 
@@ -276,12 +290,11 @@ def stage_table(graph: Graph, cluster: Cluster, microbatches: int, ranges: list[
 
 
 def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
-             trace: bool = False) -> tuple[np.ndarray, list]:
-    """F[s, k, d] over a [s - 1, k, i, submesh, d] table (d of length 1: the same for every d):
-    `combine` is + (latency) or max (memory)."""
+             trace: bool = False, limit: float = np.inf) -> tuple[np.ndarray, list]:
+    """F[s, k, d] over a [s - 1, k, i, submesh, d] table (d of length 1: the same for every d), each
+    stage at most `limit`: `combine` is + (latency) or max (memory)."""
     stages, count = values.shape[0], values.shape[1]
-    ordered = np.triu(np.ones((count, count), dtype=bool))  # a stage's clusters k..i need i >= k
-    values = np.where(ordered[None, :, :, None, None], values, np.inf)
+    ordered = np.triu(np.ones((count, count), dtype=bool))[:, :, None]  # clusters k..i need i >= k
     table = np.full((stages + 1, count + 1, devices + 1), np.inf)
     table[0, count, 0] = 0.0
     choices = []
@@ -293,7 +306,9 @@ def _program(values: np.ndarray, sizes: list[int], devices: int, combine=np.add,
                 continue
             rest = np.full((count + 1, devices + 1), np.inf)  # rest[j, d] = F(s-1, j, d - size)
             rest[:, size:] = table[s - 1, :, :devices + 1 - size]
-            total = combine(values[s - 1, :, :, m], rest[None, 1:, :])  # [k, i, d]
+            stage = values[s - 1, :, :, m]
+            stage = np.where(ordered & (stage <= limit), stage, np.inf)  # one slice at a time: no copy of all
+            total = combine(stage, rest[None, 1:, :])  # [k, i, d]
             best = total.min(axis=1)
             better = best < step[:count]
             step[:count][better] = best[better]
@@ -327,7 +342,7 @@ def latency_table(table: StageTable, t_max: float, devices: int,
                   trace: bool = False) -> tuple[np.ndarray, list]:
     """F(s, k, d; t_max) for every s, k, d: the least total latency of clusters k.. as s stages on
     d devices with no stage slower than t_max (inf where impossible), and the choices behind it."""
-    return _program(np.where(table.time <= t_max, table.time, np.inf), table.sizes, devices, trace=trace)
+    return _program(table.time, table.sizes, devices, trace=trace, limit=t_max)
 
 
 def inter_op(table: StageTable, devices: int, microbatches: int,
