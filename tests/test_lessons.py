@@ -63,6 +63,14 @@ def test_each_lesson_fits_a_lab_and_asks_for_predictions_before_it_answers_them(
             f"{lesson}: the prediction in cell {index} is not followed by the cell that checks it")
 
 
+def test_a_prediction_is_found_however_the_sentence_asks_for_it():
+    """The release clears the cell after each prediction ASKED finds: one it misses ships answered."""
+    asked = ["**Predict first**: does it?", "Predict: how many?", "Then it waits. Predict which.",
+             "With 16 ranks, 100 MB and 10 GB/s, no latency, predict the three times before running the cell:"]
+    told = ["finds exactly what these counts predict", "the model's prediction", "it predicts the order"]
+    assert all(ASKED.search(text) for text in asked) and not any(ASKED.search(text) for text in told)
+
+
 MEASURE = re.compile(r"(?<![\w.])(\d[\d,]*\.?\d*)\s*(%|x\b|bytes|B\b|GB|GiB|MiB|KiB|MB|kB|ms|us|µs|s\b|"
                      r"devices|ranks|times|all-reduces|messages|blocks|steps)")
 

@@ -21,7 +21,7 @@ from edulib.grading.generate import generate
 
 SCORE = re.compile(r'score\("(\w+)"')
 COMPARE = "## Compare with edulib's version"  # the heading of a lesson's section that shows edulib's answer
-ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict:", re.MULTILINE)  # "Predict ...", "... predict:"
+ASKED = re.compile(r"(?:^|[.?!]\s+|\*\*)Predict\b|, predict\b", re.MULTILINE)  # "Predict", ", predict"
 
 
 def course_root() -> Path:
