@@ -66,7 +66,7 @@ def test_each_lesson_fits_a_lab_and_asks_for_predictions_before_it_answers_them(
 def test_a_prediction_is_found_however_the_sentence_asks_for_it():
     """The release clears the cell after each prediction ASKED finds: one it misses ships answered."""
     asked = ["**Predict first**: does it?", "Predict: how many?", "Then it waits. Predict which.",
-             "With 16 ranks, 100 MB and 10 GB/s, no latency, predict the three times before running the cell:"]
+             "With 16 ranks, 100 MB and 10 GB/s, no latency, predict the three times:"]
     told = ["finds exactly what these counts predict", "the model's prediction", "it predicts the order"]
     assert all(ASKED.search(text) for text in asked) and not any(ASKED.search(text) for text in told)
 
