@@ -50,6 +50,20 @@ def test_builtin_all_reduce_on_the_pool_equals_numpy_sum(pool4):
         np.testing.assert_allclose(result.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_gloo_runs_every_communication_function_on_cpu_tensors(pool4):
+    reports = pool4.run(examples.gloo_on_cpu)
+    assert [list(report) for report in reports] == [["send / recv", "broadcast", "all_reduce", "reduce",
+                                                     "all_gather", "gather", "scatter", "reduce_scatter",
+                                                     "all_to_all", "barrier"]] * 4
+    assert {outcome for report in reports for outcome in report.values()} == {"runs"}
+
+
+def test_a_function_that_fails_on_gloo_is_reported_with_its_error():
+    (report,) = run(examples.gloo_on_cpu, 1)  # one rank: rank 0 has no rank 1 to send to
+    assert report["send / recv"].startswith("ValueError: Global rank 1 is not part of group")
+    assert report["barrier"] == "runs"
+
+
 def test_what_ranks_print_reaches_the_caller_prefixed_and_in_rank_order(pool4, capsys):
     assert pool4.run(ranks.chatter, 2) == [2] * 4
     out, err = capsys.readouterr()

@@ -39,6 +39,39 @@ def builtin_broadcast(length: int, seed: int = 0, src: int = 0) -> tuple[torch.T
     return tensor, result
 
 
+def gloo_on_cpu() -> dict[str, str]:
+    """Call each torch.distributed communication function once with CPU tensors on a gloo group: per
+    function, "runs" or the error it raised (the backends table's gloo CPU column, for this build)."""
+    group = dist.new_group(backend="gloo")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+
+    def parts() -> list[torch.Tensor]:
+        return [torch.ones(4) for _ in range(size)]
+
+    calls = {
+        "send / recv": lambda: dist.send(torch.ones(4), 1, group=group) if rank == 0
+        else dist.recv(torch.ones(4), 0, group=group) if rank == 1 else None,
+        "broadcast": lambda: dist.broadcast(torch.ones(4), 0, group=group),
+        "all_reduce": lambda: dist.all_reduce(torch.ones(4), group=group),
+        "reduce": lambda: dist.reduce(torch.ones(4), 0, group=group),
+        "all_gather": lambda: dist.all_gather(parts(), torch.ones(4), group=group),
+        "gather": lambda: dist.gather(torch.ones(4), parts() if rank == 0 else None, 0, group=group),
+        "scatter": lambda: dist.scatter(torch.ones(4), parts() if rank == 0 else None, 0, group=group),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.ones(4), parts(), group=group),
+        "all_to_all": lambda: dist.all_to_all(parts(), parts(), group=group),
+        "barrier": lambda: dist.barrier(group=group),
+    }
+    outcome = {}
+    for name, call in calls.items():
+        try:
+            call()
+            outcome[name] = "runs"
+        except (RuntimeError, ValueError) as error:
+            outcome[name] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    dist.destroy_process_group(group)
+    return outcome
+
+
 def greet() -> int:
     """Print a line from this rank (the launcher brings it to the caller) and return the rank."""
     rank = dist.get_rank()
