@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import edulib
 from edulib.grading.warden import PR_SET_CHILD_SUBREAPER, descendants
@@ -23,6 +24,12 @@ _shared: list[Pool] = []
 # A process that a test started and lost (its parent ended first) is adopted by this pytest process,
 # not by init: every process of this worker's tests stays below it, and no other worker's is.
 ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+# Property-based tests draw the same examples on every run, so a failure in CI reproduces on a
+# laptop (10 examples each, besides those a test names); `pytest --hypothesis-profile=explore`
+# draws 200 fresh ones.
+settings.register_profile("derandomized", max_examples=10, derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", max_examples=200, database=None, print_blob=True)
+settings.load_profile("derandomized")
 
 
 def idle_cores(seconds: float = 0.5) -> float:

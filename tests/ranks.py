@@ -105,6 +105,21 @@ def every_collective(partition: list[list[int]], lengths: list[int]) -> list[dic
     return reports
 
 
+def gathered_chunks(partition: list[list[int]], length: int) -> list[dict]:
+    """Gather a vector of `length` from its nearly equal chunks (group rank r holds chunk r) with
+    every all-gather algorithm (torch's own too) on this rank's group of `partition`."""
+    from edulib import comm
+
+    group = comm.subgroup(partition)
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    whole = torch.arange(length, dtype=torch.float64) * 3 + 1  # every value tells its position
+    bounds = comm.chunk_bounds(length, n)
+    return [{"algorithm": algorithm, "length": length, "group": dist.get_process_group_ranks(group),
+             "output": comm.all_gather_chunks(whole[bounds[rank]:bounds[rank + 1]].clone(), length,
+                                              algorithm=algorithm, group=group)}
+            for algorithm in ["builtin", *comm.FOR_COLLECTIVE["all_gather"]]]
+
+
 def backend_calls_in_groups_of_one() -> dict:
     """Each of torch's collectives edulib.comm calls, counted while every builtin collective runs
     on this rank's group of one (the async all-reduce too), then once on the whole world; and

@@ -10,6 +10,8 @@ import pathlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from edulib import comm
 from edulib.launch import Pool, RankError
@@ -37,9 +39,9 @@ def _expected(collective: str, inputs: list[np.ndarray], rank: int) -> np.ndarra
     return np.concatenate([piece[rank] for piece in (np.split(x, n) for x in inputs)])
 
 
-@pytest.mark.parametrize("partition", [[[0, 1, 2, 3]], [[0, 1, 2], [3]], [[0, 2], [1, 3]]])
-def test_every_collective_and_algorithm_on_groups_equals_numpy_and_counts_what_it_sends(pool4, partition):
-    per_rank = pool4.run(ranks.every_collective, partition, LENGTHS)
+def _problems(per_rank: list[list[dict]], partition: list[list[int]]) -> tuple[list[str], set]:
+    """What `ranks.every_collective`'s reports on `partition` get wrong against NumPy and the
+    schedules' byte counts, and the (collective, algorithm) pairs they cover."""
     problems, seen = [], set()
     for members in partition:
         for case in zip(*(per_rank[r] for r in members), strict=True):
@@ -61,8 +63,33 @@ def test_every_collective_and_algorithm_on_groups_equals_numpy_and_counts_what_i
                 if report["sent"] != [(first["collective"], counted, inputs[0].nbytes, first["algorithm"])]:
                     problems.append(f"{label}: group rank {rank} recorded {report['sent']}, "
                                     f"the schedule counts {counted} bytes")
+    return problems, seen
+
+
+@pytest.mark.parametrize("partition", [[[0, 1, 2, 3]], [[0, 1, 2], [3]], [[0, 2], [1, 3]]])
+def test_every_collective_and_algorithm_on_groups_equals_numpy_and_counts_what_it_sends(pool4, partition):
+    problems, seen = _problems(pool4.run(ranks.every_collective, partition, LENGTHS), partition)
     assert not problems, "\n".join(problems[:10])
     assert seen == {(c, a) for c, names in comm.FOR_COLLECTIVE.items() for a in ["builtin", *names]}
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=st.integers(1, 8), length=st.integers(0, 257))
+@example(members=8, length=257).via("the most ranks, the longest vector")
+@example(members=5, length=3).via("more ranks than elements: empty chunks")
+@example(members=7, length=30).via("uneven chunks of several elements")
+def test_every_collective_for_any_group_size_and_length(pools, members, length):
+    """Every collective and algorithm, and gathering uneven chunks, on a group of any 1-8 of 8
+    ranks and a vector of any length 0-257 (the other ranks each alone), against NumPy."""
+    partition = [list(range(members))] + [[r] for r in range(members, 8)]
+    pool = pools(8)
+    problems, _ = _problems(pool.run(ranks.every_collective, partition, [length]), partition)
+    assert not problems, "\n".join(problems[:10])
+    whole = np.arange(length, dtype=np.float64) * 3 + 1
+    for rank, reports in enumerate(pool.run(ranks.gathered_chunks, partition, length)):
+        for report in reports:
+            assert np.array_equal(report["output"].numpy(), whole), \
+                f"all_gather_chunks {report['algorithm']} of {length} on {report['group']}: rank {rank}"
 
 
 @pytest.mark.parametrize("algorithm", ["builtin", "pairwise", "naive"])
