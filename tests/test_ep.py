@@ -3,8 +3,12 @@ same way, with the all-to-all bytes against the closed form for the routing that
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edulib.base.compare import disagreements
 from edulib.ep import route
@@ -62,6 +66,30 @@ def test_top_k_routing_capacity_and_the_balancing_loss():
     assert capped.load(4).max().item() <= 2
     assert capped.kept[:, 0].tolist() == [True, True, False, True]  # the third first choice is dropped
     assert (capped.weights[~capped.kept] == 0).all()
+
+
+@given(experts=st.integers(1, 6), k=st.integers(1, 3), groups=st.integers(1, 3), each=st.integers(0, 9),
+       capacity_factor=st.floats(0.05, 3.0), seed=st.integers(0, 2**16))
+def test_capacity_keeps_each_experts_first_comers_up_to_the_ceiling(experts, k, groups, each, capacity_factor,
+                                                                     seed):
+    """Any capacity factor, fractional ones too: in each group, an expert keeps the first
+    ceil(c x tokens x k / E) of its assignments, first choices of every token before second ones,
+    against a loop over the assignments in that order."""
+    k = min(k, experts)
+    scores = torch.randn(groups * each, experts, generator=torch.Generator().manual_seed(seed))
+    routing = route(scores, k, capacity_factor, groups)
+    chosen = scores.topk(k, dim=-1).indices.tolist()
+    capacity = math.ceil(capacity_factor * each * k / experts)
+    kept = [[False] * k for _ in chosen]
+    for group in range(groups):
+        taken = [0] * experts
+        for slot in range(k):
+            for token in range(group * each, (group + 1) * each):
+                expert = chosen[token][slot]
+                kept[token][slot] = taken[expert] < capacity
+                taken[expert] += 1
+    assert routing.experts.tolist() == chosen
+    assert routing.kept.tolist() == kept
 
 
 @pytest.mark.parametrize(("call", "message"), [

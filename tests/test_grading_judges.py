@@ -19,7 +19,7 @@ import torch
 
 from edulib.grading import CHECKS
 from edulib.grading.grader import Reply, _Calls, _judge, _take, _Tree, cases_of
-from edulib.grading.plain import encode
+from edulib.grading.plain import decode, encode
 from edulib.grading.student import COLLECTORS, ON_RANKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +89,57 @@ def test_every_number_of_a_right_answer_made_implausible_scores_zero(exercise, c
             assert not _passed(check, case, text), (case.label, mutated)
             checked += 1
     assert checked, f"{check.name}: no answer had a number to make implausible"
+
+
+# Each in-process judge's tolerance on the numbers of an answer, as it states it: "exact" (not one
+# float step off), an absolute bound, or check_tensor's default (1e-5 of the largest of 1 and the
+# reference's magnitude). A judge of a float answer that is not here fails the test below.
+TOLERANCES = {"server step": ("absolute", 1e-6), "attention shards": ("exact", 0.0),
+              "bubble fraction": ("absolute", 1e-9), "log-sum-exp merge": ("default", 1e-5),
+              "stage slicing": ("absolute", 1e-9), "inter-op program": ("absolute", 1e-9)}
+
+
+def _near_miss(answer: Any, tolerance: tuple[str, float], times: float) -> tuple[Any, int]:
+    """The answer with each float tensor's smallest element (and each float) moved up by `times`
+    its tolerance (exact: by one float step), and how many numbers moved."""
+    kind, amount = tolerance
+    if type(answer) is dict and set(answer) == {"tensor", "shape", "data"}:
+        tensor = decode(answer)
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            return answer, 0
+        flat = tensor.flatten().clone()  # the smallest element: a float32 step below the tolerance
+        at = int(flat.abs().argmin())
+        scale = max(1.0, float(tensor.abs().max())) if kind == "default" else 1.0
+        flat[at] = (torch.nextafter(flat[at], torch.tensor(math.inf, dtype=flat.dtype)) if kind == "exact"
+                    else flat[at].double() + times * amount * scale)
+        return encode(flat.view(tensor.shape)), 1
+    if type(answer) in (dict, list):
+        moved = [_near_miss(item, tolerance, times) for item in (answer.values() if type(answer) is dict
+                                                                  else answer)]
+        items, count = [item for item, _ in moved], sum(n for _, n in moved)
+        return (dict(zip(answer, items, strict=True)) if type(answer) is dict else items), count
+    if type(answer) is float and math.isfinite(answer):
+        step = math.nextafter(answer, math.inf) - answer if kind == "exact" else times * amount
+        return answer + step * (max(1.0, abs(answer)) if kind == "default" else 1.0), 1
+    return answer, 0
+
+
+@pytest.mark.parametrize(("exercise", "check"), IN_PROCESS, ids=lambda x: getattr(x, "name", x))
+def test_every_judges_tolerance_is_pinned_by_near_misses(exercise, check):
+    """A right answer moved by just under its judge's stated tolerance still earns the points; by
+    just over (twice it, or one float step for an exact judge), it earns none."""
+    solution = _solution(exercise)
+    for case in cases_of(exercise, check, seed=1):
+        answer = COLLECTORS[check.collect](solution, case.inputs, [])["answer"]
+        if not _near_miss(answer, ("exact", 0.0), 1)[1]:
+            continue  # no float in it: the implausible-numbers test above covers its numbers
+        assert check.name in TOLERANCES, f"{check.name} judges floats: state its tolerance in TOLERANCES"
+        kind, _ = tolerance = TOLERANCES[check.name]
+        over, _ = _near_miss(answer, tolerance, 2.0)
+        assert not _passed(check, case, _verdict(check, case, {"answer": over})), case.label
+        if kind != "exact":
+            under, _ = _near_miss(answer, tolerance, 0.5)
+            assert _passed(check, case, _verdict(check, case, {"answer": under})), case.label
 
 
 def _random_plain(rng: random.Random, depth: int = 0) -> Any:
