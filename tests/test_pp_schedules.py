@@ -81,6 +81,9 @@ def test_zero_bubble_is_as_fast_as_torchs_order_and_holds_no_more(p, m):
     ours, theirs = build_schedule("zero_bubble", p, m), _torch_order("zero_bubble", p, m)
     assert [sorted(map(str, row)) for row in ours.actions] == [sorted(map(str, row))
                                                                for row in theirs.actions], "the same work"
+    for kind in "FBW":  # each kind's micro-batches in torch's order: the oldest deferred W first
+        assert [[a.microbatch for a in row if a.kind == kind] for row in ours.actions] == [
+            [a.microbatch for a in row if a.kind == kind] for row in theirs.actions], kind
     fast, torch_fast = (simulate(s, t_f=1.0, t_b=1.0, t_w=1.0) for s in (ours, theirs))  # the paper's costs
     assert fast.makespan <= torch_fast.makespan
     assert all(a <= b for a, b in zip(fast.peak_inflight, torch_fast.peak_inflight, strict=True))

@@ -101,6 +101,16 @@ def _check_layers(pool: Pool, ranks: int, algorithm: str) -> list[str]:
     return [f"{algorithm}: {problem}" for problem in problems]
 
 
+@pytest.mark.parametrize(("hidden", "ranks"), [(4, 2), (16, 4), (6, 3)])
+def test_data_parallel_mlp_traffic_is_a_ring_all_reduce_of_every_weight_of_the_mlp(hidden, ranks):
+    """Lesson 03's DP side of the DP-against-TP comparison: the gradients of torch's own MLP
+    (hidden -> 4 hidden -> hidden, both biases), 4 bytes each, 2(N - 1)/N of them sent per rank."""
+    mlp = torch.nn.Sequential(torch.nn.Linear(hidden, 4 * hidden), torch.nn.GELU(),
+                              torch.nn.Linear(4 * hidden, hidden))
+    weights = sum(p.numel() for p in mlp.parameters())
+    assert mlp_traffic(False, 32, hidden, ranks) == Traffic(0, 0, 2 * (ranks - 1) / ranks * 4 * weights)
+
+
 def _bad_width():
     from edulib.tp import ColumnParallelLinear
 
