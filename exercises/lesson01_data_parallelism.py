@@ -10,8 +10,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   vocabulary 11, hidden 6, buckets of 400 bytes, overlap=True; 2 ranks, vocabulary 11, hidden 6,
   buckets of 300 bytes, overlap=False; 2 ranks, vocabulary 11, hidden 6, buckets of 100 bytes,
   overlap=True; 2 ranks, vocabulary 128, hidden 512, buckets of 262144 bytes, overlap=True, batches
-  of 4096, timed. Hidden cases: 2 to 4 ranks, other models and bucket sizes, with and without
-  overlap, one timed.
+  of 4096, timed; 2 ranks, vocabulary 11, hidden 6, buckets of 72 bytes, overlap=True. Hidden cases:
+  2 to 4 ranks, other models and bucket sizes, with and without overlap, one timed.
 - measure the link, 1 + 2 points: alpha and beta each within 25% of the link's. Visible cases: a
   link of alpha = 36.0 ms, 1 / beta = 2.9 MB/s. Hidden cases: two more links, alpha from 20 to 80 ms
   and 1 / beta from 1 to 4 MB/s.

@@ -4,16 +4,16 @@ runs.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - ring all-reduce, 3 + 3 points: every rank holds the sum and sends a ring's bytes. Visible cases:
-  length 9 on 3 ranks; length 5 on 3 ranks. Hidden cases: 2 to 5 ranks, lengths that do not divide
-  by the rank count, 0 and 1.
+  length 9 on 3 ranks; length 5 on 3 ranks; length 3 on 4 ranks. Hidden cases: 2 to 5 ranks, lengths
+  that do not divide by the rank count, 0 and 1.
 - halving-doubling schedule, 2 + 1 points: correct sums, 2 log2 N rounds, 2(N-1)M/N bytes per rank.
-  Visible cases: 2 ranks; 4 ranks. Hidden cases: more ranks.
+  Visible cases: 2 ranks; 4 ranks; 8 ranks. Hidden cases: more ranks.
 - 2D-torus schedule (optional), 3 + 2 points of extra credit: simulated sums, neighbours only, the
-  torus's rounds and bytes. Visible cases: a 2 x 2 torus; a 2 x 4 torus. Hidden cases: other torus
-  shapes, rows or columns of 1.
+  torus's rounds and bytes. Visible cases: a 2 x 2 torus; a 2 x 4 torus; a 3 x 2 torus. Hidden
+  cases: other torus shapes, rows or columns of 1.
 - 2D torus on real ranks (optional), 2 + 1 points of extra credit: edulib's runtime gives every rank
-  the sum over the torus's rings. Visible cases: a 2 x 2 torus, length 10. Hidden cases: 6 ranks,
-  other lengths.
+  the sum over the torus's rings. Visible cases: a 2 x 2 torus, length 10; a 3 x 2 torus, length 10.
+  Hidden cases: 6 ranks, other lengths.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ and g, and a whole tensor-parallel transformer block on them, on real ranks.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - attention shards, 1 + 1 points: each rank's rows of Q, K and V and columns of the output
-  projection, by heads. Visible cases: rank 1 of 2, 4 heads, hidden size 12. Hidden cases: other
-  ranks, head counts and widths.
+  projection, by heads. Visible cases: rank 1 of 2, 4 heads, hidden size 12; rank 1 of 3, 3 heads,
+  hidden size 6. Hidden cases: other ranks, head counts and widths.
 - f and g, 2 + 2 points: an MLP split by the grader on your f and g: output and every gradient equal
   to the full one's, with no more traffic than an all-reduce in each. Visible cases: 2 ranks, x of
   shape (1, 5), 2 hidden features; 3 ranks, x of shape (4, 4), 6 hidden features. Hidden cases: 3

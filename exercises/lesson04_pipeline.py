@@ -3,8 +3,8 @@ a 1F1B row on real ranks with sends and receives.
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - 1F1B schedule, 1 + 1 points: valid, 1F1B's bubble, at most p micro-batches in flight. Visible
-  cases: p=3, m=5; p=5, m=7. Hidden cases: other stage and micro-batch counts, fewer micro-batches
-  than stages.
+  cases: p=3, m=5; p=5, m=7; p=4, m=2. Hidden cases: other stage and micro-batch counts, fewer
+  micro-batches than stages.
 - bubble fraction, 1 + 1 points: matches the simulator. Visible cases: bubble_fraction(3, 6, 1);
   bubble_fraction(5, 10, 2). Hidden cases: other sizes, interleaved or not.
 - pipeline executor, 4 + 3 points: gradients and every message's values equal to the unsplit

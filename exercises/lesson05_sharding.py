@@ -6,7 +6,8 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   cases: shard_bounds(10, 3); shard_bounds(2, 4). Hidden cases: empty shards and other sizes.
 - gather and reduce-scatter, 1 + 1 points: every rank gathers the whole vector and receives its
   shard of the average, and only that. Visible cases: gather_shards, length 10 on 3 ranks;
-  reduce_scatter_mean, length 10 on 3 ranks. Hidden cases: empty shards, 4 ranks, other lengths.
+  reduce_scatter_mean, length 10 on 3 ranks; gather_shards, length 2 on 4 ranks;
+  reduce_scatter_mean, length 2 on 4 ranks. Hidden cases: empty shards, 4 ranks, other lengths.
 - ZeRO with AdamW, 3 + 3 points: every step's bf16 weights, and each rank's master weights and
   moments, equal to one process's torch.optim.AdamW; each rank's memory (weighed by the kernel)
   holding its shard of the state, not all of it. Visible cases: 3 steps, length 10 on 3 ranks; 3
@@ -14,8 +15,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   Hidden cases: empty shards, 4 ranks, other lengths and weight decays.
 - ZeRO-3 unit (optional), 3 + 3 points of extra credit: output and gradients equal to the full
   layer's; the full weights gathered for the forward, gathered again and the gradient
-  reduce-scattered in the backward. Visible cases: 2 ranks, a 4 -> 3 layer, batch 2 per rank. Hidden
-  cases: 3 and 4 ranks, other layer sizes, empty shards.
+  reduce-scattered in the backward. Visible cases: 2 ranks, a 4 -> 3 layer, batch 2 per rank; 3
+  ranks, a 1 -> 1 layer, batch 3 per rank. Hidden cases: 3 and 4 ranks, other layer sizes, empty
+  shards.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - log-sum-exp merge, 1 + 1 points: two parts' attention merged into attention over all keys. Visible
-  cases: 7 keys split 3 + 4; 7 keys split 7 + 0. Hidden cases: other shapes, an empty part.
+  cases: 7 keys split 3 + 4; 7 keys split 7 + 0; 7 keys split 0 + 7. Hidden cases: other shapes, an
+  empty part.
 - ring attention, 3 + 3 points: full attention's output on every rank, causal or not; keys and
   values passed round the ring, one chunk per message, a rank's memory never holding every chunk
   (weighed from outside). Visible cases: causal attention of 7 tokens on 2 ranks; full attention of

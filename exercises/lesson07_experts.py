@@ -4,8 +4,9 @@ ranks.
 Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - expert parallelism, 3 + 3 points: every rank's output equal to one process's layer; only routed
   rows and their results travel. Visible cases: 2 ranks, 1 expert each, [5, 3] tokens; 2 ranks, 2
-  experts each, [4, 6] tokens, rank 1's experts never chosen. Hidden cases: 3 and 4 ranks, two
-  experts a rank, a rank with no token, experts nobody chose.
+  experts each, [4, 6] tokens, rank 1's experts never chosen; 3 ranks, 1 expert each, [4, 0, 3]
+  tokens. Hidden cases: 3 and 4 ranks, two experts a rank, a rank with no token, experts nobody
+  chose.
 """
 
 from __future__ import annotations

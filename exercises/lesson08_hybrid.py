@@ -8,8 +8,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   that exhaustive search finds on the true cluster, or None when nothing fits, within the budget of
   measurements. Visible cases: case 1: 16 layers of 2048, 32 heads, batch 64 x 2048 tokens on 2 x 8
   devices, 2.8 GiB each, 97 measurements; case 2: 4 layers of 2048, 16 heads, batch 96 x 2048 tokens
-  on 4 x 8 devices, 0.3 GiB each, 58 measurements. Hidden cases: other models, clusters, speeds and
-  memory limits, one where nothing fits.
+  on 4 x 8 devices, 0.3 GiB each, 58 measurements; nothing fits: 24 layers of 4096, 32 heads, batch
+  32 x 2048 tokens on 4 x 8 devices, 1.3 GiB each, 4 measurements. Hidden cases: other models,
+  clusters, speeds and memory limits, one where nothing fits.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
   5], 2, 4); best_slicing([2, 7, 1, 8, 2, 8], 3, 6). Hidden cases: random small graphs.
 - inter-op program, 3 + 2 points: equal to exhaustive search, stopping by Alpa's rule, within the
   check's 10 s of CPU. Visible cases: 3 clusters on 2 devices, submeshes of [1, 2] devices, B = 4; 4
-  clusters on 4 devices, submeshes of [1, 2, 4] devices, B = 8. Hidden cases: random stage tables,
-  submeshes and micro-batch counts, up to 18 clusters on 8 devices.
+  clusters on 4 devices, submeshes of [1, 2, 4] devices, B = 8; 2 clusters on 4 devices, submeshes
+  of [1] devices, B = 4. Hidden cases: random stage tables, submeshes and micro-batch counts, up to
+  18 clusters on 8 devices.
 """
 
 from __future__ import annotations

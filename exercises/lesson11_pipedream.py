@@ -5,19 +5,22 @@ Graded on (the lesson's score cell and `edulib grade` run the same checks):
 - version plan, 2 + 2 points: every stage's version for every micro-batch, as the simulator reads
   the same rows. Visible cases: stashing on 5 stages, 10 micro-batches, an update every 1;
   vertical_sync on 3 stages, 7 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches,
-  an update every 3. Hidden cases: other stage and micro-batch counts, fewer micro-batches than
-  stages, several per update.
+  an update every 3; stashing on 4 stages, 2 micro-batches, an update every 1; stashing on 3 stages,
+  6 micro-batches, an update every 2. Hidden cases: other stage and micro-batch counts, fewer
+  micro-batches than stages, several per update.
 - versions held, 2 + 2 points: the most versions each stage holds, as the simulator walks the same
   rows. Visible cases: stashing on 5 stages, 10 micro-batches, an update every 1; vertical_sync on 3
-  stages, 7 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches, an update every 3.
-  Hidden cases: other stage and micro-batch counts, fewer micro-batches than stages, several per
-  update.
+  stages, 7 micro-batches, an update every 1; 2bw on 3 stages, 9 micro-batches, an update every 3;
+  stashing on 4 stages, 2 micro-batches, an update every 1; stashing on 3 stages, 6 micro-batches,
+  an update every 2. Hidden cases: other stage and micro-batch counts, fewer micro-batches than
+  stages, several per update.
 - weight stash on real ranks (optional), 3 + 3 points of extra credit: every stage's final weights
   equal to one process replaying the same staleness, holding no version nothing will ask for (each
   rank's memory weighed from outside). Visible cases: stashing on 2 ranks, 6 micro-batches, an
   update every 1; vertical_sync on 3 ranks, 6 micro-batches, an update every 1; stashing on 2 ranks,
-  8 micro-batches, an update every 1, layers of width 384, each rank's memory weighed. Hidden cases:
-  4 ranks, 2BW, several micro-batches per update.
+  8 micro-batches, an update every 1, layers of width 384, each rank's memory weighed; 2bw on 2
+  ranks, 8 micro-batches, an update every 2. Hidden cases: 4 ranks, 2BW, several micro-batches per
+  update.
 """
 
 from __future__ import annotations

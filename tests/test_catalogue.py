@@ -21,7 +21,7 @@ from edulib.grading.grader import default_jobs
 CATALOGUE = Path(__file__).with_name("catalogue")
 SEED = 4242
 EXPECT = re.compile(r"^# expect: (?P<check>.+?) = (?P<score>full|0)\s*$")
-KINDS = ("correct", "shortcut", "attack", "misread")
+KINDS = ("correct", "shortcut", "attack", "misread", "slip")
 
 
 @dataclass(frozen=True)

@@ -212,10 +212,11 @@ _RING = """
 """
 
 
-def test_a_ring_that_only_works_on_lengths_that_divide_fails_only_its_hidden_cases(tmp_path):
+def test_a_ring_on_torchs_chunks_fails_a_visible_case_and_the_hidden_ones_without_naming_them(tmp_path):
     path = _submit(tmp_path, "lesson02_allreduce", _RING.format(steps="2 * (n - 1)"))
     visible, hidden = (r for r in grade(path, progress=False) if r.check.startswith("ring"))
-    assert (visible.points, hidden.points) == (visible.max_points, 0), (visible.feedback, hidden.feedback)
+    assert (visible.points, hidden.points) == (0, 0), (visible.feedback, hidden.feedback)
+    assert visible.feedback.startswith("length 3 on 4 ranks")  # the visible case that shows it
     assert hidden.feedback.startswith("a hidden case (2 to 5 ranks, lengths that do not divide")
     assert "IndexError" in hidden.feedback
     for ranks, length in ((4, 6), (4, 2), (4, 0), (4, 1)):

@@ -83,7 +83,8 @@ def _bucket_cases(rng: random.Random) -> list[Case]:
     return [case(2, 11, 6, 1 << 20, True, False), case(2, 11, 6, 400, True, False),  # 1 and 2 buckets
             case(2, 11, 6, 300, False, False), case(2, 11, 6, 100, True, False),  # 3 and 4 (the last
             *hidden, case(3, 11, 6, 100, True, True),  # full before the mix layer), then more
-            *(case(2, *TIMED_MODEL, 1 << 18, True, hide, TIMED_BATCH) for hide in (False, True))]  # timed
+            *(case(2, *TIMED_MODEL, 1 << 18, True, hide, TIMED_BATCH) for hide in (False, True)),  # timed
+            case(2, 11, 6, 72, True, False)]  # last: the first three gradients fill 72 bytes exactly
 
 
 def _rank_average(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:

@@ -51,7 +51,8 @@ def _ring_cases(rng: random.Random) -> list[Case]:
     other = rng.choice((2, 5))
     odd = rng.choice([n for n in range(other + 1, 4 * other) if n % other])
     return [case(3, 9, False), case(3, 5, False),
-            *(case(4, length, True) for length in (6, 2, 0, 1)), case(other, odd, True)]
+            *(case(4, length, True) for length in (6, 2, 0, 1)), case(other, odd, True),
+            case(4, 3, False)]  # (drawn last, so the hidden cases stay those of every earlier term)
 
 
 def _ring_judge(case: Case, answer: Any) -> None:
@@ -110,7 +111,7 @@ def _ring_watch(case: Case, wire: dict, answer: Any = None) -> None:
 
 
 def _halving_cases(rng: random.Random) -> list[Case]:
-    return [Case({"n": n}, f"{n} ranks", n > 4) for n in (2, 4, 8, 16)]
+    return [Case({"n": n}, f"{n} ranks", n > 8) for n in (2, 4, 8, 16)]
 
 
 def _all_reduce_schedule(answer: Any, n: int) -> Any:
@@ -154,8 +155,8 @@ def _halving_judge(case: Case, answer: Any) -> None:
 
 def _torus_cases(rng: random.Random) -> list[Case]:
     grids = [(2, 2), (2, 4), (rng.randint(2, 5), rng.randint(2, 5)), (1, rng.randint(2, 6)),
-             (rng.randint(2, 6), 1), (3, 5)]
-    return [Case({"rows": rows, "cols": cols}, f"a {rows} x {cols} torus", index >= 2)
+             (rng.randint(2, 6), 1), (3, 5), (3, 2)]  # the last visible too: a column ring of 3
+    return [Case({"rows": rows, "cols": cols}, f"a {rows} x {cols} torus", 2 <= index < 6)
             for index, (rows, cols) in enumerate(grids)]
 
 
@@ -181,7 +182,7 @@ def _torus_run_cases(rng: random.Random) -> list[Case]:
         return Case({"ranks": rows * cols, "rows": rows, "cols": cols,
                      "inputs": seeded_tensors(rng, *[(length,)] * (rows * cols), integers=True)},
                     f"a {rows} x {cols} torus, length {length}", hidden)
-    return [case(2, 2, False), case(2, 3, True), case(3, 2, True)]
+    return [case(2, 2, False), case(2, 3, True), case(3, 2, True), case(3, 2, False)]
 
 
 def _torus_run_judge(case: Case, answer: Any) -> None:

@@ -89,13 +89,14 @@ def _head_split(hidden: int, heads: int, rank: int, ranks: int) -> tuple[range, 
 
 
 def _shards_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, rank: int, heads: int, hidden: bool) -> Case:
-        size = heads * rng.randint(1, 3)
+    def case(ranks: int, rank: int, heads: int, hidden: bool, width: int | None = None) -> Case:
+        size = heads * (width or rng.randint(1, 3))
         qkv_weight, qkv_bias, out_weight = seeded_tensors(rng, (3 * size, size), (3 * size,), (size, size))
         return Case({"qkv_weight": qkv_weight, "qkv_bias": qkv_bias, "out_weight": out_weight, "heads": heads,
                      "rank": rank, "ranks": ranks},
                     f"rank {rank} of {ranks}, {heads} heads, hidden size {size}", hidden)
-    return [case(2, 1, 4, False), case(3, 2, 6, True), case(4, 0, 4, True), case(2, 0, 2, True)]
+    return [case(2, 1, 4, False), case(3, 2, 6, True), case(4, 0, 4, True), case(2, 0, 2, True),
+            case(3, 1, 3, False, width=2)]  # a middle rank, heads two wide
 
 
 def _shards_judge(case: Case, answer: Any) -> None:

@@ -24,9 +24,11 @@ from edulib.grading.student import mine, ranked, solo
 
 
 def _one_f_one_b_cases(rng: random.Random) -> list[Case]:
-    hidden = [(rng.randint(2, 6), rng.randint(1, 12)) for _ in range(3)]
-    return [Case({"p": p, "m": m}, f"p={p}, m={m}", index >= 2)
-            for index, (p, m) in enumerate([(3, 5), (5, 7), *hidden])]
+    hidden = [(rng.randint(2, 6), rng.randint(1, 12)) for _ in range(2)]
+    fewer = rng.randint(3, 6)
+    hidden.append((fewer, rng.randint(1, fewer - 2)))  # fewer micro-batches than stages, as promised
+    return [Case({"p": p, "m": m}, f"p={p}, m={m}", 2 <= index < 5)
+            for index, (p, m) in enumerate([(3, 5), (5, 7), *hidden, (4, 2)])]  # last: fewer than stages
 
 
 def _one_f_one_b_judge(case: Case, answer: Any) -> None:

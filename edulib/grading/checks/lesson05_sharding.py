@@ -53,7 +53,7 @@ def _collectives_cases(rng: random.Random) -> list[Case]:
         return [Case({**inputs, "function": function}, f"{function}, length {length} on {ranks} ranks",
                      hidden) for function in ("gather_shards", "reduce_scatter_mean")]
     return [*cases(3, 10, False), *cases(3, 2, True), *cases(4, 1, True),
-            *cases(rng.randint(2, 4), rng.randint(5, 13), True)]
+            *cases(rng.randint(2, 4), rng.randint(5, 13), True), *cases(4, 2, False)]  # last: empty shards
 
 
 def _collectives_judge(case: Case, answer: Any) -> None:
@@ -92,12 +92,14 @@ WEIGHED = 2**21  # elements of a case whose ranks are weighed: a replicated stat
 
 
 def _adamw_cases(rng: random.Random) -> list[Case]:
-    def case(ranks: int, length: int, hidden: bool) -> Case:
+    def case(ranks: int, length: int, hidden: bool, decay: float | None = None) -> Case:
         steps = 3
         parameters, *gradients = seeded_tensors(rng, *[(length,)] * (1 + steps * ranks))
+        drawn = rng.choice((0.0, 0.1))  # (drawn either way: the later cases stay those of the seed)
         return Case({"ranks": ranks, "parameters": parameters.bfloat16(),
                      "gradients": [[g.bfloat16() for g in gradients[step * ranks:(step + 1) * ranks]]
-                                   for step in range(steps)], "weight_decay": rng.choice((0.0, 0.1))},
+                                   for step in range(steps)],
+                     "weight_decay": drawn if decay is None else decay},
                     f"{steps} steps, length {length} on {ranks} ranks", hidden)
 
     def weighed(ranks: int, hidden: bool) -> Case:
@@ -106,7 +108,7 @@ def _adamw_cases(rng: random.Random) -> list[Case]:
         return Case({"ranks": ranks, "length": WEIGHED, "weighed": True, "seed": rng.randrange(2**62),
                      "gradient_seeds": seeds, "weight_decay": rng.choice((0.0, 0.1)), "sample": sample},
                     f"3 steps, length {WEIGHED:,} on {ranks} ranks, each rank's memory weighed", hidden)
-    return [case(3, 10, False), case(2, 7, False), weighed(4, False), case(3, 2, True),
+    return [case(3, 10, False, decay=0.1), case(2, 7, False, decay=0.0), weighed(4, False), case(3, 2, True),
             case(4, rng.randint(5, 13), True), case(4, 1, True), weighed(3, True)]
 
 
@@ -185,7 +187,8 @@ def _zero3_cases(rng: random.Random) -> list[Case]:
         return Case({"ranks": ranks, "weight": weight, "bias": bias, "xs": rest[::2], "grad_ys": rest[1::2]},
                     f"{ranks} ranks, a {fan_in} -> {out} layer, batch {batch} per rank", hidden)
     return [case(2, 3, 4, False), case(3, 2, 2, True), case(4, 1, rng.randint(1, 3), True),
-            case(rng.randint(2, 4), rng.randint(2, 5), rng.randint(2, 5), True)]
+            case(rng.randint(2, 4), rng.randint(2, 5), rng.randint(2, 5), True),
+            case(3, 1, 1, False)]  # last: a unit of 2 over 3 ranks, one holding nothing
 
 
 def _zero3_judge(case: Case, answer: Any) -> None:

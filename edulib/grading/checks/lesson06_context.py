@@ -42,7 +42,7 @@ def _merge_cases(rng: random.Random) -> list[Case]:
     return [case(2, 5, 7, 3, 3, False), case(2, 5, 7, 7, 3, False),
             case(rng.randint(1, 3), rng.randint(1, 6), keys, rng.randint(1, keys - 1), rng.randint(1, 5),
                  True),
-            case(1, 3, 4, 0, 2, True)]
+            case(1, 3, 4, 0, 2, True), case(2, 5, 7, 0, 3, False)]  # last: the first part empty
 
 
 def _merge_judge(case: Case, answer: Any) -> None:

@@ -50,7 +50,8 @@ def _expert_cases(rng: random.Random) -> list[Case]:
             case(3, 2, 6, [rng.randint(3, 9), 0, rng.randint(3, 9)], None, True),
             case(ranks, rng.randint(1, 2), 4, [rng.randint(0, 8) for _ in range(ranks)], rng.randrange(ranks),
                  True),
-            case(4, 1, 6, [rng.randint(4, 9) for _ in range(4)], None, True)]
+            case(4, 1, 6, [rng.randint(4, 9) for _ in range(4)], None, True),
+            case(3, 1, 4, [4, 0, 3], None, False)]  # last: a rank with no tokens still serves its expert
 
 
 def _expert_judge(case: Case, answer: Any) -> None:

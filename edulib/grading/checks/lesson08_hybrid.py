@@ -133,7 +133,7 @@ def _layout_cases(rng: random.Random) -> list[Case]:
                     hidden, {"speeds": speeds})
     visible = [case("case 1", False, 0.3), case("case 2", False, 0.1)]  # drawn first: the same in every run
     return [*visible, *(case("a hidden case", True, share) for share in (0.5, 0.05, 0.2, 0.3)),
-            case("nothing fits", True, 0)]
+            case("nothing fits", True, 0), case("nothing fits", False, 0)]
 
 
 def _layout_oracle(case: Case) -> Callable[[dict], float]:

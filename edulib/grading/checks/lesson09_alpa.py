@@ -58,7 +58,8 @@ def _inter_op_cases(rng: random.Random) -> list[Case]:
     return [case(3, [1, 2], 2, 4, False), case(4, [1, 2, 4], 4, 8, False),
             *(case(rng.randint(2, 5), [1, 2, 4][:rng.randint(1, 3)], rng.randint(1, 4), rng.randint(1, 12),
                    True) for _ in range(3)),
-            case(LARGE, [1, 2, 4], 8, rng.randint(4, 12), True)]
+            case(LARGE, [1, 2, 4], 8, rng.randint(4, 12), True),
+            case(2, [1], 4, 4, False)]  # last: two one-device stages cannot use four devices, no plan
 
 
 def _inter_op_judge(case: Case, answer: Any) -> None:

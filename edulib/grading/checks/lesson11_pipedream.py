@@ -39,7 +39,8 @@ def _pipedream_cases(rng: random.Random) -> list[Case]:
             case(3, 9, "2bw", 3, False), case(stages, rng.randint(1, stages - 1), "stashing", 1, True),
             case(rng.randint(2, 5), rng.randint(6, 12), "vertical_sync", 1, True),
             case(stages, stages * rng.randint(2, 3), "2bw", stages, True),
-            case(rng.randint(2, 5), rng.randint(6, 12), "stashing", rng.randint(2, 3), True)]
+            case(rng.randint(2, 5), rng.randint(6, 12), "stashing", rng.randint(2, 3), True),
+            case(4, 2, "stashing", 1, False), case(3, 6, "stashing", 2, False)]  # last: m < p, and batches
 
 
 def _pipedream_reference(inputs: dict) -> tuple[list[list[int]], list[int]]:
@@ -89,7 +90,7 @@ def _stash_cases(rng: random.Random) -> list[Case]:
     return [case(2, "stashing", 1, 6, False), case(3, "vertical_sync", 1, 6, False),
             case(2, "stashing", 1, 8, False, weighed=True),
             case(4, "stashing", 1, rng.randint(6, 9), True), case(3, "2bw", 3, 3, True),
-            case(2, "2bw", 2, 4, True), case(3, "stashing", 1, rng.randint(7, 9), True, weighed=True)]
+            case(2, "2bw", 2, 4, False), case(3, "stashing", 1, rng.randint(7, 9), True, weighed=True)]
 
 
 def _stash_judge(case: Case, answer: Any) -> None:
