@@ -10,8 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edulib.comm.relay import Relay, WireError, collective, frame
 
@@ -36,7 +39,8 @@ def test_every_operation_on_three_ranks_equals_its_definition_and_is_counted():
     events = found["log"]["events"]
     assert not found["log"]["problems"]
     for rank in range(n):
-        assert result["isolated"] == ["socket", "file", "shared memory"]  # each refused: the relay or nothing
+        isolated = found["results"][rank]["isolated"]  # each refused: the relay or nothing
+        assert isolated == ["socket", "file", "shared memory"]
         mine_events = [e for e in events if e["rank"] == rank]
         assert [e["op"] for e in mine_events] == [
             "all_reduce", "all_gather", "all_gather_single", "reduce_scatter_single", "broadcast",
@@ -46,6 +50,23 @@ def test_every_operation_on_three_ranks_equals_its_definition_and_is_counted():
         assert (recv["peer"], recv["elements"]) == ((rank - 1) % n, 3)
         reduce = mine_events[0]
         assert reduce["sent"] == reduce["received"] == 2 * (n - 1) * 16 // n  # a ring's share each way
+
+
+@given(st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(st.integers(0, 5), min_size=n, max_size=n),
+                                                     min_size=n, max_size=n)), st.integers(1, 3))
+def test_an_all_to_all_of_any_splits_delivers_each_piece_and_counts_the_bytes_that_cross(splits, width):
+    """all_to_all_single with any split sizes (rank s sends splits[s][r] rows to rank r): each rank
+    gets its pieces in rank order, and sends and receives the bytes of every piece but its own."""
+    n = len(splits)
+    inputs = [[torch.arange(sum(row) * width, dtype=torch.float32).reshape(-1, width) + 1000 * s]
+              for s, row in enumerate(splits)]
+    found = collective("all_to_all_single", [{"splits": row} for row in splits], inputs)
+    pieces = [np.split(parts[0].numpy(), np.cumsum(row)[:-1])
+              for parts, row in zip(inputs, splits, strict=True)]
+    for r, (outputs, sent, received) in enumerate(found):
+        assert np.array_equal(outputs[0].numpy(), np.concatenate([pieces[s][r] for s in range(n)]))
+        assert sent == 4 * width * (sum(splits[r]) - splits[r][r])
+        assert received == 4 * width * sum(splits[s][r] for s in range(n) if s != r)
 
 
 def test_a_relay_work_has_torch_works_future_and_completion():
