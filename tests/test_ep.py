@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -68,6 +69,18 @@ def test_top_k_routing_capacity_and_the_balancing_loss():
     assert (capped.weights[~capped.kept] == 0).all()
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_balancing_loss_is_e_times_the_sum_of_each_experts_share_of_choices_and_mean_gate(k):
+    """Fedus et al.'s E x sum_e f_e P_e, f_e counted over all k choices of every token, against NumPy;
+    and 0 (not NaN) for no tokens."""
+    scores = torch.randn(10, 5, generator=torch.Generator().manual_seed(k))
+    gates = torch.softmax(scores, -1).numpy()
+    chosen = np.argsort(-gates, axis=-1)[:, :k]
+    share = np.bincount(chosen.ravel(), minlength=5) / chosen.size
+    assert route(scores, k).aux_loss.item() == pytest.approx(5 * (share * gates.mean(0)).sum(), rel=1e-6)
+    assert route(torch.zeros(0, 5), k).aux_loss.item() == 0.0
+
+
 @given(experts=st.integers(1, 6), k=st.integers(1, 3), groups=st.integers(1, 3), each=st.integers(0, 9),
        capacity_factor=st.floats(0.05, 3.0), seed=st.integers(0, 2**16))
 def test_capacity_keeps_each_experts_first_comers_up_to_the_ceiling(experts, k, groups, each, capacity_factor,
@@ -93,9 +106,11 @@ def test_capacity_keeps_each_experts_first_comers_up_to_the_ceiling(experts, k, 
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: route(torch.zeros(3, 4), 5), "k \\(5\\) cannot exceed the number of experts \\(4\\)"),
-    (lambda: route(torch.zeros(3, 4), 1, 0), "capacity_factor must be more than 0"),
-    (lambda: route(torch.zeros(3, 4), 0), "k \\(experts per token\\) must be a whole number, 1 or more"),
+    (lambda: route(torch.zeros(3, 4), 5), "^k \\(5\\) cannot exceed the number of experts \\(4\\)"),
+    (lambda: route(torch.zeros(3, 4), 1, 0), "^capacity_factor must be more than 0"),
+    (lambda: route(torch.zeros(3, 4), 0), "^k \\(experts per token\\) must be a whole number, 1 or more"),
+    (lambda: route(torch.zeros(3, 0), 1), "^the number of experts must be a whole number, 1 or more"),
+    (lambda: route(torch.zeros(3, 4), 1, groups=2), "^3 tokens do not split into 2 equal groups$"),
 ])
 def test_bad_routing_is_named(call, message):
     with pytest.raises(ValueError, match=message):
