@@ -120,6 +120,17 @@ def gathered_chunks(partition: list[list[int]], length: int) -> list[dict]:
             for algorithm in ["builtin", *comm.FOR_COLLECTIVE["all_gather"]]]
 
 
+def async_all_reduce_on_a_slow_link(length: int) -> tuple[bool, float, float]:
+    """Whether an asynchronous all-reduce was already done when its call returned, and the least
+    and the largest value of its sum."""
+    from edulib import comm
+
+    future = comm.all_reduce(torch.full((length,), dist.get_rank() + 1.0), async_op=True)
+    done = future.done()
+    total = future.result()
+    return done, float(total.min()), float(total.max())
+
+
 def backend_calls_in_groups_of_one() -> dict:
     """Each of torch's collectives edulib.comm calls, counted while every builtin collective runs
     on this rank's group of one (the async all-reduce too), then once on the whole world; and

@@ -30,6 +30,7 @@ from edulib.lessons.measurement import (
 from edulib.models import mlp, regression_batch
 from edulib.train.gpt import gpt
 from edulib.viz.measurement import profile_figure
+from tests.ranks import async_all_reduce_on_a_slow_link
 
 CPU = torch.device("cpu")
 
@@ -119,6 +120,17 @@ def test_an_async_all_reduce_is_timed_both_ways(pools):
     for times in per_rank:
         assert len(times["returned"]) == len(times["waited"]) == 3
         assert min(times["returned"] + times["waited"]) > 0
+
+
+def test_an_async_all_reduce_returns_before_a_slow_link_has_carried_it():
+    """What lesson 14's two clocks show: on the emulated cluster's link between nodes, 4 MiB take
+    over a tenth of a second (alpha + beta bytes), so the call returns an unfinished future, and
+    its result is the sum."""
+    from edulib.comm import Network, NetworkPool
+
+    with NetworkPool(Network(nodes=2, per_node=1)) as pool:
+        reports = pool.run(async_all_reduce_on_a_slow_link, 1 << 20)
+    assert reports == [(False, 3.0, 3.0)] * 2
 
 
 def test_benchmark_warms_up_then_times_and_summarises_robustly():
