@@ -61,6 +61,16 @@ def test_every_stage_trains_like_one_process_and_holds_what_the_formulas_say(ran
                     assert report["peak"] == sum(held.values()) + 2 * 2 * max(report["units"])
 
 
+def test_shards_of_two_lengths_on_torchs_own_collectives_train_like_one_process(pool4):
+    """Units of 6 values on 4 ranks: shards of 2, 2, 1 and 1, so torch's equal-sized gather must be
+    padded and each shard read back from its padded place (the other tests' shards all divide, or
+    only the last is short, where padded and unpadded places coincide)."""
+    reference, _ = zero_reference(STEPS, batch=BATCH, width=2, depth=1)
+    for stage in (1, 2, 3):
+        for report in pool4.run(zero_train, stage, STEPS, batch=BATCH, width=2, depth=1):
+            assert torch.allclose(report["parameters"], reference, atol=1e-6), stage
+
+
 def test_a_rank_that_owns_nothing_still_trains(pools):
     reference, _ = zero_reference(STEPS, batch=BATCH, width=1, depth=1)  # 2 parameters
     pool = pools(3)
