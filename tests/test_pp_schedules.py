@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edulib.pp import SCHEDULES, build_schedule, parse_actions, simulate, validate
 from edulib.pp.actions import Action, Overlap, Schedule
@@ -371,6 +373,37 @@ def test_the_papers_closed_forms_hold_in_the_simulator(name, p, m):
         assert {"=": bubble == pytest.approx(form.bubble, abs=1e-9), "<=": bubble <= form.bubble + 1e-9,
                 ">=": bubble >= form.bubble - 1e-9}[form.relation], (t_f, t_b, t_w, bubble, form)
         assert max(timeline.peak_inflight) / schedule.chunks == pytest.approx(form.held)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(SCHEDULES), p=st.integers(1, 8), m=st.integers(1, 16), chunks=st.integers(1, 3),
+       costs=st.sampled_from(COSTS))
+def test_any_schedule_of_any_size_is_valid_runs_each_pass_once_and_meets_its_closed_form(name, p, m, chunks,
+                                                                                         costs):
+    """For any p, m and (where a schedule takes them) stages per device: refused with a message
+    that names what is wrong, or valid, every forward and backward of every stage and micro-batch
+    run once, and the paper's bubble and memory in the simulator wherever its conditions hold."""
+    from edulib.pp.schedules import SCHEDULE_KINDS, closed_form
+
+    kind = SCHEDULE_KINDS[name]
+    chunks = chunks if kind.takes_chunks else kind.stages_per_device
+    try:
+        schedule = validate(build_schedule(name, p, m, chunks))
+    except ValueError as refused:
+        assert name in str(refused) or "micro-batches" in str(refused), refused
+        return
+    stages = p * chunks
+    for step in "FB":
+        done = sorted((a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind == step)
+        assert done == sorted(itertools.product(range(stages), range(m))), step
+    t_f, t_b, t_w = costs
+    split = schedule.split_backward
+    timeline = simulate(schedule, t_f, t_b if split else t_b + t_w, t_w if split else 0.0)
+    form = closed_form(name, p, m, schedule.chunks, t_f, t_b, t_w)
+    if form is not None:
+        bubble = timeline.makespan - max(timeline.busy)
+        assert {"=": bubble == pytest.approx(form.bubble, abs=1e-9), "<=": bubble <= form.bubble + 1e-9,
+                ">=": bubble >= form.bubble - 1e-9}[form.relation], (costs, bubble, form)
 
 
 def test_each_schedule_with_a_paper_has_a_closed_form():
