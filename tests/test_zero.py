@@ -3,8 +3,11 @@ the ZeRO paper's formulas say; the paper's figure from those formulas."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edulib.footprint import GB, devices_to_fit, largest_model, sharded_bytes
 from edulib.launch import RankError
@@ -69,6 +72,32 @@ def test_shards_of_two_lengths_on_torchs_own_collectives_train_like_one_process(
     for stage in (1, 2, 3):
         for report in pool4.run(zero_train, stage, STEPS, batch=BATCH, width=2, depth=1):
             assert torch.allclose(report["parameters"], reference, atol=1e-6), stage
+
+
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6), ranks=st.integers(1, 8))
+def test_the_shards_of_any_parameters_on_any_ranks_are_the_lectures_chunks(sizes, ranks):
+    """ZeRO's and FSDP's unit of parameters of any sizes (empty ones too) over any 1-8 ranks: the
+    ranks' chunks tile the flat vector in order, differ by at most one element, the longer first,
+    and each parameter's part of a chunk is that parameter's own elements there (NumPy's slices)."""
+    from edulib.dp.sharding import Unit
+
+    parameters = [torch.nn.Parameter(torch.arange(size, dtype=torch.float32) + 100 * i)
+                  for i, size in enumerate(sizes)]
+    flat = np.concatenate([p.detach().numpy() for p in parameters])
+    units = [Unit(None, ranks, rank, True, parameters) for rank in range(ranks)]
+    lengths = [unit.hi - unit.lo for unit in units]
+    assert [unit.lo for unit in units] == [sum(lengths[:r]) for r in range(ranks)]
+    assert sum(lengths) == flat.size
+    assert lengths == sorted(lengths, reverse=True) and max(lengths) - min(lengths) <= 1
+    for unit in units:
+        chunk = flat[unit.lo:unit.hi]
+        starts = np.cumsum([0, *sizes])
+        pieces = [chunk[part] for part in unit.parts]
+        assert np.array_equal(np.concatenate(pieces), chunk)
+        for i, (piece, part) in enumerate(zip(pieces, unit.parts, strict=True)):
+            first = unit.lo + part.start - starts[i]  # where the piece starts in parameter i
+            own = parameters[i].detach().numpy()[first:first + piece.size]
+            assert piece.size == 0 or np.array_equal(piece, own)
 
 
 def test_a_rank_that_owns_nothing_still_trains(pools):
